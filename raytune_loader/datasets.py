@@ -1,0 +1,191 @@
+"""Dataset registry: from a ``--dataset`` name to a ``torch.utils.data.Dataset``.
+
+Known names are the embedded ``synthetic-imagenet``, ImageFolder layouts
+(``imagenet``, ``imagefolder``), torchvision's ``cifar10``, ``cifar100``,
+``mnist`` and ``fashion-mnist``, and any ``package.module:function`` returning a
+Dataset. A :class:`DatasetSpec` is small and picklable: every trial rebuilds its
+dataset from it in its own process. Missing or empty data raises
+:class:`DatasetError` saying how to get it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from torch.utils.data import Dataset, Subset
+
+from raytune_loader import synthetic
+from raytune_loader.errors import CorruptSampleError, DatasetError
+from raytune_loader.factories import import_factory
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+SYNTHETIC = "synthetic-imagenet"
+_IMAGE_FOLDERS = ("imagenet", "imagefolder")
+_TORCHVISION = {
+    "cifar10": "CIFAR10",
+    "cifar100": "CIFAR100",
+    "mnist": "MNIST",
+    "fashion-mnist": "FashionMNIST",
+}
+KNOWN = (SYNTHETIC, *_IMAGE_FOLDERS, *_TORCHVISION)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What to load; rebuilt into a Dataset inside each trial."""
+
+    name: str
+    data_root: str | None = None
+    download: bool = False
+    synthetic_images: int = synthetic.DEFAULT_IMAGES
+
+    def __post_init__(self) -> None:
+        if self.name not in KNOWN and ":" not in self.name:
+            raise DatasetError(
+                f"unknown dataset {self.name!r}: use one of {', '.join(KNOWN)} "
+                "or package.module:function returning a torch Dataset"
+            )
+
+    @property
+    def slug(self) -> str:
+        """Folder name for this dataset's results."""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name).strip("-")
+
+    def resolved_root(self) -> Path | None:
+        if self.name == SYNTHETIC:
+            if self.data_root:
+                return Path(self.data_root)
+            return synthetic.default_root(self.synthetic_images)
+        return Path(self.data_root) if self.data_root else None
+
+
+def imagenet_train_transform() -> Callable[[Image.Image], Any]:
+    from torchvision import transforms as T
+
+    return T.Compose(
+        [
+            T.RandomResizedCrop(224),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def load_rgb(path: str) -> Image.Image:
+    """ImageFolder loader whose error names the file it could not decode."""
+    try:
+        with open(path, "rb") as handle:
+            return Image.open(handle).convert("RGB")
+    except OSError as exc:  # PIL's UnidentifiedImageError and truncated files are OSErrors
+        raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
+
+
+def _image_folder(root: Path, what: str) -> Dataset[Any]:
+    from torchvision.datasets import ImageFolder
+
+    layout = f"{root}/<class>/<image>.JPEG"
+    if not root.is_dir():
+        raise DatasetError(
+            f"{what}: folder {root} does not exist; expected the ImageFolder layout {layout} "
+            "(pass the parent folder with --data-root)"
+        )
+    try:
+        return ImageFolder(str(root), transform=imagenet_train_transform(), loader=load_rgb)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise DatasetError(
+            f"{what}: no images under {root} ({exc}); expected the ImageFolder layout {layout}"
+        ) from None
+
+
+def _torchvision_dataset(spec: DatasetSpec) -> Dataset[Any]:
+    import torchvision
+    from torchvision import transforms as T
+
+    if spec.data_root is None:
+        raise DatasetError(f"{spec.name} needs --data-root (the folder torchvision stores it in)")
+    small = spec.name in ("mnist", "fashion-mnist")
+    steps: list[Any] = (
+        [T.Grayscale(num_output_channels=3)]
+        if small
+        else [
+            T.RandomCrop(32, padding=4),
+            T.RandomHorizontalFlip(),
+        ]
+    )
+    steps += [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    cls = getattr(torchvision.datasets, _TORCHVISION[spec.name])
+    try:
+        return cls(spec.data_root, train=True, download=spec.download, transform=T.Compose(steps))
+    except RuntimeError as exc:
+        raise DatasetError(
+            f"{spec.name} not found under {spec.data_root} ({exc}); pass --download to fetch it "
+            "(needs internet), or point --data-root at a folder that has it"
+        ) from None
+
+
+def _factory_dataset(spec: DatasetSpec) -> Dataset[Any]:
+    factory = import_factory(spec.name, kind="dataset", error=DatasetError)
+    accepts_root = "data_root" in inspect.signature(factory).parameters
+    dataset = factory(data_root=spec.data_root) if accepts_root else factory()
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise DatasetError(
+            f"{spec.name} returned {type(dataset).__name__}, not a map-style torch Dataset "
+            "(it needs __getitem__ and __len__)"
+        )
+    return dataset  # type: ignore[return-value]
+
+
+def build_dataset(spec: DatasetSpec) -> Dataset[Any]:
+    """The full dataset named by ``spec`` (the synthetic one must already exist)."""
+    root = spec.resolved_root()
+    if spec.name == SYNTHETIC:
+        assert root is not None
+        dataset = _image_folder(root / "train", "synthetic-imagenet")
+    elif spec.name == "imagenet":
+        if root is None:
+            raise DatasetError("imagenet needs --data-root pointing at a folder with train/")
+        dataset = _image_folder(root / "train", "imagenet")
+    elif spec.name == "imagefolder":
+        if root is None:
+            raise DatasetError("imagefolder needs --data-root pointing at <class>/<image> folders")
+        dataset = _image_folder(root, "imagefolder")
+    elif spec.name in _TORCHVISION:
+        dataset = _torchvision_dataset(spec)
+    else:
+        dataset = _factory_dataset(spec)
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise DatasetError(f"dataset {spec.name} is empty")
+    return dataset
+
+
+def num_classes(dataset: Dataset[Any]) -> int:
+    """Classes for the model's head; 1000 when the dataset does not say."""
+    base = dataset.dataset if isinstance(dataset, Subset) else dataset
+    classes = getattr(base, "classes", None)
+    return len(classes) if classes else 1000
+
+
+def sample_files(dataset: Dataset[Any], indices: list[int]) -> list[str]:
+    """Files behind the given samples, for datasets that read files (ImageFolder)."""
+    samples = getattr(dataset, "samples", None)
+    if not samples:
+        return []
+    return [samples[i][0] for i in indices]
+
+
+def prewarm(files: list[str]) -> int:
+    """Read each file once so every trial starts with the same page-cache state."""
+    total = 0
+    for name in files:
+        with open(name, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                total += len(chunk)
+    return total

@@ -1,0 +1,57 @@
+"""Exceptions raised by raytune_loader.
+
+Every exception the package raises on purpose derives from
+:class:`RaytuneLoaderError`. :class:`UserInputError` and its subclasses are
+mistakes a user can fix; their message says how, and the command line prints it
+as one line with exit status 2. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class RaytuneLoaderError(Exception):
+    """Base class of every exception raised on purpose by raytune_loader."""
+
+
+class UserInputError(RaytuneLoaderError):
+    """A mistake in what the user asked for; the message says what to do."""
+
+
+class DatasetError(UserInputError):
+    """Unknown dataset, or the data is missing, empty or unreadable."""
+
+
+class ModelError(UserInputError):
+    """Unknown model, or a model factory that does not return a module."""
+
+
+class ConfigError(UserInputError):
+    """An impossible option value or a malformed best_config.json."""
+
+
+class OutputError(UserInputError):
+    """The results folder cannot be written."""
+
+
+class SearchFailedError(RaytuneLoaderError):
+    """The search ran but produced no usable configuration (every trial failed)."""
+
+
+class TrialRefusedError(RaytuneLoaderError):
+    """A candidate configuration was refused before it started.
+
+    ``reason`` is a short machine-readable tag (``host_memory``, ``shm``) and the
+    message says why in words.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class CorruptSampleError(RaytuneLoaderError):
+    """A sample file could not be decoded; the message names the file."""
+
+
+class BatchSizeTooSmallError(RaytuneLoaderError):
+    """CUDA ran out of memory even at the minimum batch size."""

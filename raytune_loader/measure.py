@@ -1,0 +1,402 @@
+"""What a trial measures: a short training segment with one loader configuration.
+
+:func:`run_trial` is the whole trial without Ray: build the pre-warmed subset and
+the model, refuse configurations whose in-flight batches would not fit in host
+memory or ``/dev/shm``, then train warm-up steps (not measured) and measured
+steps, with CUDA out-of-memory back-off. The loop times how long it is blocked
+waiting for the next batch apart from the rest of the step, which gives
+``data_wait_frac``; ``util`` comes from NVML per-process samples on a GPU and
+from the same step timing on a CPU. :func:`measure_ceiling` trains the same
+model on a batch already on the device: the speed of a perfect loader.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset
+
+from raytune_loader import datasets, hardware, nvml
+from raytune_loader.backoff import run_with_backoff
+from raytune_loader.errors import (
+    BatchSizeTooSmallError,
+    CorruptSampleError,
+    RaytuneLoaderError,
+    TrialRefusedError,
+)
+from raytune_loader.loader import build_dataloader
+from raytune_loader.models import build_model
+from raytune_loader.space import LoaderConfig, reserved_cpus
+
+log = logging.getLogger(__name__)
+ReportFn = Callable[[dict[str, Any]], None]
+SHM_SHARE = 0.5  # of free /dev/shm a trial may fill; Ray's object store lives there too
+RAM_SHARE = 0.5  # of available RAM
+
+
+class DataPipelineError(RaytuneLoaderError):
+    """Fetching a batch failed (worker died, dataset raised, corrupt file, time-out)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """Length and fixed settings of the measured training segment (same for every trial)."""
+
+    warmup_steps: int = 5
+    steps: int = 30
+    report_every: int = 10
+    compute_threads: int = 1
+    loader_timeout_s: float = 120.0
+
+    @property
+    def reports(self) -> int:
+        """Interim reports plus the final one: ASHA's ``max_t``."""
+        return max(1, self.steps // self.report_every)
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Everything a trial needs besides its candidate configuration."""
+
+    dataset: datasets.DatasetSpec
+    model: str
+    segment: SegmentSpec
+    device: str = "cpu"
+    samples_per_trial: int = 1024
+    seed: int = 0
+    min_batch_size: int = 1
+    cpus_per_worker: float = 1.0
+    node_cpus: float = 1.0
+    ceilings: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SegmentMetrics:
+    samples_per_s: float
+    data_wait_frac: float
+    util: float
+    util_source: str
+    device_util: float | None
+    samples: int
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """A finished trial: its metrics, or the reason it failed."""
+
+    config: LoaderConfig
+    cpus_reserved: float
+    host_bytes_in_flight: int
+    metrics: SegmentMetrics | None = None
+    effective_batch_size: int | None = None
+    oom_backoffs: int = 0
+    ceiling_samples_per_s: float | None = None
+    failure: str | None = None
+    detail: str | None = None
+
+    @property
+    def efficiency(self) -> float | None:
+        if self.metrics is None or not self.ceiling_samples_per_s:
+            return None
+        return self.metrics.samples_per_s / self.ceiling_samples_per_s
+
+    def as_report(self) -> dict[str, Any]:
+        """Flat metrics for Tune, trials.csv and the JSON."""
+        out: dict[str, Any] = {
+            "cpus_reserved": self.cpus_reserved,
+            "host_bytes_in_flight": self.host_bytes_in_flight,
+            "effective_batch_size": self.effective_batch_size,
+            "oom_backoffs": self.oom_backoffs,
+            "ceiling_samples_per_s": self.ceiling_samples_per_s,
+            "efficiency": self.efficiency,
+            "failure": self.failure or "",
+            "detail": self.detail or "",
+            "final": True,
+        }
+        if self.metrics is not None:
+            out.update(vars(self.metrics))
+        else:  # a failed configuration is the worst possible for the searcher
+            out.update(samples_per_s=0.0, data_wait_frac=1.0, util=0.0, util_source="")
+        return out
+
+
+def subset_indices(length: int, count: int, seed: int) -> list[int]:
+    """The fixed subset every trial reads, the same for all trials of a search."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randperm(length, generator=generator)[: min(count, length)].tolist()
+
+
+def sample_nbytes(sample: Any) -> int:
+    """Bytes of the tensors in one collated-to-be sample."""
+    if isinstance(sample, torch.Tensor):
+        return sample.element_size() * sample.numel()
+    if isinstance(sample, (tuple, list)):
+        return sum(sample_nbytes(item) for item in sample)
+    if isinstance(sample, dict):
+        return sum(sample_nbytes(item) for item in sample.values())
+    return 8  # a Python number becomes one int64/float64
+
+
+def bytes_in_flight(config: LoaderConfig, sample_bytes: int) -> tuple[int, int]:
+    """(host bytes, /dev/shm bytes) held by batches the loader has prepared ahead."""
+    batch = sample_bytes * config.batch_size
+    batches = config.num_workers * (config.prefetch_factor or 0) if config.num_workers else 1
+    host = batch * batches * (2 if config.pin_memory else 1)
+    shm = batch * batches if config.num_workers else 0
+    return host, shm
+
+
+def check_memory(
+    config: LoaderConfig, sample_bytes: int, available_ram: int, free_shm: int | None
+) -> int:
+    """Refuse a configuration that would not fit; returns its host bytes in flight."""
+    host, shm = bytes_in_flight(config, sample_bytes)
+    if host > RAM_SHARE * available_ram:
+        raise TrialRefusedError(
+            "host_memory",
+            f"{config.label()} would hold {host / 2**20:.0f} MiB of batches in host memory, "
+            f"more than half of the {available_ram / 2**20:.0f} MiB available",
+        )
+    if free_shm is not None and shm > SHM_SHARE * free_shm:
+        raise TrialRefusedError(
+            "shm",
+            f"{config.label()} would put {shm / 2**20:.0f} MiB of batches in /dev/shm, which has "
+            f"{free_shm / 2**20:.0f} MiB free; raise it (docker run --shm-size=8g) or use "
+            "fewer workers or a smaller prefetch_factor",
+        )
+    return host
+
+
+def _batches(loader: Any) -> Iterator[Any]:
+    """Endless batches, wrapping failures of the input pipeline into DataPipelineError."""
+    while True:
+        iterator = iter(loader)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            except CorruptSampleError as exc:
+                raise DataPipelineError("corrupt_sample", _last_line(exc)) from exc
+            except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
+                raise DataPipelineError("data_loader", _last_line(exc)) from exc
+            yield batch
+        del iterator
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
+
+
+class _Trainer:
+    """One model and optimizer, reused across back-off attempts of a trial."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model.to(device).train()
+        self.device = device
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(self.model(inputs), targets)
+        loss.backward()
+        self.optimizer.step()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> tuple[torch.Tensor, ...]:
+    inputs, targets = batch[0], batch[1]
+    return inputs.to(device, non_blocking=non_blocking), targets.to(
+        device, non_blocking=non_blocking
+    )
+
+
+class _Window:
+    """Running totals of the measured window.
+
+    ``util`` by step timing is the CPU time the training step really got, over the
+    window: on a CPU, loader workers compete with the step for cores, and a step
+    that is descheduled is not computing even though the loop is not waiting for
+    data. On CUDA, where the step only queues work, it is the share not spent
+    waiting for data.
+    """
+
+    def __init__(self, device: torch.device, compute_threads: int) -> None:
+        self.cuda = device.type == "cuda"
+        self.threads = compute_threads
+        self.samples = 0
+        self.wait_s = 0.0
+        self.compute_cpu_s = 0.0
+        self.start = time.perf_counter()
+        # One compute thread runs in the calling thread: its own clock excludes Ray's
+        # and the pin-memory threads. More threads: the process clock, shared out.
+        self.cpu_clock = time.thread_time if compute_threads == 1 else time.process_time
+
+    def util(self, wall: float) -> float:
+        if self.cuda:
+            return 1.0 - self.wait_s / wall
+        return min(1.0, self.compute_cpu_s / (wall * self.threads))
+
+    def metrics(self, wall: float) -> dict[str, Any]:
+        return {
+            "samples_per_s": self.samples / wall,
+            "data_wait_frac": self.wait_s / wall,
+            "util": self.util(wall),
+            "util_source": "step-timing",
+        }
+
+
+def train_segment(
+    dataset: Dataset[Any],
+    trainer: _Trainer,
+    config: LoaderConfig,
+    spec: SegmentSpec,
+    report: ReportFn | None = None,
+    seed: int = 0,
+) -> SegmentMetrics:
+    """Warm up, then train ``spec.steps`` measured steps; report every ``report_every``."""
+    torch.set_num_threads(spec.compute_threads)  # not Ray's OMP_NUM_THREADS = reservation
+    loader = build_dataloader(dataset, config, timeout_s=spec.loader_timeout_s, seed=seed)
+    batches = _batches(loader)
+    non_blocking = config.pin_memory
+    try:
+        for _ in range(spec.warmup_steps):
+            trainer.step(*_to_device(next(batches), trainer.device, non_blocking))
+        trainer.sync()
+        sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
+        sampler.start()
+        window = _Window(trainer.device, spec.compute_threads)
+        for step in range(1, spec.steps + 1):
+            fetch_start = time.perf_counter()
+            inputs, targets = _to_device(next(batches), trainer.device, non_blocking)
+            window.wait_s += time.perf_counter() - fetch_start
+            cpu_start = window.cpu_clock()
+            trainer.step(inputs, targets)
+            window.compute_cpu_s += window.cpu_clock() - cpu_start
+            window.samples += inputs.shape[0]
+            if report is not None and step % spec.report_every == 0 and step < spec.steps:
+                trainer.sync()
+                interim = window.metrics(time.perf_counter() - window.start)
+                report({**interim, "final": False})
+        trainer.sync()
+        wall = time.perf_counter() - window.start
+        reading = sampler.stop()
+    finally:
+        batches.close()
+        del loader
+        gc.collect()
+    use_nvml = reading.source != "step-timing" and reading.util is not None
+    return SegmentMetrics(
+        samples_per_s=window.samples / wall,
+        data_wait_frac=window.wait_s / wall,
+        util=reading.util if use_nvml else window.util(wall),  # type: ignore[arg-type]
+        util_source=reading.source if use_nvml else "step-timing",
+        device_util=reading.device_util,
+        samples=window.samples,
+        wall_s=wall,
+    )
+
+
+def _device_uuid(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    return nvml.device_uuid_for_torch_device(device.index or 0)
+
+
+def prepare(job: TrialJob) -> tuple[Dataset[Any], int]:
+    """The trial's fixed subset and the bytes of one of its samples."""
+    full = datasets.build_dataset(job.dataset)
+    subset = Subset(full, subset_indices(len(full), job.samples_per_trial, job.seed))
+    return subset, sample_nbytes(_first_sample(subset))
+
+
+def _first_sample(dataset: Dataset[Any]) -> Any:
+    """Sample 0, with its failure turned into the same reasons a loader failure gets."""
+    try:
+        return dataset[0]
+    except CorruptSampleError as exc:
+        raise DataPipelineError("corrupt_sample", _last_line(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
+        raise DataPipelineError("data_loader", _last_line(exc)) from exc
+
+
+def run_trial(job: TrialJob, config: LoaderConfig, report: ReportFn | None = None) -> TrialOutcome:
+    """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
+    cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus)
+    try:
+        subset, sample_bytes = prepare(job)
+    except DataPipelineError as exc:
+        return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
+    try:
+        host = check_memory(
+            config, sample_bytes, psutil.virtual_memory().available, hardware.shm_bytes()
+        )
+    except TrialRefusedError as exc:
+        host = bytes_in_flight(config, sample_bytes)[0]
+        return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
+    torch.manual_seed(job.seed)
+    device = torch.device(job.device)
+    trainer = _Trainer(build_model(job.model, datasets.num_classes(subset)), device)
+
+    def segment(batch_size: int) -> SegmentMetrics:
+        return train_segment(
+            subset, trainer, config.with_batch_size(batch_size), job.segment, report, job.seed
+        )
+
+    try:
+        outcome = run_with_backoff(segment, config.batch_size, job.min_batch_size)
+    except BatchSizeTooSmallError as exc:
+        return TrialOutcome(config, cpus, host, failure="oom", detail=str(exc))
+    except DataPipelineError as exc:
+        return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
+    return TrialOutcome(
+        config,
+        cpus,
+        host,
+        metrics=outcome.value,
+        effective_batch_size=outcome.effective_batch_size,
+        oom_backoffs=outcome.backoffs,
+        ceiling_samples_per_s=job.ceilings.get(outcome.effective_batch_size),
+    )
+
+
+def measure_ceiling(job: TrialJob, batch_size: int) -> tuple[int, float]:
+    """(effective batch size, samples/s) training on one batch already on the device."""
+    subset, _ = prepare(job)
+    torch.manual_seed(job.seed)
+    device = torch.device(job.device)
+    trainer = _Trainer(build_model(job.model, datasets.num_classes(subset)), device)
+
+    def resident(bs: int) -> float:
+        torch.set_num_threads(job.segment.compute_threads)
+        first = next(iter(build_dataloader(subset, LoaderConfig(batch_size=bs), seed=job.seed)))
+        inputs, targets = _to_device(first, device, non_blocking=False)
+        for _ in range(job.segment.warmup_steps):
+            trainer.step(inputs, targets)
+        trainer.sync()
+        start = time.perf_counter()
+        for _ in range(job.segment.steps):
+            trainer.step(inputs, targets)
+        trainer.sync()
+        return bs * job.segment.steps / (time.perf_counter() - start)
+
+    outcome = run_with_backoff(resident, batch_size, job.min_batch_size)
+    return outcome.effective_batch_size, outcome.value

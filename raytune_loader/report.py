@@ -1,0 +1,408 @@
+"""The human report: ``results/<dataset>/report.md`` with plots in ``plots/``.
+
+Built only from ``trials.csv`` and ``best_config.json``, so
+``python -m raytune_loader.report results/<dataset>`` rebuilds it without re-running
+anything. The same inputs give a byte-identical ``report.md``; every file is written
+atomically. Parameter importance uses Optuna's PED-ANOVA, which needs no scikit-learn
+and has no randomness, so it is as reproducible as the rest of the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from raytune_loader.results import atomic_write_text
+
+FAILED = ("failed", "error")
+PARAMS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
+MARKERS = "osD^vP*Xph"
+
+
+def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
+    """Winner and both baselines: the table a user pastes into a pull request."""
+    rows = [("tuned", best["loader"], best["metrics"])]
+    rows += [(name, b["loader"], b["metrics"]) for name, b in best["baselines"].items()]
+    winner_speed = _median(best["metrics"], "samples_per_s")
+    out = []
+    for name, loader, metrics in rows:
+        speed = _median(metrics, "samples_per_s")
+        out.append(
+            {
+                "config": name,
+                **{key: loader.get(key) for key in PARAMS},
+                "samples_per_s": speed,
+                "samples_per_s_range": _range(metrics, "samples_per_s"),
+                "util": _median(metrics, "util"),
+                "data_wait_frac": _median(metrics, "data_wait_frac"),
+                "tuned_speedup": (winner_speed / speed) if speed and winner_speed else None,
+            }
+        )
+    return out
+
+
+def _median(metrics: dict[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    return value.get("median") if isinstance(value, dict) else value
+
+
+def _range(metrics: dict[str, Any], key: str) -> str:
+    value = metrics.get(key)
+    if not isinstance(value, dict):
+        return ""
+    return f"{value['min']:.0f}-{value['max']:.0f}"
+
+
+def load_trials(path: Path) -> pd.DataFrame:
+    """trials.csv in completion order, numbered from 1, with ``prefetch`` 0 when unused."""
+    trials = pd.read_csv(path, dtype={"trial_id": str, "reason": str, "baseline": str})
+    if "finished_at" in trials:  # older files lack it; their rows are already in order
+        trials = trials.sort_values("finished_at", kind="stable")
+    trials = trials.reset_index(drop=True)
+    trials.insert(0, "trial", range(1, len(trials) + 1))
+    for flag in ("pin_memory", "persistent_workers"):
+        trials[flag] = trials[flag].map(lambda v: str(v).strip().lower() == "true")
+    trials["prefetch"] = trials["prefetch_factor"].fillna(0).astype(int)
+    return trials
+
+
+def plot_points(trials: pd.DataFrame) -> pd.DataFrame:
+    """Trials that produced a measurement; stopped-early ones are flagged ``hollow``."""
+    points = trials[~trials["status"].isin(FAILED)].copy()
+    points["hollow"] = points["status"] == "stopped_early"
+    return points
+
+
+def param_importances(trials: pd.DataFrame, objective: str) -> dict[str, float] | None:
+    """PED-ANOVA importance over finished trials of the parameters that vary; None if too few."""
+    import optuna
+
+    done = trials[(trials["status"] == "ok") & trials[objective].notna()]
+    done = done.assign(prefetch_factor=done["prefetch"])  # 0 for workers=0: one fixed range
+    varying = [p for p in PARAMS if done[p].nunique() > 1]
+    if len(done) < 2 or not varying:
+        return None
+    dists = {p: _distribution(done[p]) for p in varying}
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ExperimentalWarning, small-sample notes
+            study = optuna.create_study(direction="maximize")
+            for params, value in zip(
+                done[varying].to_dict("records"), done[objective], strict=True
+            ):
+                trial = optuna.trial.create_trial(params=params, distributions=dists, value=value)
+                study.add_trial(trial)
+            evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+            found = optuna.importance.get_param_importances(study, evaluator=evaluator)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return {p: float(found[p]) for p in sorted(found, key=lambda p: (-found[p], p))}
+
+
+def _distribution(values: pd.Series) -> Any:
+    """Worker and prefetch counts are ordered integers; the rest are plain choices."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    choices = sorted(values.unique().tolist())
+    if values.name in ("num_workers", "prefetch_factor"):
+        return IntDistribution(choices[0], choices[-1])
+    return CategoricalDistribution(choices)
+
+
+def _save_png(fig: Figure, path: Path) -> None:
+    """Write without a timestamp or version stamp, then rename into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        FigureCanvasAgg(fig).print_png(tmp, metadata={"Software": None})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _figure(title: str, rows: int = 1) -> tuple[Figure, list[Axes]]:
+    fig = Figure(figsize=(8, 3.2 * rows + 0.6), dpi=100, layout="constrained")
+    axes = list(fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0])
+    axes[0].set_title(title)  # over the axes, not the figure, so the legend cannot hide it
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.1, y=0.12)  # room for the baseline labels
+    return fig, axes
+
+
+@dataclass(frozen=True)
+class _Style:
+    """Colour per value of ``hue``, marker per (pin_memory, batch_size), shared by legend."""
+
+    hue: str
+    colours: dict[Any, str]
+    markers: dict[tuple[Any, Any], str]
+
+    @classmethod
+    def of(cls, points: pd.DataFrame, hue: str) -> _Style:
+        combos = sorted(points.groupby(["pin_memory", "batch_size"]).groups)
+        colours = {v: f"C{i % 10}" for i, v in enumerate(sorted(points[hue].unique()))}
+        return cls(hue, colours, {c: MARKERS[i % len(MARKERS)] for i, c in enumerate(combos)})
+
+    def legend(self, fig: Figure, hue_label: str) -> None:
+        """One legend outside the axes, so it never covers a point."""
+        handles = [_handle("o", c, hue_label.format(v or "none")) for v, c in self.colours.items()]
+        for (pin, batch), marker in self.markers.items():
+            handles.append(_handle(marker, "grey", f"pin {_cell(pin)}, batch {batch}"))
+        handles += [_handle("o", "black", "finished"), _handle("o", "black", "stopped early", True)]
+        fig.legend(handles=handles, loc="outside right upper", fontsize=8)
+
+
+def _handle(marker: str, colour: str, label: str, hollow: bool = False) -> Line2D:
+    face = "none" if hollow else colour
+    return Line2D([], [], ls="", marker=marker, color=colour, mfc=face, label=label)
+
+
+def _x(points: pd.DataFrame, x: str) -> pd.Series:
+    """Spread configs that share a worker count by prefetch, so none hides another."""
+    if x != "num_workers":
+        return points[x]
+    by_workers = points.groupby("num_workers")["prefetch"]
+    centred = by_workers.rank(method="dense") - (by_workers.transform("nunique") + 1) / 2
+    return points[x] + 0.07 * centred
+
+
+def _scatter(ax: Axes, points: pd.DataFrame, x: str, y: str, style: _Style) -> None:
+    """Draw the points, hollow if stopped early, and name the baselines beside theirs."""
+    if points.empty:
+        ax.text(0.5, 0.5, "no measured trials", ha="center", transform=ax.transAxes)
+    xs = _x(points, x)
+    for (pin, batch, hollow), part in points.groupby(["pin_memory", "batch_size", "hollow"]):
+        edge = [style.colours[v] for v in part[style.hue]]
+        face = "none" if hollow else edge
+        marker = style.markers[(pin, batch)]
+        ax.scatter(xs[part.index], part[y], s=45, marker=marker, c=face, edgecolors=edge)
+    marked = points[points["baseline"].notna()].sort_values(["hollow", "trial"], kind="stable")
+    for i, row in marked.groupby("baseline").head(1).iterrows():
+        label = {"textcoords": "offset points", "fontsize": 8, "ha": "center", "va": "top"}
+        ax.annotate(row["baseline"], (xs[i], row[y]), xytext=(0, -7), color="dimgrey", **label)
+
+
+PLOTS = {
+    "throughput.png": "Throughput and utilisation against num_workers",
+    "prefetch.png": "Throughput against prefetch_factor",
+    "efficiency.png": "Efficiency against num_workers",
+    "progress.png": "Search progress",
+}
+Y_LABELS = {
+    "samples_per_s": "samples/s",
+    "util": "accelerator utilisation (0-1)",
+    "efficiency": "efficiency (1.0 = ceiling)",
+}
+
+
+def _plot_by_workers(points: pd.DataFrame, ys: list[str], title: str, path: Path) -> None:
+    fig, axes = _figure(title, len(ys))
+    style = _Style.of(points, "prefetch")
+    for ax, y in zip(axes, ys, strict=True):
+        _scatter(ax, points[points[y].notna()], "num_workers", y, style)
+        ax.set_ylabel(Y_LABELS[y])
+    if ys == ["efficiency"]:
+        (ax,) = axes
+        ax.axhline(1.0, color="black", ls="--", lw=1)
+        ax.text(0.01, 1.01, "ceiling (a perfect loader)", transform=ax.get_yaxis_transform())
+        ax.set_ylim(0, max([1.1, *(points["efficiency"].dropna() + 0.05)]))
+    axes[-1].set_xticks(sorted(points["num_workers"].unique()))
+    axes[-1].set_xlabel("num_workers (loader processes)")
+    style.legend(fig, "prefetch {}")
+    _save_png(fig, path)
+
+
+def _plot_prefetch(points: pd.DataFrame, path: Path) -> None:
+    fig, (ax,) = _figure("Throughput by prefetch_factor (trials with workers > 0)")
+    used = points[points["num_workers"] > 0]
+    style = _Style.of(used, "num_workers")
+    _scatter(ax, used, "prefetch", "samples_per_s", style)
+    if not used.empty:
+        ticks = sorted(used["prefetch"].unique())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        style.legend(fig, "workers {}")
+    ax.set_xlabel("prefetch_factor (batches queued per worker, log scale)")
+    ax.set_ylabel("samples/s")
+    _save_png(fig, path)
+
+
+def _plot_progress(trials: pd.DataFrame, objective: str, path: Path) -> None:
+    fig, (ax,) = _figure(f"Search progress: {objective} per trial and the best so far")
+    for status, face in (("ok", "C0"), ("stopped_early", "none")):
+        part = trials[trials["status"] == status]
+        label = "finished" if status == "ok" else "stopped early"
+        ax.scatter(part["trial"], part[objective], facecolors=face, edgecolors="C0", label=label)
+    failed = trials[trials["status"].isin(FAILED)]
+    if len(failed):
+        ax.scatter(failed["trial"], [0] * len(failed), marker="x", c="C3", label="failed (as 0)")
+    best = trials[objective].where(trials["status"] == "ok").cummax().ffill()
+    ax.step(trials["trial"], best, where="post", color="C1", label="best finished so far")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("trial (completion order)")
+    ax.set_ylabel(Y_LABELS.get(objective, objective))
+    fig.legend(loc="outside right upper", fontsize=8)
+    _save_png(fig, path)
+
+
+def write_plots(trials: pd.DataFrame, objective: str, plots: Path) -> None:
+    """Draw every plot in ``PLOTS`` into the folder ``plots``."""
+    plots.mkdir(parents=True, exist_ok=True)
+    points = plot_points(trials)
+    title = "Throughput and utilisation by worker count (failed trials left out)"
+    _plot_by_workers(points, ["samples_per_s", "util"], title, plots / "throughput.png")
+    _plot_prefetch(points, plots / "prefetch.png")
+    title = "Efficiency: samples/s as a share of a perfect loader's (the ceiling)"
+    _plot_by_workers(points, ["efficiency"], title, plots / "efficiency.png")
+    _plot_progress(trials, objective, plots / "progress.png")
+
+
+def _cell(value: Any, kind: str = "") -> str:
+    """One Markdown cell: ``pct``/``pct1`` as a percentage, ``x`` a speedup, numbers compact."""
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return "-"
+    if kind in ("pct", "pct1"):
+        return f"{100 * value:.{kind[3:] or 0}f}%"
+    if kind == "x":
+        return f"{value:.2f}x"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.0f}" if value.is_integer() or abs(value) >= 10 else f"{value:.3g}"
+    return " ".join(str(value).split()).replace("|", "\\|")[:80]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _intro(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
+    counts = trials["status"].value_counts()
+    failed = sum(int(counts.get(s, 0)) for s in FAILED)
+    hw, wall = best.get("hardware", {}), best.get("search", {}).get("wall_time_s")
+    gpus = hw.get("gpu_count") or 0
+    gpu = f"{gpus} x {hw['gpu_name']}" if gpus > 1 else hw.get("gpu_name") or "no GPU"
+    return [
+        f"# DataLoader search: {best['dataset']} / {best['model']}",
+        "",
+        f"Objective: maximise `{best['objective']}`. {len(trials)} trials: "
+        f"{counts.get('ok', 0)} finished, {counts.get('stopped_early', 0)} stopped early, "
+        f"{failed} failed, in {_cell(wall)} s of wall time. Hardware: "
+        f"{hw.get('cpu_model', '?')}, {hw.get('usable_cpus', '?')} usable CPUs, {gpu}.",
+    ]
+
+
+def _winner(best: dict[str, Any]) -> list[str]:
+    header = ["config", "workers", "prefetch", "pin", "persistent", "batch", "samples/s"]
+    header += ["range", "util", "data wait", "tuned speedup"]
+    rows = [
+        [r["config"], *(_cell(r[k]) for k in PARAMS), _cell(r["samples_per_s"])]
+        + [r["samples_per_s_range"] or "-", _cell(r["util"], "pct")]
+        + [_cell(r["data_wait_frac"], "pct"), _cell(r["tuned_speedup"], "x")]
+        for r in summary_rows(best)
+    ]
+    sel, objective = best.get("selection", {}), best["objective"]
+    how = (
+        f"Cost decided: `{sel.get('best_by_objective')}` had the best objective, and the winner "
+        "is within noise of it but cheaper"
+        if sel.get("decided_by_cost")
+        else "The winner also has the best verified objective"
+    )
+    lines = ["", "## Verified winner vs the usual choices", "", *_table(header, rows), ""]
+    rule = sel.get("rule", "?")
+    lines.append(f"The winner (`{sel.get('chosen', '?')}`) was chosen by the rule: {rule}. {how}.")
+    lines += ["", "Runners-up:", ""] if sel.get("runners_up") else []
+    kind = "pct1" if objective == "util" else ""
+    for r in sel.get("runners_up", []):
+        median, low, high = (_cell(r["objective"].get(k), kind) for k in ("median", "min", "max"))
+        settings = ", ".join(f"{k} {_cell(r['loader'].get(k))}" for k in PARAMS)
+        lines.append(f"- {r['name']}: {settings}; {objective} {median} ({low}-{high})")
+    return lines
+
+
+def _efficiency(best: dict[str, Any]) -> list[str]:
+    eff = _median(best["metrics"], "efficiency")
+    ceiling = best["metrics"].get("ceiling_samples_per_s")
+    text = (
+        f"The tuned loader reaches {_cell(eff, 'pct')} of the speed of a perfect loader "
+        f"(ceiling {_cell(ceiling)} samples/s: the model fed batches already in memory)."
+        if eff is not None and ceiling is not None
+        else "The speed of a perfect loader (the ceiling) is unknown, so efficiency is unknown."
+    )
+    return ["", "## Efficiency against the ceiling", "", text]
+
+
+def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
+    found = param_importances(trials, objective)
+    lines = ["", "## Which parameters mattered", ""]
+    if found is None:
+        return lines + ["Not enough finished trials with varying settings to rank parameters."]
+    rows = [[p, f"{v:.2f}"] for p, v in found.items()]
+    text = f"Optuna's PED-ANOVA importance for `{objective}`, over the finished trials:"
+    return lines + [text, "", *_table(["parameter", "importance"], rows)]
+
+
+def _all_trials(trials: pd.DataFrame) -> list[str]:
+    header = ["#", "trial", "status", "reason", "baseline", "workers", "prefetch", "pin"]
+    header += ["persistent", "batch", "samples/s", "util", "data wait", "efficiency"]
+    keys = ["trial", "trial_id", "status", "reason", "baseline", *PARAMS, "samples_per_s"]
+    hosts = ["hostname"] if trials.get("hostname", pd.Series()).nunique() > 1 else []
+    rows = [
+        [_cell(row[k]) for k in keys]
+        + [_cell(row[k], "pct") for k in ("util", "data_wait_frac", "efficiency")]
+        + [_cell(row[k]) for k in hosts]
+        for row in trials.astype(object).to_dict("records")
+    ]
+    return ["", "## All trials (completion order)", "", *_table(header + hosts, rows)]
+
+
+def write_report(out_dir: Path) -> Path:
+    """(Re)build report.md and its plots from the files in ``out_dir``."""
+    best = json.loads((out_dir / "best_config.json").read_text())
+    trials = load_trials(out_dir / "trials.csv")
+    objective = best["objective"]
+    write_plots(trials, objective, out_dir / "plots")
+    lines = _intro(best, trials) + _winner(best) + _efficiency(best) + ["", "## Plots"]
+    for name, caption in PLOTS.items():
+        lines += ["", f"![{caption}](plots/{name})"]
+    lines += _importance(trials, objective) + _all_trials(trials) + [""]
+    path = out_dir / "report.md"
+    atomic_write_text(path, "\n".join(lines))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m raytune_loader.report", description=__doc__)
+    parser.add_argument("results", type=Path, help="a results/<dataset> folder")
+    args = parser.parse_args(argv)
+    missing = [n for n in ("best_config.json", "trials.csv") if not (args.results / n).exists()]
+    if missing:
+        print(
+            f"error: {args.results} has no {', '.join(missing)}; run the search first",
+            file=sys.stderr,
+        )
+        return 2
+    print(write_report(args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

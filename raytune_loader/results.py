@@ -1,0 +1,147 @@
+"""Files a search leaves behind and the API that reads them back.
+
+``best_config.json`` (schema version 1, contract in DESIGN.md), ``trials.csv``
+and the report are written atomically (temporary file, then rename), so a
+second search on the same dataset never leaves a half-written result.
+:func:`load_best_config` validates a JSON file, never evaluates it, and returns
+a :class:`BestConfig` whose :meth:`~BestConfig.dataloader` builds the tuned
+DataLoader, warning when the machine differs from the one it was tuned on.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from raytune_loader.errors import ConfigError, OutputError
+from raytune_loader.loader import build_dataloader
+from raytune_loader.space import LoaderConfig
+
+SCHEMA_VERSION = 1
+REQUIRED_KEYS = (
+    "schema_version", "dataset", "model", "objective", "loader", "metrics",
+    "baselines", "speedup", "hardware", "search", "created",
+)  # fmt: skip
+
+
+class HardwareMismatchWarning(UserWarning):
+    """The config was tuned on a machine unlike this one; re-run the search or the bench."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def ensure_writable(folder: Path) -> None:
+    """Fail before the search, not after it, when results cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write results to {folder} ({exc.strerror or exc}); choose another --out"
+        ) from None
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    atomic_write_text(path, buffer.getvalue())
+
+
+@dataclass(frozen=True)
+class BestConfig:
+    """A validated best_config.json."""
+
+    path: Path
+    loader: LoaderConfig
+    data: dict[str, Any]
+
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return self.data["hardware"]
+
+    def dataloader(self, dataset: Dataset[Any], **overrides: Any) -> DataLoader[Any]:
+        """A DataLoader over ``dataset`` with the tuned settings (``overrides`` win)."""
+        self.warn_if_other_machine()
+        overrides.setdefault("drop_last", False)
+        return build_dataloader(dataset, self.loader, **overrides)
+
+    def warn_if_other_machine(self, current: dict[str, Any] | None = None) -> list[str]:
+        """Warn (and return the differences) when this machine is not the tuned one."""
+        if current is None:
+            from raytune_loader.hardware import cpu_and_gpu_summary
+
+            current = cpu_and_gpu_summary()
+        diffs = [
+            f"{key}: tuned on {self.hardware.get(key)!r}, here {current[key]!r}"
+            for key in ("cpu_model", "usable_cpus", "gpu_name", "gpu_count")
+            if key in current and self.hardware.get(key) != current[key]
+        ]
+        if diffs:
+            warnings.warn(
+                f"{self.path} was tuned on another machine ({'; '.join(diffs)}); "
+                "check it with `python -m raytune_loader.bench --config "
+                f"{self.path}` or re-run the search",
+                HardwareMismatchWarning,
+                stacklevel=3,
+            )
+        return diffs
+
+
+def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
+    """Read and validate a best_config.json; raises ConfigError saying what is wrong."""
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{file} does not exist; run the search first") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{file} is not valid JSON ({exc}); re-run the search") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file} must hold a JSON object, not {type(data).__name__}")
+    missing = [key for key in REQUIRED_KEYS if key not in data]
+    if missing:
+        raise ConfigError(f"{file} lacks {', '.join(missing)}; it is not a raytune_loader result")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise ConfigError(
+            f"{file} has schema_version {data['schema_version']!r}; this version reads "
+            f"{SCHEMA_VERSION}: upgrade raytune_loader or re-run the search"
+        )
+    if not isinstance(data["loader"], dict) or not isinstance(data["hardware"], dict):
+        raise ConfigError(f"{file}: 'loader' and 'hardware' must be JSON objects")
+    try:
+        loader = LoaderConfig.from_dict(data["loader"])
+    except ConfigError as exc:
+        raise ConfigError(f"{file}: invalid loader section: {exc}") from None
+    except TypeError as exc:
+        raise ConfigError(f"{file}: invalid loader section: {exc}") from None
+    return BestConfig(file, loader, data)

@@ -1,0 +1,95 @@
+"""Choosing the winner from repeated verification measurements.
+
+The top configurations of the search and both baselines are re-measured several
+times, interleaved. Each gets a :class:`Stats` (median and range) of its
+objective. A configuration is *within noise* of the best when its median
+reaches the best's lowest measurement and is at most 5% below the best's
+median; among those, the one that reserves the fewest CPUs, then the least host
+memory, wins. The JSON says when this cost rule, not the raw best, decided.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from raytune_loader.measure import TrialOutcome
+from raytune_loader.space import LoaderConfig
+
+NOISE_CAP = 0.05
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    min: float
+    max: float
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stats:
+        if not values:
+            raise ValueError("Stats of no values")
+        return cls(statistics.median(values), min(values), max(values), tuple(values))
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "median": self.median,
+            "min": self.min,
+            "max": self.max,
+            "values": list(self.values),
+        }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One verified configuration and its repeated measurements."""
+
+    name: str
+    config: LoaderConfig
+    outcomes: tuple[TrialOutcome, ...]
+
+    @property
+    def ok(self) -> tuple[TrialOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.metrics is not None)
+
+    def stats(self, metric: str) -> Stats | None:
+        values = [float(getattr(o.metrics, metric)) for o in self.ok]
+        return Stats.of(values) if values else None
+
+    def efficiency(self) -> Stats | None:
+        values = [o.efficiency for o in self.ok if o.efficiency is not None]
+        return Stats.of(values) if values else None
+
+    @property
+    def cost(self) -> tuple[float, int]:
+        first = self.outcomes[0]
+        return first.cpus_reserved, first.host_bytes_in_flight
+
+
+@dataclass(frozen=True)
+class Selection:
+    winner: Candidate
+    best_by_objective: Candidate
+    within_noise: tuple[Candidate, ...]
+    ranked: tuple[Candidate, ...]
+
+    @property
+    def decided_by_cost(self) -> bool:
+        return self.winner is not self.best_by_objective
+
+
+def select(candidates: Sequence[Candidate], objective: str) -> Selection | None:
+    """The cheapest candidate within noise of the best; None when all failed."""
+    measured = [c for c in candidates if c.stats(objective) is not None]
+    if not measured:
+        return None
+    ranked = sorted(measured, key=lambda c: c.stats(objective).median, reverse=True)  # type: ignore[union-attr]
+    best = ranked[0]
+    best_stats = best.stats(objective)
+    assert best_stats is not None
+    threshold = max(best_stats.min, best_stats.median * (1 - NOISE_CAP))
+    close = [c for c in ranked if c.stats(objective).median >= threshold]  # type: ignore[union-attr]
+    winner = min(close, key=lambda c: (c.cost, -c.stats(objective).median))  # type: ignore[union-attr]
+    return Selection(winner, best, tuple(close), tuple(ranked))

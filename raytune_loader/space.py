@@ -1,0 +1,171 @@
+"""The search space: candidate DataLoader configurations and what each one costs.
+
+A :class:`LoaderConfig` is one candidate. :class:`SearchSpace` turns the user's
+bounds into an Optuna define-by-run function that only proposes combinations
+PyTorch accepts (``prefetch_factor`` and ``persistent_workers`` only with
+workers, ``pin_memory`` only with CUDA), and into the two baselines every search
+measures first. :func:`reserved_cpus` is the one formula for a trial's Ray
+reservation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from raytune_loader.errors import ConfigError
+
+PYTORCH_DEFAULT = "pytorch-default"
+HEURISTIC = "heuristic"
+PREFETCH_FACTORS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """DataLoader keyword arguments that the search tunes."""
+
+    batch_size: int
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool):
+            raise ConfigError(f"batch_size must be an integer, got {self.batch_size!r}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be positive, got {self.batch_size}")
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ConfigError(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
+        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
+            raise ConfigError(
+                "prefetch_factor and persistent_workers need num_workers > 0 "
+                f"(got num_workers=0, prefetch_factor={self.prefetch_factor}, "
+                f"persistent_workers={self.persistent_workers})"
+            )
+        if self.prefetch_factor is not None and (
+            not isinstance(self.prefetch_factor, int) or self.prefetch_factor < 1
+        ):
+            raise ConfigError(
+                f"prefetch_factor must be a positive integer, got {self.prefetch_factor!r}"
+            )
+        for name in ("pin_memory", "persistent_workers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], batch_size: int | None = None) -> LoaderConfig:
+        """Build from a Tune trial config or a JSON ``loader`` section, validating types."""
+        known = {"batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers"}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(
+                f"unknown loader keys {sorted(unknown)}; expected some of {sorted(known)}"
+            )
+        merged = {"batch_size": batch_size, **values}
+        if merged["batch_size"] is None:
+            raise ConfigError("loader config has no batch_size")
+        workers = merged.get("num_workers", 0)
+        if workers == 0:
+            merged["prefetch_factor"] = None
+            merged["persistent_workers"] = False
+        elif merged.get("prefetch_factor") is None:
+            merged["prefetch_factor"] = 2
+        return cls(**merged)
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.utils.data.DataLoader``."""
+        return asdict(self)
+
+    def with_batch_size(self, batch_size: int) -> LoaderConfig:
+        return LoaderConfig(**{**asdict(self), "batch_size": batch_size})
+
+    def label(self) -> str:
+        """Short human-readable form for tables and progress lines."""
+        if self.num_workers == 0:
+            return f"workers=0 pin={_yn(self.pin_memory)} bs={self.batch_size}"
+        return (
+            f"workers={self.num_workers} prefetch={self.prefetch_factor} "
+            f"pin={_yn(self.pin_memory)} persistent={_yn(self.persistent_workers)} "
+            f"bs={self.batch_size}"
+        )
+
+
+def _yn(flag: bool) -> str:
+    return "y" if flag else "n"
+
+
+def reserved_cpus(num_workers: int, cpus_per_worker: float, node_cpus: float) -> float:
+    """CPUs a trial reserves: itself plus its workers, never more than the node has."""
+    return min(1 + cpus_per_worker * num_workers, node_cpus)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Bounds of the search, turned into an Optuna define-by-run function."""
+
+    max_workers: int
+    batch_sizes: tuple[int, ...]
+    cuda: bool
+    usable_cpus: int
+    prefetch_factors: tuple[int, ...] = field(default=PREFETCH_FACTORS)
+
+    def __post_init__(self) -> None:
+        if self.max_workers < 0:
+            raise ConfigError(f"--max-workers must be >= 0, got {self.max_workers}")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise ConfigError(f"batch sizes must be positive integers, got {self.batch_sizes}")
+
+    def define_by_run(self, trial: Any) -> dict[str, Any] | None:
+        """Optuna define-by-run space; returns the constants that are not searched."""
+        constants: dict[str, Any] = {}
+        workers = trial.suggest_int("num_workers", 0, self.max_workers)
+        if workers > 0:
+            trial.suggest_categorical("prefetch_factor", list(self.prefetch_factors))
+            trial.suggest_categorical("persistent_workers", [True, False])
+        if self.cuda:
+            trial.suggest_categorical("pin_memory", [True, False])
+        if len(self.batch_sizes) > 1:
+            trial.suggest_categorical("batch_size", list(self.batch_sizes))
+        else:
+            constants["batch_size"] = self.batch_sizes[0]
+        return constants or None
+
+    @property
+    def baseline_batch_size(self) -> int:
+        return self.batch_sizes[0]
+
+    def baselines(self) -> dict[str, LoaderConfig]:
+        """The two configurations every search measures first, by name."""
+        bs = self.baseline_batch_size
+        heuristic_workers = min(self.usable_cpus, 8, self.max_workers)
+        return {
+            PYTORCH_DEFAULT: LoaderConfig(batch_size=bs),
+            HEURISTIC: LoaderConfig.from_dict(
+                {
+                    "num_workers": heuristic_workers,
+                    "prefetch_factor": 2 if heuristic_workers else None,
+                    "pin_memory": self.cuda,
+                    "persistent_workers": heuristic_workers > 0,
+                },
+                batch_size=bs,
+            ),
+        }
+
+    def as_point(self, config: LoaderConfig) -> dict[str, Any]:
+        """The parameters Optuna would suggest for ``config`` (for enqueuing it)."""
+        point: dict[str, Any] = {"num_workers": config.num_workers}
+        if config.num_workers > 0:
+            point["prefetch_factor"] = config.prefetch_factor
+            point["persistent_workers"] = config.persistent_workers
+        if self.cuda:
+            point["pin_memory"] = config.pin_memory
+        if len(self.batch_sizes) > 1:
+            point["batch_size"] = config.batch_size
+        return point
+
+    def baseline_name(self, config: LoaderConfig) -> str | None:
+        for name, baseline in self.baselines().items():
+            if baseline == config:
+                return name
+        return None

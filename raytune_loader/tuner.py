@@ -1,0 +1,266 @@
+"""Ray on the driver side: start or join Ray, run the Tune search, run measurements.
+
+Every driver-side Ray and Tune call lives here (the trial side is
+:mod:`raytune_loader.trainable`), so a change in Ray's API touches two modules.
+The search is an :class:`~ray.tune.search.optuna.OptunaSearch` over the
+define-by-run space with a seeded TPE sampler and the two baselines enqueued
+first, ASHA on the reporting interval, and one Ray bundle per trial of
+``min(1 + cpus_per_worker x num_workers, node CPUs)`` CPUs plus the fractional GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import Searcher
+from ray.tune.search.optuna import OptunaSearch
+
+from raytune_loader.measure import TrialJob
+from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
+from raytune_loader.trainable import trial_fn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    dashboard_url: str | None
+    node_cpus: float  # CPUs of the largest node, the cap of any one trial's bundle
+    gpus: float
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    objective: str
+    num_samples: int
+    max_concurrent: int
+    time_budget_s: float | None
+    gpus_per_trial: float
+    seed: int
+    storage_path: Path
+    name: str
+    resume: bool = False
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """What the progress display is told about a trial."""
+
+    kind: str  # "result" (interim), "complete", "error"
+    trial_id: str
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+
+
+EventFn = Callable[[TrialEvent], None]
+
+
+def start_ray(address: str | None, dashboard_host: str, num_cpus: int, verbose: bool) -> RayCluster:
+    """Start a local Ray instance (dashboard on ``dashboard_host``) or join ``address``."""
+    kwargs: dict[str, Any] = {
+        "logging_level": logging.INFO if verbose else logging.WARNING,
+        "log_to_driver": verbose,
+        "configure_logging": True,
+    }
+    if address:
+        context = ray.init(address=address, **kwargs)
+    else:
+        context = ray.init(num_cpus=num_cpus, dashboard_host=dashboard_host, **kwargs)
+    url = getattr(context, "dashboard_url", None) or None
+    if url and not url.startswith("http"):
+        url = f"http://{url}"
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    node_cpus = max((node["Resources"].get("CPU", 0.0) for node in nodes), default=num_cpus)
+    gpus = sum(node["Resources"].get("GPU", 0.0) for node in nodes)
+    return RayCluster(dashboard_url=url, node_cpus=node_cpus, gpus=gpus)
+
+
+def stop_ray() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class _LoaderSearch(OptunaSearch):
+    """OptunaSearch that stops at the time budget and does not measure a config twice.
+
+    Tune's own ``time_budget_s`` kills running trials; the contract is only to stop
+    starting new ones. The space is small on small machines (17 configurations on
+    two cores), so TPE often proposes a configuration already measured: its known
+    result is told to Optuna and another is asked for, up to ``max_retries`` times.
+    """
+
+    def __init__(
+        self, *args: Any, deadline: float | None = None, max_retries: int = 20, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+        self._max_retries = max_retries
+        self._measured: dict[tuple[tuple[str, Any], ...], float] = {}
+        self._running: dict[str, tuple[tuple[str, Any], ...]] = {}
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self._deadline is not None and time.time() > self._deadline:
+            return Searcher.FINISHED
+        config = super().suggest(trial_id)
+        for _ in range(self._max_retries):
+            key = tuple(sorted((config or {}).items()))
+            if key not in self._measured:
+                break
+            # OptunaSearch keeps its asked trials in _ot_trials; tell Optuna the known
+            # value so TPE learns from it, then ask again for the same Tune trial.
+            self._ot_study.tell(self._ot_trials.pop(trial_id), self._measured[key])
+            config = super().suggest(trial_id)
+        self._running[trial_id] = tuple(sorted((config or {}).items()))
+        return config
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        key = self._running.pop(trial_id, None)
+        if key is not None and result and self.metric in result:
+            self._measured[key] = float(result[self.metric])
+        super().on_trial_complete(trial_id, result, error)
+
+
+class _ProgressCallback(tune.Callback):
+    def __init__(self, on_event: EventFn) -> None:
+        self._on_event = on_event
+
+    def _emit(self, kind: str, trial: Any, metrics: dict[str, Any] | None) -> None:
+        self._on_event(TrialEvent(kind, trial.trial_id, dict(trial.config), dict(metrics or {})))
+
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
+        self._emit("result", trial, result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._emit("complete", trial, trial.last_result)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._emit("error", trial, trial.last_result)
+
+
+def _trainable(job: TrialJob, gpus_per_trial: float, node_cpus: float) -> Any:
+    def resources(config: dict[str, Any]) -> dict[str, float]:
+        cpus = reserved_cpus(config.get("num_workers", 0), job.cpus_per_worker, node_cpus)
+        return {"CPU": cpus, "GPU": gpus_per_trial} if gpus_per_trial else {"CPU": cpus}
+
+    return tune.with_resources(tune.with_parameters(trial_fn, job=job), resources=resources)
+
+
+def run_search(
+    job: TrialJob,
+    space: SearchSpace,
+    settings: TuneSettings,
+    cluster: RayCluster,
+    on_event: EventFn,
+) -> tune.ResultGrid:
+    """Run (or resume) the Tune search and return Tune's result grid."""
+    import optuna
+
+    if not settings.verbose:
+        # Tune's new console output prints its banner at any verbosity; the legacy one
+        # is silent at 0 and our own progress display takes its place.
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trainable = _trainable(job, settings.gpus_per_trial, cluster.node_cpus)
+    experiment = settings.storage_path / settings.name
+    if settings.resume:
+        tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_errored=False)
+        return tuner.fit()
+    deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
+
+    searcher = _LoaderSearch(
+        space=space.define_by_run,
+        metric=settings.objective,
+        mode="max",
+        sampler=optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4),
+        points_to_evaluate=[space.as_point(cfg) for cfg in space.baselines().values()],
+        deadline=deadline,
+    )
+    scheduler = ASHAScheduler(
+        time_attr="training_iteration",
+        max_t=job.segment.reports,
+        grace_period=1,
+        reduction_factor=2,
+    )
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            metric=settings.objective,
+            mode="max",
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=settings.num_samples,
+            max_concurrent_trials=settings.max_concurrent,
+        ),
+        run_config=tune.RunConfig(
+            name=settings.name,
+            storage_path=str(settings.storage_path),
+            verbose=2 if settings.verbose else 0,
+            callbacks=[_ProgressCallback(on_event)],
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+    return tuner.fit()
+
+
+def config_of(trial_config: dict[str, Any]) -> LoaderConfig:
+    """The LoaderConfig behind a Tune trial config (Ray boundary helper)."""
+    return LoaderConfig.from_dict({k: v for k, v in trial_config.items() if k in _LOADER_KEYS})
+
+
+_LOADER_KEYS = {"batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers"}
+
+
+TRIAL_COLUMNS = [
+    "trial_id", "status", "reason", "baseline",
+    "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size",
+    "effective_batch_size", "oom_backoffs", "cpus_reserved", "host_bytes_in_flight",
+    "samples_per_s", "data_wait_frac", "util", "util_source", "device_util",
+    "ceiling_samples_per_s", "efficiency", "training_iteration", "time_total_s",
+    "finished_at", "node_id", "hostname",
+]  # fmt: skip
+
+
+def trial_rows(grid: tune.ResultGrid, space: SearchSpace) -> list[dict[str, Any]]:
+    """One plain row per trial: config, last metrics, status and failure reason."""
+    rows = []
+    for result in grid:
+        metrics = dict(result.metrics or {})
+        config = config_of(result.config or {})
+        if result.error is not None:
+            status, reason = "error", _error_line(result.error)
+        elif metrics.get("failure"):
+            status, reason = "failed", f"{metrics['failure']}: {metrics.get('detail', '')}"
+        elif metrics.get("final"):
+            status, reason = "ok", ""
+        else:
+            status, reason = "stopped_early", "ASHA"
+        row = {column: metrics.get(column) for column in TRIAL_COLUMNS}
+        row.update(config.kwargs())
+        row.update(
+            trial_id=metrics.get("trial_id") or Path(result.path).name.split("_")[-2:][0],
+            status=status,
+            reason=reason,
+            baseline=space.baseline_name(config) or "",
+            finished_at=metrics.get("timestamp"),
+        )
+        rows.append(row)
+    return sorted(rows, key=lambda row: row["finished_at"] or 0)
+
+
+def _error_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else type(error).__name__

@@ -1,0 +1,121 @@
+"""The command line: bad input gets one clear line and exit 2; a real search end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ray_processes, run_cli
+
+from raytune_loader import load_best_config
+from raytune_loader.api import SearchOptions, _space
+from raytune_loader.search import main
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+@pytest.fixture
+def empty_dir(tmp_path: Path) -> Path:
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    return tmp_path / "empty"
+
+
+BAD_INPUT = [
+    (["--dataset", "imagenet-22k"], "unknown dataset 'imagenet-22k'"),
+    (["--dataset", "imagenet", "--data-root", "/nonexistent"], "does not exist"),
+    (["--dataset", "imagenet", "--data-root", "{empty}"], "no images under"),
+    (["--dataset", "imagenet"], "needs --data-root"),
+    (["--dataset", "cifar10", "--data-root", "{empty}"], "pass --download"),
+    (["--dataset", "datasets_for_tests:not_a_dataset"], "not a map-style torch Dataset"),
+    (["--dataset", "no_such_module:make"], "cannot import"),
+    (["--model", "resnet9000"], "unknown model 'resnet9000'"),
+    (["--num-samples", "0"], "--num-samples must be at least 1"),
+    (["--steps", "-3"], "--steps must be at least 1"),
+    (["--max-workers", "-1"], "--max-workers must be 0 or more"),
+    (["--max-workers", "many"], "invalid int value"),
+    (["--cpus-per-worker", "0"], "--cpus-per-worker must be positive"),
+    (["--time-budget", "-5"], "--time-budget must be positive"),
+    (["--gpus-per-trial", "1"], "this machine has 0 GPUs"),
+    (["--batch-sizes", "32,0"], "batch sizes must be positive integers"),
+    (["--batch-sizes", "32,abc"], "batch sizes must be positive integers"),
+    (["--batch-size", "64", "--samples-per-trial", "32"], "must hold at least one batch"),
+    (["--objective", "speed"], "invalid choice"),
+    (["--out", "{file}/results"], "choose another --out"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], message: str, empty_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "file").write_text("")
+    argv = [a.format(empty=empty_dir, file=tmp_path / "file") for a in argv]
+    with pytest.raises(SystemExit) as exited:
+        raise SystemExit(main(argv if "--out" in argv else [*argv, "--out", str(tmp_path / "o")]))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and message in err
+    assert ray_processes() == set()  # rejected before Ray starts
+
+
+def test_max_workers_above_usable_cpus_is_clipped_with_a_warning() -> None:
+    progress = _Recorder()
+    space = _space(SearchOptions(max_workers=64), usable=2, cuda=False, progress=progress)
+    assert space.max_workers == 2
+    assert "using 2" in progress.warnings[0]
+
+
+def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
+    before = ray_processes()
+    result = run_cli(
+        "--dataset", "synthetic-imagenet", "--data-root", str(tiny_imagenet),
+        "--num-samples", "4", "--batch-size", "8", "--steps", "6", "--warmup-steps", "1",
+        "--report-every", "3", "--samples-per-trial", "64", "--verify-top", "1",
+        "--verify-repeats", "2", "--out", str(tmp_path / "results"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    dashboard = out.index("Ray dashboard: http://127.0.0.1:")
+    assert dashboard < out.index("[1/4]")  # URL printed before the first trial ends
+    assert re.search(r"^tuned\s+\d", out, re.M) and re.search(r"^pytorch-default\s+0", out, re.M)
+
+    folder = tmp_path / "results" / "synthetic-imagenet"
+    best = json.loads((folder / "best_config.json").read_text())
+    for key in ("schema_version", "dataset", "model", "objective", "loader", "metrics",
+                "baselines", "speedup", "hardware", "search", "created"):  # fmt: skip
+        assert key in best
+    assert best["schema_version"] == 1 and best["model"] == "small-cnn"
+    assert set(best["baselines"]) == {"pytorch-default", "heuristic"}
+    assert best["baselines"]["pytorch-default"]["loader"]["num_workers"] == 0
+    metrics = best["metrics"]
+    assert metrics["util_source"] == "step-timing"
+    assert len(metrics["samples_per_s"]["values"]) == 2
+    assert metrics["samples_per_s"]["min"] <= metrics["samples_per_s"]["median"] > 0
+    assert metrics["ceiling_samples_per_s"] > 0 and 0 < metrics["efficiency"]["median"] < 1.5
+    assert best["speedup"]["vs_pytorch_default"] > 0
+    assert best["hardware"]["usable_cpus"] >= 1 and best["search"]["trials"] == 4
+
+    with open(folder / "trials.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 4
+    assert {r["baseline"] for r in rows} >= {"pytorch-default", "heuristic"}
+    assert all(r["node_id"] and r["status"] in ("ok", "stopped_early") for r in rows)
+    for row in rows:
+        expected_cpus = min(1 + int(row["num_workers"]), best["hardware"]["usable_cpus"])
+        assert float(row["cpus_reserved"]) == expected_cpus
+    assert (folder / "report.md").exists()
+
+    loaded = load_best_config(folder / "best_config.json")
+    assert loaded.loader.kwargs() == best["loader"]
+    assert ray_processes() == before  # Ray shut down, nothing left behind

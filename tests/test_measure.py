@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from datasets_for_tests import TensorImages
+from torch import nn
+
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.errors import TrialRefusedError
+from raytune_loader.measure import (
+    SegmentSpec,
+    TrialJob,
+    _Trainer,
+    bytes_in_flight,
+    check_memory,
+    run_trial,
+    sample_nbytes,
+    train_segment,
+)
+from raytune_loader.space import LoaderConfig
+
+SPEC = SegmentSpec(warmup_steps=2, steps=12, report_every=4)
+
+
+def _trainer() -> _Trainer:
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+    return _Trainer(model, torch.device("cpu"))
+
+
+def test_slow_data_shows_as_waiting_trivial_data_does_not() -> None:
+    config = LoaderConfig(batch_size=4)
+    slow = train_segment(TensorImages(64, delay_s=0.02), _trainer(), config, SPEC)
+    fast = train_segment(TensorImages(64), _trainer(), config, SPEC)
+    assert slow.data_wait_frac > 0.7
+    assert fast.data_wait_frac < 0.5
+    assert slow.data_wait_frac > fast.data_wait_frac + 0.3
+    assert slow.samples_per_s < fast.samples_per_s
+    for metrics in (slow, fast):
+        assert metrics.util_source == "step-timing"
+        assert 0 < metrics.util <= 1 - metrics.data_wait_frac + 0.05
+        assert metrics.samples == SPEC.steps * 4
+
+
+def test_workers_hide_the_data_cost() -> None:
+    dataset = TensorImages(64, delay_s=0.005)
+    alone = train_segment(dataset, _trainer(), LoaderConfig(batch_size=8), SPEC)
+    helped = train_segment(
+        dataset, _trainer(), LoaderConfig(8, num_workers=2, prefetch_factor=4), SPEC
+    )
+    assert helped.samples_per_s > 1.5 * alone.samples_per_s  # two workers sleep in parallel
+
+
+def test_util_counts_the_cpu_time_the_step_got_not_the_time_it_was_not_waiting() -> None:
+    """A step slowed by a competing process is not fully computing, although nothing waits."""
+    import multiprocessing
+
+    spec = SegmentSpec(warmup_steps=2, steps=24, report_every=24)
+    config = LoaderConfig(batch_size=8)
+    busy = multiprocessing.get_context("spawn").Process(target=_spin, args=(8.0,), daemon=True)
+    import os
+
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # the child inherits this one core
+    try:
+        alone = train_segment(TensorImages(64), _big_trainer(), config, spec)
+        busy.start()
+        time.sleep(0.5)
+        shared = train_segment(TensorImages(64), _big_trainer(), config, spec)
+    finally:
+        busy.terminate()
+        busy.join()
+        os.sched_setaffinity(0, before)
+    assert alone.util > 0.8
+    assert shared.data_wait_frac < 0.3  # the loop hardly waits for data...
+    assert shared.util < 0.7 * alone.util  # ...but the step gets only part of the core
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def _big_trainer() -> _Trainer:
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(32 * 32 * 32, 10))  # fmt: skip
+    return _Trainer(model, torch.device("cpu"))
+
+
+def test_reports_every_interval_with_partial_metrics() -> None:
+    reports: list[dict] = []
+    train_segment(TensorImages(64), _trainer(), LoaderConfig(batch_size=8), SPEC, reports.append)
+    assert len(reports) == SPEC.steps // SPEC.report_every - 1  # the last one is the final report
+    assert all(r["final"] is False and r["samples_per_s"] > 0 for r in reports)
+
+
+def test_bytes_in_flight_counts_prefetched_and_pinned_batches() -> None:
+    sample = sample_nbytes((torch.zeros(3, 224, 224), torch.tensor(1)))
+    assert sample == 3 * 224 * 224 * 4 + 8
+    host, shm = bytes_in_flight(LoaderConfig(32, 4, 2, True, True), sample)
+    assert shm == 4 * 2 * 32 * sample
+    assert host == 2 * shm
+    assert bytes_in_flight(LoaderConfig(32), sample) == (32 * sample, 0)
+
+
+def test_refuses_what_would_not_fit_in_shm_or_ram() -> None:
+    config = LoaderConfig(256, 8, 8, False, True)
+    sample = 3 * 224 * 224 * 4
+    with pytest.raises(TrialRefusedError) as shm:
+        check_memory(config, sample, available_ram=64 << 30, free_shm=64 << 20)
+    assert shm.value.reason == "shm" and "--shm-size" in str(shm.value)
+    with pytest.raises(TrialRefusedError) as ram:
+        check_memory(config, sample, available_ram=1 << 30, free_shm=None)
+    assert ram.value.reason == "host_memory"
+    assert check_memory(LoaderConfig(8), sample, 64 << 30, 64 << 20) == 8 * sample
+
+
+def _job(dataset: str, data_root: str | None = None) -> TrialJob:
+    return TrialJob(
+        dataset=DatasetSpec(dataset, data_root),
+        model="small-cnn",
+        segment=SegmentSpec(warmup_steps=1, steps=4, report_every=2),
+        samples_per_trial=64,
+        node_cpus=2,
+    )
+
+
+def test_a_corrupt_file_ends_the_trial_with_its_name(tiny_imagenet: Path, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(tiny_imagenet, root)
+    victims = sorted((root / "train").rglob("*.JPEG"))
+    for victim in victims:
+        victim.write_bytes(b"not a jpeg")
+    outcome = run_trial(_job("synthetic-imagenet", str(root)), LoaderConfig(8, 1, 2, False, False))
+    assert outcome.failure == "corrupt_sample"
+    assert "corrupt sample" in outcome.detail and ".JPEG" in outcome.detail
+    assert outcome.metrics is None and outcome.as_report()["util"] == 0.0
+
+
+def test_a_dataset_that_raises_ends_the_trial_with_the_reason() -> None:
+    outcome = run_trial(_job("datasets_for_tests:broken"), LoaderConfig(8))
+    assert outcome.failure == "data_loader"
+    assert "ValueError" in outcome.detail and "broken" in outcome.detail
+
+
+def test_a_good_trial_reports_every_metric(tiny_imagenet: Path) -> None:
+    job = _job("synthetic-imagenet", str(tiny_imagenet))
+    outcome = run_trial(job, LoaderConfig(8, 1, 2, False, True))
+    report = outcome.as_report()
+    assert outcome.failure is None and report["final"] is True
+    assert report["samples_per_s"] > 0 and 0 <= report["data_wait_frac"] <= 1
+    assert report["cpus_reserved"] == 2 and report["effective_batch_size"] == 8

@@ -1,0 +1,184 @@
+"""Tests for raytune_loader.report on a tiny hand-written result folder.
+
+The fixture is six trials (four finished, one stopped early, one failed) and a
+best_config.json whose numbers make the speedups easy to check by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from raytune_loader import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+COLUMNS = [
+    "trial_id", "status", "reason", "baseline", "num_workers", "prefetch_factor", "pin_memory",
+    "persistent_workers", "batch_size", "samples_per_s", "data_wait_frac", "util",
+    "ceiling_samples_per_s", "efficiency", "finished_at", "hostname",
+]  # fmt: skip
+# Rows are written out of completion order; finished_at puts them back.
+TRIALS = [
+    ["t2", "ok", "", "heuristic", 2, 2, False, True, 32, 240.0, 0.3, 0.7, 400.0, 0.6, 102, "a"],
+    ["t1", "ok", "", "pytorch-default", 0, None, False, False, 32, 200.0, 0.6, 0.4, 400.0, 0.5,
+     101, "a"],
+    ["t3", "ok", "", "", 4, 4, True, False, 32, 300.0, 0.1, 0.9, 400.0, 0.75, 103, "a"],
+    ["t4", "stopped_early", "ASHA", "", 1, 1, False, False, 32, 150.0, 0.7, 0.3, None, None, 104,
+     "a"],
+    ["t5", "failed", "worker killed | out of memory", "", 8, 8, True, True, 256, 0.0, None, 0.0,
+     None, None, 105, "a"],
+    ["t6", "ok", "", "", 2, 8, True, False, 32, 290.0, 0.15, 0.85, 400.0, 0.72, 106, "a"],
+]  # fmt: skip
+
+
+def _loader(workers: int, prefetch: int | None, pin: bool, persistent: bool) -> dict[str, Any]:
+    return {
+        "batch_size": 32, "num_workers": workers, "prefetch_factor": prefetch,
+        "pin_memory": pin, "persistent_workers": persistent,
+    }  # fmt: skip
+
+
+def _metrics(speed: float, util: float, efficiency: float | None) -> dict[str, Any]:
+    def spread(value: float) -> dict[str, Any]:
+        return {"median": value, "min": value * 0.9, "max": value * 1.1, "values": [value]}
+
+    return {
+        "samples_per_s": spread(speed), "util": spread(util), "data_wait_frac": spread(1 - util),
+        "ceiling_samples_per_s": 400.0 if efficiency else None,
+        "efficiency": spread(efficiency) if efficiency else None,
+    }  # fmt: skip
+
+
+def _best() -> dict[str, Any]:
+    tuned = _loader(4, 4, True, False)
+    return {
+        "schema_version": 1, "dataset": "tiny", "model": "mlp", "objective": "util",
+        "loader": tuned, "metrics": _metrics(300.0, 0.9, 0.75),
+        "baselines": {
+            "pytorch-default": {"loader": _loader(0, None, False, False),
+                                "metrics": _metrics(200.0, 0.4, 0.5)},
+            "heuristic": {"loader": _loader(2, 2, False, True),
+                          "metrics": _metrics(240.0, 0.7, 0.6)},
+        },
+        "speedup": {"vs_pytorch_default": 1.5, "vs_heuristic": 1.25},
+        "selection": {
+            "chosen": "top-1", "rule": "cheapest within noise of the best",
+            "decided_by_cost": False, "best_by_objective": "top-1",
+            "runners_up": [{"name": "top-2", "loader": _loader(2, 8, True, False),
+                            "objective": {"median": 0.85, "min": 0.84, "max": 0.86}}],
+        },
+        "hardware": {"cpu_model": "Test CPU", "usable_cpus": 8, "gpu_name": None, "gpu_count": 0},
+        "search": {"trials": 6, "ok": 4, "stopped_early": 1, "errored": 1, "wall_time_s": 60.0},
+        "created": "2025-01-01T00:00:00+00:00",
+    }  # fmt: skip
+
+
+def _write(folder: Path, best: dict[str, Any], rows: list[list[Any]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "best_config.json").write_text(json.dumps(best))
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(folder / "trials.csv", index=False)
+    return folder
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    return _write(tmp_path / "results" / "tiny", _best(), TRIALS)
+
+
+def _with_status(status: dict[str, str]) -> list[list[Any]]:
+    return [[row[0], status.get(row[0], row[1]), *row[2:]] for row in TRIALS]
+
+
+def test_rebuild_is_byte_identical_with_valid_pngs(results: Path) -> None:
+    path = report.write_report(results)
+    first = path.read_bytes()
+    first_plots = {p.name: p.read_bytes() for p in (results / "plots").iterdir()}
+    report.write_report(results)
+
+    assert path.read_bytes() == first
+    assert set(first_plots) == set(report.PLOTS)  # no temporary files left behind either
+    assert {p.name for p in (results / "plots").iterdir()} == set(first_plots)
+    for name, data in first_plots.items():
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000, name
+        assert f"](plots/{name})" in first.decode()
+
+
+def test_summary_rows_compare_tuned_with_both_baselines() -> None:
+    rows = report.summary_rows(_best())
+
+    assert [r["config"] for r in rows] == ["tuned", "pytorch-default", "heuristic"]
+    assert [r["tuned_speedup"] for r in rows] == pytest.approx([1.0, 1.5, 1.25])
+    assert rows[1]["prefetch_factor"] is None and rows[0]["samples_per_s_range"] == "270-330"
+
+
+def test_report_shows_speedups_selection_and_efficiency(results: Path) -> None:
+    text = report.write_report(results).read_text()
+
+    assert "| pytorch-default | 0 | - | no | no | 32 | 200 | 180-220 | 40% | 60% | 1.50x |" in text
+    assert "| heuristic |" in text and "1.25x |" in text
+    assert "cheapest within noise of the best" in text and "- top-2:" in text
+    assert "reaches 75% of the speed of a perfect loader (ceiling 400 samples/s" in text
+    assert "4 finished, 1 stopped early, 1 failed" in text
+
+
+def test_efficiency_unknown_without_a_ceiling(tmp_path: Path) -> None:
+    best = _best()
+    best["metrics"].update(efficiency=None, ceiling_samples_per_s=None)
+    text = report.write_report(_write(tmp_path / "r", best, TRIALS)).read_text()
+
+    assert "efficiency is unknown" in text
+
+
+@pytest.mark.parametrize("status", ["failed", "error"])
+def test_failed_trials_are_left_out_of_the_plots(results: Path, status: str) -> None:
+    _write(results, _best(), _with_status({"t5": status}))
+    points = report.plot_points(report.load_trials(results / "trials.csv"))
+
+    assert set(points["trial_id"]) == {"t1", "t2", "t3", "t4", "t6"}
+    assert points.set_index("trial_id")["hollow"].to_dict() == {
+        "t1": False, "t2": False, "t3": False, "t4": True, "t6": False,
+    }  # fmt: skip
+
+
+def test_trials_follow_completion_order_and_hide_a_single_host(results: Path) -> None:
+    trials = report.load_trials(results / "trials.csv")
+    text = report.write_report(results).read_text()
+
+    assert list(trials["trial_id"]) == ["t1", "t2", "t3", "t4", "t5", "t6"]
+    assert text.index("| 1 | t1 | ok |") < text.index("| 2 | t2 | ok |")
+    assert "worker killed \\| out of memory" in text  # a pipe in a reason cannot break the table
+    assert "host" not in text.split("## All trials")[1].splitlines()[2]
+
+
+def test_importance_ranks_only_parameters_that_vary(results: Path) -> None:
+    trials = report.load_trials(results / "trials.csv")
+    found = report.param_importances(trials, "util")
+
+    # batch_size differs only in the failed trial, so among finished trials it is fixed.
+    assert found is not None
+    assert set(found) == {"num_workers", "prefetch_factor", "pin_memory", "persistent_workers"}
+    assert sum(found.values()) == pytest.approx(1.0)
+    table = report.write_report(results).read_text().split("## Which parameters mattered")[1]
+    assert "| batch_size |" not in table.split("## All trials")[0]
+
+
+def test_importance_needs_two_finished_trials(tmp_path: Path) -> None:
+    rows = _with_status({"t1": "failed", "t2": "failed", "t6": "stopped_early"})
+    folder = _write(tmp_path / "r", _best(), rows)
+
+    assert report.param_importances(report.load_trials(folder / "trials.csv"), "util") is None
+    assert "Not enough finished trials" in report.write_report(folder).read_text()
+
+
+def test_main_exit_status(results: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    assert report.main([str(empty)]) == 2
+    assert "run the search first" in capsys.readouterr().err
+    assert report.main([str(results)]) == 0
+    assert capsys.readouterr().out.strip() == str(results / "report.md")

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from raytune_loader.measure import SegmentMetrics, TrialOutcome
+from raytune_loader.selection import Candidate, Stats, select
+from raytune_loader.space import LoaderConfig
+
+
+def _candidate(name: str, workers: int, utils: list[float], host: int = 0) -> Candidate:
+    config = LoaderConfig.from_dict({"num_workers": workers}, batch_size=32)
+    outcomes = tuple(
+        TrialOutcome(
+            config,
+            cpus_reserved=1 + workers,
+            host_bytes_in_flight=host,
+            metrics=SegmentMetrics(100 * u, 1 - u, u, "step-timing", None, 320, 1.0),
+        )
+        for u in utils
+    )
+    return Candidate(name, config, outcomes)
+
+
+def test_stats() -> None:
+    stats = Stats.of([3.0, 1.0, 2.0])
+    assert (stats.median, stats.min, stats.max) == (2.0, 1.0, 3.0)
+
+
+def test_cheapest_within_noise_wins_and_says_so() -> None:
+    best = _candidate("eight", 8, [0.90, 0.86, 0.92])
+    close = _candidate("four", 4, [0.89, 0.88, 0.87])  # median 0.88 >= best's min 0.86
+    far = _candidate("zero", 0, [0.40, 0.41, 0.39])
+    selection = select([far, best, close], "util")
+    assert selection is not None
+    assert selection.best_by_objective is best
+    assert selection.winner is close and selection.decided_by_cost
+    assert [c.name for c in selection.ranked] == ["eight", "four", "zero"]
+
+
+def test_clear_winner_is_kept() -> None:
+    best = _candidate("four", 4, [0.90, 0.89, 0.91])
+    cheaper = _candidate("one", 1, [0.70, 0.72, 0.71])
+    selection = select([cheaper, best], "util")
+    assert selection is not None and selection.winner is best and not selection.decided_by_cost
+
+
+def test_noise_band_is_capped_at_five_percent() -> None:
+    noisy_best = _candidate("noisy", 4, [0.9, 0.3, 0.95])  # min 0.3: huge spread
+    cheap = _candidate("cheap", 1, [0.8, 0.8, 0.8])  # 11% below the median
+    selection = select([noisy_best, cheap], "util")
+    assert selection is not None and selection.winner is noisy_best
+
+
+def test_host_memory_breaks_cpu_ties() -> None:
+    a = _candidate("more-memory", 2, [0.9, 0.9, 0.9], host=2000)
+    b = _candidate("less-memory", 2, [0.9, 0.9, 0.9], host=1000)
+    selection = select([a, b], "util")
+    assert selection is not None and selection.winner is b
+
+
+def test_all_failed_gives_none() -> None:
+    config = LoaderConfig(batch_size=32)
+    failed = Candidate("x", config, (TrialOutcome(config, 1, 0, failure="oom"),))
+    assert select([failed], "util") is None

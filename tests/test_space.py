@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import itertools
+
+import optuna
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from raytune_loader.errors import ConfigError
+from raytune_loader.loader import build_dataloader
+from raytune_loader.space import (
+    HEURISTIC,
+    PYTORCH_DEFAULT,
+    LoaderConfig,
+    SearchSpace,
+    reserved_cpus,
+)
+
+
+def _all_configs(space: SearchSpace) -> set[LoaderConfig]:
+    """Every configuration the define-by-run space can produce, by exhaustive FixedTrials."""
+    choices = itertools.product(
+        range(space.max_workers + 1),
+        space.prefetch_factors,
+        (True, False),
+        (True, False),
+        space.batch_sizes,
+    )
+    configs = set()
+    for workers, prefetch, persistent, pin, batch in choices:
+        trial = optuna.trial.FixedTrial(
+            {
+                "num_workers": workers,
+                "prefetch_factor": prefetch,
+                "persistent_workers": persistent,
+                "pin_memory": pin,
+                "batch_size": batch,
+            }
+        )
+        constants = space.define_by_run(trial) or {}
+        configs.add(LoaderConfig.from_dict({**trial.params, **constants}))
+    return configs
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_every_configuration_of_the_space_builds_a_working_loader(cuda: bool) -> None:
+    space = SearchSpace(max_workers=2, batch_sizes=(4, 8), cuda=cuda, usable_cpus=2)
+    configs = _all_configs(space)
+    # workers=0: 2 pin x 2 batch; workers 1..2: 2 x 4 prefetch x 2 persistent x 2 pin x 2 batch
+    assert len(configs) == (2 * 2 + 2 * 4 * 2 * 2 * 2) // (1 if cuda else 2)
+    dataset = TensorDataset(torch.randn(16, 3, 8, 8), torch.arange(16))
+    for config in configs:
+        assert config.pin_memory is False or cuda
+        if config.num_workers == 0:
+            assert config.prefetch_factor is None and not config.persistent_workers
+        loader = build_dataloader(dataset, config, timeout_s=30)
+        inputs, _ = next(iter(loader))
+        assert inputs.shape[0] == config.batch_size
+        del loader
+
+
+def test_fixed_batch_size_is_a_constant_not_a_parameter() -> None:
+    space = SearchSpace(max_workers=1, batch_sizes=(64,), cuda=False, usable_cpus=1)
+    trial = optuna.trial.FixedTrial({"num_workers": 0})
+    assert space.define_by_run(trial) == {"batch_size": 64}
+    assert "batch_size" not in trial.params
+
+
+def test_baselines_follow_the_contract() -> None:
+    space = SearchSpace(max_workers=16, batch_sizes=(32,), cuda=True, usable_cpus=12)
+    baselines = space.baselines()
+    assert baselines[PYTORCH_DEFAULT] == LoaderConfig(batch_size=32)
+    assert baselines[HEURISTIC] == LoaderConfig(32, 8, 2, True, True)
+    cpu = SearchSpace(max_workers=2, batch_sizes=(32,), cuda=False, usable_cpus=2)
+    assert cpu.baselines()[HEURISTIC] == LoaderConfig(32, 2, 2, False, True)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_enqueued_baselines_are_reproduced_by_the_space(cuda: bool) -> None:
+    space = SearchSpace(max_workers=4, batch_sizes=(16, 32), cuda=cuda, usable_cpus=4)
+    for name, config in space.baselines().items():
+        trial = optuna.trial.FixedTrial(space.as_point(config))
+        constants = space.define_by_run(trial) or {}
+        assert LoaderConfig.from_dict({**trial.params, **constants}) == config
+        assert space.baseline_name(config) == name
+
+
+@pytest.mark.parametrize(
+    ("workers", "per_worker", "node", "expected"),
+    [(0, 1.0, 2, 1.0), (1, 1.0, 2, 2.0), (2, 1.0, 2, 2.0), (3, 0.5, 4, 2.5), (8, 1.0, 16, 9.0)],
+)
+def test_reservation_is_one_plus_workers_capped_at_the_node(
+    workers: int, per_worker: float, node: float, expected: float
+) -> None:
+    assert reserved_cpus(workers, per_worker, node) == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"batch_size": 0},
+        {"batch_size": 8, "num_workers": -1},
+        {"batch_size": 8, "num_workers": 0, "prefetch_factor": 2},
+        {"batch_size": 8, "num_workers": 0, "persistent_workers": True},
+        {"batch_size": 8, "num_workers": 2, "prefetch_factor": 0},
+        {"batch_size": "8"},
+        {"batch_size": 8, "pin_memory": "yes"},
+    ],
+)
+def test_loader_config_rejects_what_pytorch_would(kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        LoaderConfig(**kwargs)
