@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import ipaddress
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raytune_loader import datasets, hardware, synthetic
-from raytune_loader.errors import ConfigError, SearchFailedError
+from raytune_loader.errors import ConfigError, SearchFailedError, SearchInterruptedError
 from raytune_loader.measure import SegmentSpec, TrialJob, subset_indices
 from raytune_loader.models import default_model, validate_model
 from raytune_loader.results import ensure_writable, write_csv, write_json
@@ -81,6 +82,7 @@ class SearchOptions:
     out: str = "results"
     address: str | None = None
     dashboard_host: str = "127.0.0.1"
+    expose_dashboard: bool = False
     resume: bool = False
     seed: int = 0
     verbose: bool = False
@@ -114,11 +116,25 @@ class SearchOptions:
             )
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+        if not _is_loopback(self.dashboard_host) and not self.expose_dashboard:
+            raise ConfigError(
+                f"--dashboard-host {self.dashboard_host} would expose the Ray dashboard beyond "
+                "this machine; add --expose-dashboard to confirm, or keep 127.0.0.1"
+            )
         if self.samples_per_trial < max(self.batch_sizes):
             raise ConfigError(
                 f"--samples-per-trial ({self.samples_per_trial}) must hold at least one batch "
                 f"of the largest batch size ({max(self.batch_sizes)})"
             )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -202,6 +218,11 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     ensure_writable(out_dir)
     spec, dataset_len = _prepare_data(opts, progress)
 
+    if not _is_loopback(opts.dashboard_host):
+        progress.warn(
+            f"the Ray dashboard listens on {opts.dashboard_host}: anyone who can reach it and "
+            "has the token in ~/.ray/auth_token can run code on this machine"
+        )
     cluster = tuner.start_ray(opts.address, opts.dashboard_host, usable, opts.verbose)
     try:
         if cluster.dashboard_url:
@@ -234,9 +255,15 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             f"Searching {opts.num_samples} configurations of {model} on {spec.name} "
             f"({max_concurrent} at a time, objective {opts.objective})"
         )
-        grid = tuner.run_search(job, space, settings, cluster, progress.trial)
-        rows = tuner.trial_rows(grid, space)
+        searched = tuner.run_search(job, space, settings, cluster, progress.trial)
+        rows = tuner.trial_rows(searched.grid, space)
         write_csv(out_dir / "trials.csv", rows, tuner.TRIAL_COLUMNS)
+        if searched.interrupted:
+            finished = sum(row["status"] != "interrupted" for row in rows)
+            raise SearchInterruptedError(
+                f"search interrupted after {finished} finished trials, kept in {out_dir}; "
+                "continue it with the same command and --resume"
+            )
         candidates = _verify(job, space, rows, opts, gpus_per_trial, cluster.gpus, progress)
     finally:
         tuner.stop_ray()

@@ -37,6 +37,10 @@ class SearchFailedError(RaytuneLoaderError):
     """The search ran but produced no usable configuration (every trial failed)."""
 
 
+class SearchInterruptedError(RaytuneLoaderError):
+    """Ctrl-C stopped the search; finished trials are kept and --resume continues it."""
+
+
 class TrialRefusedError(RaytuneLoaderError):
     """A candidate configuration was refused before it started.
 

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TextIO
 from raytune_loader import __version__
 from raytune_loader.api import OBJECTIVES, SearchOptions, run_search
 from raytune_loader.datasets import KNOWN, SYNTHETIC
-from raytune_loader.errors import RaytuneLoaderError, UserInputError
+from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
 from raytune_loader.report import summary_rows
 from raytune_loader.space import LoaderConfig
 
@@ -118,6 +118,17 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-repeats", type=int, default=3, help="repeats of each re-measurement")
     p.add_argument("--out", default="results", help="results root (default results/)")
     p.add_argument("--address", help="join an existing Ray cluster (auto, ray://host:port)")
+    p.add_argument(
+        "--dashboard-host",
+        default="127.0.0.1",
+        help="address the local Ray dashboard listens on (default 127.0.0.1, this machine only)",
+    )
+    p.add_argument(
+        "--expose-dashboard",
+        action="store_true",
+        help="confirm a non-loopback --dashboard-host (anyone who reaches it and has the "
+        "token can run code on this machine)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the interrupted search")
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the data subset")
     p.add_argument("--verbose", action="store_true", help="show Tune's own table and Ray's logs")
@@ -138,7 +149,9 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         warmup_steps=args.warmup_steps, report_every=args.report_every,
         samples_per_trial=args.samples_per_trial, compute_threads=args.compute_threads,
         verify_top=args.verify_top, verify_repeats=args.verify_repeats, out=args.out,
-        address=args.address, resume=args.resume, seed=args.seed, verbose=args.verbose,
+        address=args.address, dashboard_host=args.dashboard_host,
+        expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed,
+        verbose=args.verbose,
     )  # fmt: skip
 
 
@@ -266,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         options = options_from_args(args)
         progress = TerminalProgress(options.num_samples, options.objective)
         result = run_search(options, progress)
+    except SearchInterruptedError as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return 130
     except UserInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -276,7 +292,24 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; finished trials are kept, continue with --resume", file=sys.stderr)
         return 130
     print_summary(result.best_config, result.out_dir)
+    for note in notes(result.trials):
+        print(f"note: {note}")
     return 0
+
+
+def notes(rows: list[dict[str, Any]]) -> list[str]:
+    """What the user should know about trials that were refused or failed."""
+    out = []
+    refused = [r for r in rows if str(r.get("reason", "")).startswith("shm")]
+    if refused:
+        out.append(
+            f"{len(refused)} configuration(s) did not fit in /dev/shm, which limited the search; "
+            "raise it (docker run --shm-size=8g, or a larger tmpfs) and search again"
+        )
+    failed = [r for r in rows if r.get("status") in ("failed", "error")]
+    if failed:
+        out.append(f"{len(failed)} trial(s) failed; reasons are in trials.csv")
+    return out
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from raytune_loader.errors import DatasetError
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -57,12 +59,29 @@ def _make_image_star(args: tuple[int, int]) -> tuple[str, bytes]:
     return _make_image(*args)
 
 
-def _is_complete(root: Path, num_images: int) -> bool:
+def _meta(root: Path) -> dict[str, int] | None:
     try:
         meta = json.loads((root / "meta.json").read_text())
     except (OSError, ValueError):
-        return False
-    return meta.get("version") == FORMAT_VERSION and meta.get("images") == num_images
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _check_replaceable(root: Path, num_images: int) -> None:
+    """Refuse to overwrite anything but an empty folder or an older copy of ours."""
+    if not root.exists() or not any(root.iterdir()):
+        return
+    meta = _meta(root)
+    if meta is None:
+        raise DatasetError(
+            f"{root} exists and is not a synthetic-imagenet folder; "
+            "pass an empty or new --data-root"
+        )
+    if meta.get("version") == FORMAT_VERSION and meta.get("images") != num_images:
+        raise DatasetError(
+            f"{root} holds a synthetic-imagenet of {meta.get('images')} images, not {num_images}; "
+            f"pass --synthetic-images {meta.get('images')} or another --data-root"
+        )
 
 
 def ensure_synthetic_imagenet(
@@ -73,8 +92,10 @@ def ensure_synthetic_imagenet(
     progress: ProgressFn | None = None,
 ) -> Path:
     """Generate the dataset under ``root`` unless it is already there; returns ``root``."""
-    if _is_complete(root, num_images):
+    meta = _meta(root)
+    if meta and meta.get("version") == FORMAT_VERSION and meta.get("images") == num_images:
         return root
+    _check_replaceable(root, num_images)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
@@ -83,7 +104,7 @@ def ensure_synthetic_imagenet(
             json.dumps({"version": FORMAT_VERSION, "images": num_images, "classes": num_classes})
         )
         if root.exists():
-            shutil.rmtree(root)  # an older or incomplete copy
+            shutil.rmtree(root)  # empty, or an older format of ours (checked above)
         os.replace(staging, root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -24,6 +24,7 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from raytune_loader.errors import ConfigError
 from raytune_loader.measure import TrialJob
 from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
 from raytune_loader.trainable import trial_fn
@@ -165,8 +166,8 @@ def run_search(
     settings: TuneSettings,
     cluster: RayCluster,
     on_event: EventFn,
-) -> tune.ResultGrid:
-    """Run (or resume) the Tune search and return Tune's result grid."""
+) -> SearchOutcome:
+    """Run (or resume) the Tune search; Ctrl-C ends it early with the state saved."""
     import optuna
 
     if not settings.verbose:
@@ -177,8 +178,10 @@ def run_search(
     trainable = _trainable(job, settings.gpus_per_trial, cluster.node_cpus)
     experiment = settings.storage_path / settings.name
     if settings.resume:
-        tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_errored=False)
-        return tuner.fit()
+        if not tune.Tuner.can_restore(str(experiment)):
+            raise ConfigError(f"no search to resume in {experiment}; run without --resume")
+        restored = tune.Tuner.restore(str(experiment), trainable=trainable, resume_errored=False)
+        return _outcome(restored.fit(), settings, deadline=None)
     deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
 
     searcher = _LoaderSearch(
@@ -213,7 +216,28 @@ def run_search(
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )
-    return tuner.fit()
+    return _outcome(tuner.fit(), settings, deadline)
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    grid: tune.ResultGrid
+    interrupted: bool
+
+
+def _outcome(
+    grid: tune.ResultGrid, settings: TuneSettings, deadline: float | None
+) -> SearchOutcome:
+    """Tune returns normally after Ctrl-C; unfinished trials tell that it was interrupted."""
+    unfinished = len(grid) - grid.num_terminated - grid.num_errors
+    budget_spent = deadline is not None and time.time() > deadline
+    short = len(grid) < settings.num_samples and not budget_spent
+    return SearchOutcome(grid, interrupted=unfinished > 0 or short)
+
+
+def space_constants(space: SearchSpace) -> dict[str, Any]:
+    """Values the space fixes rather than searches (a single batch size)."""
+    return {"batch_size": space.batch_sizes[0]} if len(space.batch_sizes) == 1 else {}
 
 
 def config_of(trial_config: dict[str, Any]) -> LoaderConfig:
@@ -239,22 +263,27 @@ def trial_rows(grid: tune.ResultGrid, space: SearchSpace) -> list[dict[str, Any]
     rows = []
     for result in grid:
         metrics = dict(result.metrics or {})
-        config = config_of(result.config or {})
+        try:
+            config: LoaderConfig | None = config_of({**space_constants(space), **result.config})
+        except (ConfigError, TypeError):  # a trial interrupted before Tune saved its config
+            config = None
         if result.error is not None:
             status, reason = "error", _error_line(result.error)
         elif metrics.get("failure"):
             status, reason = "failed", f"{metrics['failure']}: {metrics.get('detail', '')}"
         elif metrics.get("final"):
             status, reason = "ok", ""
-        else:
+        elif metrics.get("done"):  # Tune marks a trial done when ASHA stops it
             status, reason = "stopped_early", "ASHA"
+        else:
+            status, reason = "interrupted", "the search was interrupted; --resume re-runs it"
         row = {column: metrics.get(column) for column in TRIAL_COLUMNS}
-        row.update(config.kwargs())
+        row.update(config.kwargs() if config else {})
         row.update(
-            trial_id=metrics.get("trial_id") or Path(result.path).name.split("_")[-2:][0],
+            trial_id=metrics.get("trial_id") or Path(result.path).name.split("_")[2],
             status=status,
             reason=reason,
-            baseline=space.baseline_name(config) or "",
+            baseline=(space.baseline_name(config) if config else None) or "",
             finished_at=metrics.get("timestamp"),
         )
         rows.append(row)

@@ -50,6 +50,7 @@ BAD_INPUT = [
     (["--batch-size", "64", "--samples-per-trial", "32"], "must hold at least one batch"),
     (["--objective", "speed"], "invalid choice"),
     (["--out", "{file}/results"], "choose another --out"),
+    (["--dashboard-host", "0.0.0.0"], "add --expose-dashboard to confirm"),
 ]
 
 
@@ -79,6 +80,7 @@ def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
     before = ray_processes()
     result = run_cli(
         "--dataset", "synthetic-imagenet", "--data-root", str(tiny_imagenet),
+        "--synthetic-images", "96",
         "--num-samples", "4", "--batch-size", "8", "--steps", "6", "--warmup-steps", "1",
         "--report-every", "3", "--samples-per-trial", "64", "--verify-top", "1",
         "--verify-repeats", "2", "--out", str(tmp_path / "results"),

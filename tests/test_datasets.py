@@ -75,3 +75,15 @@ def test_factory_datasets(tmp_path: Path) -> None:
         build_dataset(DatasetSpec("datasets_for_tests:not_a_dataset"))
     with pytest.raises(DatasetError, match="cannot import"):
         build_dataset(DatasetSpec("no_such_module:make"))
+
+
+def test_never_overwrites_a_folder_that_is_not_ours(tmp_path: Path, tiny_imagenet: Path) -> None:
+    mine = tmp_path / "my-photos"
+    mine.mkdir()
+    (mine / "holiday.jpg").write_bytes(b"precious")
+    with pytest.raises(DatasetError, match="is not a synthetic-imagenet folder"):
+        ensure_synthetic_imagenet(mine, 40, 4)
+    assert (mine / "holiday.jpg").read_bytes() == b"precious"
+    with pytest.raises(DatasetError, match="pass --synthetic-images 96"):
+        ensure_synthetic_imagenet(tiny_imagenet, 40, 4)
+    assert len(list((tiny_imagenet / "train").rglob("*.JPEG"))) == 96

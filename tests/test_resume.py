@@ -1,0 +1,72 @@
+"""Ctrl-C during a real search keeps finished trials; --resume completes it."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, TESTS, ray_processes
+
+
+def _trial_dirs(out: Path) -> list[Path]:
+    return sorted((out / "synthetic-imagenet" / "tune").glob("search-*/trial_fn_*"))
+
+
+def _done(out: Path) -> set[str]:
+    """Trials whose last result Tune marked done."""
+    done = set()
+    for trial in _trial_dirs(out):
+        result = trial / "result.json"
+        if result.exists() and '"done": true' in result.read_text():
+            done.add(trial.name)
+    return done
+
+
+def test_interrupt_then_resume_keeps_finished_trials(tiny_imagenet: Path, tmp_path: Path) -> None:
+    before = ray_processes()
+    out = tmp_path / "results"
+    args = [
+        sys.executable, "-m", "raytune_loader.search",
+        "--data-root", str(tiny_imagenet), "--synthetic-images", "96",
+        "--num-samples", "6", "--batch-size", "8", "--steps", "12", "--warmup-steps", "1",
+        "--report-every", "12", "--samples-per-trial", "64", "--verify-top", "1",
+        "--verify-repeats", "1", "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"}
+    search = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 240
+    while len(_done(out)) < 2 and time.monotonic() < deadline and search.poll() is None:
+        time.sleep(0.5)
+    assert search.poll() is None, "the search ended before it could be interrupted"
+    search.send_signal(signal.SIGINT)
+    interrupted_at = time.monotonic()
+    stdout, stderr = search.communicate(timeout=120)
+    assert time.monotonic() - interrupted_at < 60  # stops within seconds, not after the search
+    assert search.returncode == 130, stderr[-2000:]
+    assert "--resume" in stderr.strip().splitlines()[-1]
+    finished_before = _done(out)
+    assert len(finished_before) >= 2
+    with open(out / "synthetic-imagenet" / "trials.csv") as handle:
+        partial = list(csv.DictReader(handle))
+    assert sum(r["status"] in ("ok", "stopped_early") for r in partial) >= 2
+    assert not (out / "synthetic-imagenet" / "best_config.json").exists()
+
+    resumed = subprocess.run(
+        [*args, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with open(out / "synthetic-imagenet" / "trials.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 6  # the total asked for, no more, no fewer
+    assert all(r["status"] in ("ok", "stopped_early") for r in rows)
+    finished_after = {d.name for d in _trial_dirs(out)}
+    assert finished_before <= finished_after  # nothing finished was lost or re-run anew
+    assert (out / "synthetic-imagenet" / "best_config.json").exists()
+    assert ray_processes() == before
