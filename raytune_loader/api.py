@@ -20,8 +20,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raytune_loader import datasets, hardware, synthetic
-from raytune_loader.errors import ConfigError, SearchFailedError, SearchInterruptedError
-from raytune_loader.measure import SegmentSpec, TrialJob, subset_indices
+from raytune_loader.errors import (
+    BatchSizeTooSmallError,
+    ConfigError,
+    SearchFailedError,
+    SearchInterruptedError,
+)
+from raytune_loader.measure import (
+    DataPipelineError,
+    SegmentSpec,
+    TrialJob,
+    last_line,
+    subset_indices,
+)
 from raytune_loader.models import default_model, validate_model
 from raytune_loader.results import ensure_writable, write_csv, write_json
 from raytune_loader.selection import Candidate, Selection, select
@@ -307,7 +318,12 @@ def _with_ceilings(job: TrialJob, space: SearchSpace, gpus: float, progress: Pro
         progress.count(
             "measuring the ceiling (model on a resident batch)", i - 1, len(space.batch_sizes)
         )
-        effective, speed = ceiling_once(job, batch_size, gpus)
+        try:
+            effective, speed = ceiling_once(job, batch_size, gpus)
+        except (DataPipelineError, BatchSizeTooSmallError) as exc:  # Ray re-raises the type
+            raise SearchFailedError(
+                f"cannot measure the model's ceiling: {last_line(exc)}"
+            ) from None
         ceilings[effective] = speed
         if effective != batch_size:
             progress.warn(f"ceiling: batch size {batch_size} ran out of memory; {effective} fits")
@@ -460,6 +476,9 @@ def _best_config(
             },
             "segment": asdict(job.segment),
             "samples_per_trial": opts.samples_per_trial,
+            "dataset_spec": asdict(spec),
+            "device": job.device,
+            "seed": opts.seed,
             "verification": {"top": opts.verify_top, "repeats": opts.verify_repeats},
             "versions": _versions(),
         },

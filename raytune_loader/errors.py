@@ -52,6 +52,9 @@ class TrialRefusedError(RaytuneLoaderError):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray's process boundary
+        return (type(self), (self.reason, str(self)))
+
 
 class CorruptSampleError(RaytuneLoaderError):
     """A sample file could not be decoded; the message names the file."""

@@ -49,6 +49,9 @@ class DataPipelineError(RaytuneLoaderError):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray's process boundary
+        return (type(self), (self.reason, str(self)))
+
 
 @dataclass(frozen=True)
 class SegmentSpec:
@@ -190,14 +193,14 @@ def _batches(loader: Any) -> Iterator[Any]:
             except StopIteration:
                 break
             except CorruptSampleError as exc:
-                raise DataPipelineError("corrupt_sample", _last_line(exc)) from exc
+                raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
             except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
-                raise DataPipelineError("data_loader", _last_line(exc)) from exc
+                raise DataPipelineError("data_loader", last_line(exc)) from exc
             yield batch
         del iterator
 
 
-def _last_line(exc: BaseException) -> str:
+def last_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     text = lines[-1] if lines else type(exc).__name__
     return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
@@ -333,9 +336,9 @@ def _first_sample(dataset: Dataset[Any]) -> Any:
     try:
         return dataset[0]
     except CorruptSampleError as exc:
-        raise DataPipelineError("corrupt_sample", _last_line(exc)) from exc
+        raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
-        raise DataPipelineError("data_loader", _last_line(exc)) from exc
+        raise DataPipelineError("data_loader", last_line(exc)) from exc
 
 
 def run_trial(job: TrialJob, config: LoaderConfig, report: ReportFn | None = None) -> TrialOutcome:

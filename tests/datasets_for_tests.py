@@ -47,3 +47,36 @@ def broken() -> Dataset:
 
 def not_a_dataset() -> object:
     return 42
+
+
+class _DiesInWorker(TensorImages):
+    """Kills the DataLoader worker process that loads it, as the OOM killer would."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import os
+        import signal
+
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+class _HangsInWorker(TensorImages):
+    """Never returns from a worker: a stalled network filesystem."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            time.sleep(3600)
+        return super().__getitem__(index)
+
+
+def dies_in_worker() -> Dataset:
+    return _DiesInWorker()
+
+
+def hangs_in_worker() -> Dataset:
+    return _HangsInWorker()

@@ -121,3 +121,17 @@ def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
     loaded = load_best_config(folder / "best_config.json")
     assert loaded.loader.kwargs() == best["loader"]
     assert ray_processes() == before  # Ray shut down, nothing left behind
+
+
+def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(tmp_path: Path) -> None:
+    before = ray_processes()
+    result = run_cli(
+        "--dataset", "datasets_for_tests:broken", "--num-samples", "2", "--batch-size", "8",
+        "--steps", "4", "--report-every", "2", "--samples-per-trial", "32",
+        "--out", str(tmp_path / "results"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "ValueError: sample" in last and "is broken" in last
+    assert "Traceback" not in result.stderr
+    assert ray_processes() == before

@@ -156,3 +156,28 @@ def test_a_good_trial_reports_every_metric(tiny_imagenet: Path) -> None:
     assert outcome.failure is None and report["final"] is True
     assert report["samples_per_s"] > 0 and 0 <= report["data_wait_frac"] <= 1
     assert report["cpus_reserved"] == 2 and report["effective_batch_size"] == 8
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_a_killed_worker_ends_the_trial_and_leaves_no_process() -> None:
+    before = _children()
+    outcome = run_trial(_job("datasets_for_tests:dies_in_worker"), LoaderConfig(8, 1, 2))
+    assert outcome.failure == "data_loader"
+    assert "killed by signal" in outcome.detail or "exited unexpectedly" in outcome.detail
+    assert _children() <= before
+
+
+def test_a_stalled_loader_times_out_and_leaves_no_process() -> None:
+    before = _children()
+    job = _job("datasets_for_tests:hangs_in_worker")
+    job = TrialJob(**{**vars(job), "segment": SegmentSpec(1, 4, 2, loader_timeout_s=2)})
+    started = time.monotonic()
+    outcome = run_trial(job, LoaderConfig(8, 1, 2))
+    assert outcome.failure == "data_loader" and "timed out" in outcome.detail
+    assert time.monotonic() - started < 30
+    assert _children() <= before
