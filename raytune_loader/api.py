@@ -96,6 +96,7 @@ class SearchOptions:
     expose_dashboard: bool = False
     resume: bool = False
     seed: int = 0
+    cold: bool = False
     verbose: bool = False
 
     def validate(self) -> None:
@@ -184,7 +185,7 @@ def _prepare_data(opts: SearchOptions, progress: Progress) -> tuple[datasets.Dat
     files = datasets.sample_files(
         full, subset_indices(len(full), opts.samples_per_trial, opts.seed)
     )
-    if files:
+    if files and not opts.cold:
         progress.stage(f"Pre-warming {len(files)} files of the trial subset")
         warmed = datasets.prewarm(files)
         log.info("pre-warmed %.1f MB", warmed / 1e6)
@@ -252,6 +253,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             min_batch_size=opts.min_batch_size,
             cpus_per_worker=opts.cpus_per_worker,
             node_cpus=cluster.node_cpus,
+            cold=opts.cold,
         )
         job = _with_ceilings(job, space, gpus_per_trial, progress)
         max_concurrent = opts.max_concurrent or _default_concurrency(space.cuda, gpus_per_trial)
@@ -347,7 +349,6 @@ def _verify(
     """Re-measure the top configurations and both baselines, interleaved, one at a time."""
     from raytune_loader.space import reserved_cpus
     from raytune_loader.trainable import measure_once
-    from raytune_loader.tuner import config_of
 
     named: dict[str, LoaderConfig] = dict(space.baselines())
     ranked = sorted(
@@ -358,7 +359,7 @@ def _verify(
     for row in ranked:
         if len(named) >= 2 + opts.verify_top:
             break
-        config = config_of(row)
+        config = LoaderConfig.from_trial_config(row)
         if config not in named.values():
             named[f"top-{len(named) - 1}"] = config
     whole_gpu = 1.0 if gpus_per_trial and gpus >= 1 else gpus_per_trial
@@ -371,7 +372,8 @@ def _verify(
             progress.count("verifying (each configuration alone, repeated)", done, total)
             config = named[name]
             cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus)
-            outcomes[name].append(measure_once(job, config, cpus, whole_gpu))
+            slot = opts.num_samples + done  # --cold: verification reads unread samples too
+            outcomes[name].append(measure_once(job, config, cpus, whole_gpu, slot))
             done += 1
     progress.count("verifying (each configuration alone, repeated)", total, total)
     return [Candidate(name, named[name], tuple(outcomes[name])) for name in order]

@@ -38,6 +38,7 @@ from raytune_loader.space import LoaderConfig, reserved_cpus
 
 log = logging.getLogger(__name__)
 ReportFn = Callable[[dict[str, Any]], None]
+DATA_SLOT = "data_slot"  # Tune config key: which disjoint subset a --cold trial reads
 SHM_SHARE = 0.5  # of free /dev/shm a trial may fill; Ray's object store lives there too
 RAM_SHARE = 0.5  # of available RAM
 
@@ -83,6 +84,7 @@ class TrialJob:
     cpus_per_worker: float = 1.0
     node_cpus: float = 1.0
     ceilings: dict[int, float] = field(default_factory=dict)
+    cold: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,10 +138,15 @@ class TrialOutcome:
         return out
 
 
-def subset_indices(length: int, count: int, seed: int) -> list[int]:
-    """The fixed subset every trial reads, the same for all trials of a search."""
+def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[int]:
+    """The samples a trial reads: slot 0 is the fixed, pre-warmed subset every trial
+    shares; with ``--cold``, slot k is the k-th disjoint block of one permutation, so no
+    trial reads what an earlier one read (until the dataset is used up and wraps)."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randperm(length, generator=generator)[: min(count, length)].tolist()
+    order = torch.randperm(length, generator=generator)
+    count = min(count, length)
+    start = (slot * count) % length
+    return order.roll(-start)[:count].tolist()
 
 
 def sample_nbytes(sample: Any) -> int:
@@ -324,10 +331,11 @@ def _device_uuid(device: torch.device) -> str | None:
     return nvml.device_uuid_for_torch_device(device.index or 0)
 
 
-def prepare(job: TrialJob) -> tuple[Dataset[Any], int]:
-    """The trial's fixed subset and the bytes of one of its samples."""
+def prepare(job: TrialJob, slot: int = 0) -> tuple[Dataset[Any], int]:
+    """The trial's subset and the bytes of one of its samples."""
     full = datasets.build_dataset(job.dataset)
-    subset = Subset(full, subset_indices(len(full), job.samples_per_trial, job.seed))
+    indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
+    subset = Subset(full, indices)
     return subset, sample_nbytes(_first_sample(subset))
 
 
@@ -341,11 +349,13 @@ def _first_sample(dataset: Dataset[Any]) -> Any:
         raise DataPipelineError("data_loader", last_line(exc)) from exc
 
 
-def run_trial(job: TrialJob, config: LoaderConfig, report: ReportFn | None = None) -> TrialOutcome:
+def run_trial(
+    job: TrialJob, config: LoaderConfig, report: ReportFn | None = None, slot: int = 0
+) -> TrialOutcome:
     """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
     cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus)
     try:
-        subset, sample_bytes = prepare(job)
+        subset, sample_bytes = prepare(job, slot)
     except DataPipelineError as exc:
         return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
     try:

@@ -130,6 +130,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         "token can run code on this machine)",
     )
     p.add_argument("--resume", action="store_true", help="continue the interrupted search")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="for datasets larger than RAM: each trial reads samples no earlier trial read, "
+        "instead of one pre-warmed subset",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the data subset")
     p.add_argument("--verbose", action="store_true", help="show Tune's own table and Ray's logs")
     p.add_argument("--version", action="version", version=f"raytune_loader {__version__}")
@@ -150,7 +156,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         samples_per_trial=args.samples_per_trial, compute_threads=args.compute_threads,
         verify_top=args.verify_top, verify_repeats=args.verify_repeats, out=args.out,
         address=args.address, dashboard_host=args.dashboard_host,
-        expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed,
+        expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed, cold=args.cold,
         verbose=args.verbose,
     )  # fmt: skip
 

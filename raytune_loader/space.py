@@ -18,6 +18,7 @@ from raytune_loader.errors import ConfigError
 PYTORCH_DEFAULT = "pytorch-default"
 HEURISTIC = "heuristic"
 PREFETCH_FACTORS = (1, 2, 4, 8)
+LOADER_KEYS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class LoaderConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], batch_size: int | None = None) -> LoaderConfig:
         """Build from a Tune trial config or a JSON ``loader`` section, validating types."""
-        known = {"batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers"}
+        known = set(LOADER_KEYS)
         unknown = set(values) - known
         if unknown:
             raise ConfigError(
@@ -72,6 +73,11 @@ class LoaderConfig:
         elif merged.get("prefetch_factor") is None:
             merged["prefetch_factor"] = 2
         return cls(**merged)
+
+    @classmethod
+    def from_trial_config(cls, config: dict[str, Any]) -> LoaderConfig:
+        """From a Tune trial config or a trials.csv row, ignoring the other keys."""
+        return cls.from_dict({k: v for k, v in config.items() if k in LOADER_KEYS})
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader``."""

@@ -15,7 +15,13 @@ from typing import Any
 import ray
 from ray import tune
 
-from raytune_loader.measure import TrialJob, TrialOutcome, measure_ceiling, run_trial
+from raytune_loader.measure import (
+    DATA_SLOT,
+    TrialJob,
+    TrialOutcome,
+    measure_ceiling,
+    run_trial,
+)
 from raytune_loader.space import LoaderConfig
 
 
@@ -25,19 +31,21 @@ def _node() -> dict[str, str]:
 
 def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     """Tune function trainable: one candidate configuration, one short training segment."""
-    loader_config = LoaderConfig.from_dict(config)
+    loader_config = LoaderConfig.from_trial_config(config)
     node = _node()
 
     def report(metrics: dict[str, Any]) -> None:
         tune.report({**metrics, **node})
 
-    outcome = run_trial(job, loader_config, report)
+    outcome = run_trial(job, loader_config, report, slot=config.get(DATA_SLOT, 0))
     report(outcome.as_report())
 
 
 @ray.remote(max_calls=1)
-def _measure_task(job: TrialJob, config: LoaderConfig) -> tuple[TrialOutcome, dict[str, str]]:
-    return run_trial(job, config), _node()
+def _measure_task(
+    job: TrialJob, config: LoaderConfig, slot: int
+) -> tuple[TrialOutcome, dict[str, str]]:
+    return run_trial(job, config, slot=slot), _node()
 
 
 @ray.remote(max_calls=1)
@@ -45,10 +53,12 @@ def _ceiling_task(job: TrialJob, batch_size: int) -> tuple[int, float]:
     return measure_ceiling(job, batch_size)
 
 
-def measure_once(job: TrialJob, config: LoaderConfig, cpus: float, gpus: float) -> TrialOutcome:
+def measure_once(
+    job: TrialJob, config: LoaderConfig, cpus: float, gpus: float, slot: int = 0
+) -> TrialOutcome:
     """Run one configuration as a Ray task with the given reservation and wait for it."""
     task = _measure_task.options(num_cpus=cpus, num_gpus=gpus)
-    outcome, _ = ray.get(task.remote(job, config))
+    outcome, _ = ray.get(task.remote(job, config, slot))
     return outcome
 
 

@@ -25,7 +25,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from raytune_loader.errors import ConfigError
-from raytune_loader.measure import TrialJob
+from raytune_loader.measure import DATA_SLOT, TrialJob
 from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
 from raytune_loader.trainable import trial_fn
 
@@ -101,9 +101,16 @@ class _LoaderSearch(OptunaSearch):
     """
 
     def __init__(
-        self, *args: Any, deadline: float | None = None, max_retries: int = 20, **kwargs: Any
+        self,
+        *args: Any,
+        deadline: float | None = None,
+        max_retries: int = 20,
+        cold: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._cold = cold
+        self._slots = 0
         self._deadline = deadline
         self._max_retries = max_retries
         self._measured: dict[tuple[tuple[str, Any], ...], float] = {}
@@ -122,6 +129,9 @@ class _LoaderSearch(OptunaSearch):
             self._ot_study.tell(self._ot_trials.pop(trial_id), self._measured[key])
             config = super().suggest(trial_id)
         self._running[trial_id] = tuple(sorted((config or {}).items()))
+        if self._cold and isinstance(config, dict):
+            config = {**config, DATA_SLOT: self._slots}  # a subset no earlier trial read
+            self._slots += 1
         return config
 
     def on_trial_complete(
@@ -191,6 +201,7 @@ def run_search(
         sampler=optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4),
         points_to_evaluate=[space.as_point(cfg) for cfg in space.baselines().values()],
         deadline=deadline,
+        cold=job.cold,
     )
     scheduler = ASHAScheduler(
         time_attr="training_iteration",
@@ -240,14 +251,6 @@ def space_constants(space: SearchSpace) -> dict[str, Any]:
     return {"batch_size": space.batch_sizes[0]} if len(space.batch_sizes) == 1 else {}
 
 
-def config_of(trial_config: dict[str, Any]) -> LoaderConfig:
-    """The LoaderConfig behind a Tune trial config (Ray boundary helper)."""
-    return LoaderConfig.from_dict({k: v for k, v in trial_config.items() if k in _LOADER_KEYS})
-
-
-_LOADER_KEYS = {"batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers"}
-
-
 TRIAL_COLUMNS = [
     "trial_id", "status", "reason", "baseline",
     "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size",
@@ -264,7 +267,9 @@ def trial_rows(grid: tune.ResultGrid, space: SearchSpace) -> list[dict[str, Any]
     for result in grid:
         metrics = dict(result.metrics or {})
         try:
-            config: LoaderConfig | None = config_of({**space_constants(space), **result.config})
+            config: LoaderConfig | None = LoaderConfig.from_trial_config(
+                {**space_constants(space), **result.config}
+            )
         except (ConfigError, TypeError):  # a trial interrupted before Tune saved its config
             config = None
         if result.error is not None:

@@ -181,3 +181,13 @@ def test_a_stalled_loader_times_out_and_leaves_no_process() -> None:
     assert outcome.failure == "data_loader" and "timed out" in outcome.detail
     assert time.monotonic() - started < 30
     assert _children() <= before
+
+
+def test_cold_slots_read_disjoint_samples_warm_ones_the_same() -> None:
+    from raytune_loader.measure import subset_indices
+
+    blocks = [set(subset_indices(1000, 100, seed=3, slot=k)) for k in range(10)]
+    assert all(len(b) == 100 for b in blocks)
+    assert len(set().union(*blocks)) == 1000  # ten trials, no sample read twice
+    assert subset_indices(1000, 100, 3) == subset_indices(1000, 100, 3, 0)
+    assert subset_indices(1000, 100, 3) != subset_indices(1000, 100, 4)

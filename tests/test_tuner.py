@@ -36,3 +36,14 @@ def test_the_search_stops_proposing_after_the_deadline() -> None:
     space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2)
     searcher = _searcher(space, deadline=0.0)
     assert searcher.suggest("late") == "FINISHED"
+
+
+def test_cold_searches_give_every_trial_its_own_data_slot() -> None:
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2)
+    warm, cold = _searcher(space), _searcher(space, cold=True)
+    assert "data_slot" not in warm.suggest("w0")
+    slots = []
+    for i in range(4):
+        slots.append(cold.suggest(f"c{i}")["data_slot"])
+        cold.on_trial_complete(f"c{i}", {"util": 0.1 * i})
+    assert slots == [0, 1, 2, 3]

@@ -1,0 +1,38 @@
+"""The search picks what an expert would: no workers for free samples, workers for costly ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import ray_processes, run_cli
+
+COMMON = (
+    "--num-samples", "6", "--batch-size", "16", "--steps", "12", "--warmup-steps", "2",
+    "--report-every", "6", "--samples-per-trial", "256", "--verify-top", "2",
+    "--verify-repeats", "3", "--max-workers", "2",
+)  # fmt: skip
+
+
+def _search(dataset: str, out: Path) -> dict:
+    result = run_cli("--dataset", dataset, *COMMON, "--out", str(out), cwd=out.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / dataset.replace(":", "-") / "best_config.json").read_text())
+
+
+def test_nearly_free_samples_need_no_workers(tmp_path: Path) -> None:
+    before = ray_processes()
+    best = _search("datasets_for_tests:fast", tmp_path / "results")
+    # Workers only add IPC for samples that cost nothing: the cheapest config within
+    # noise of the best is the one without workers.
+    assert best["loader"]["num_workers"] == 0
+    assert best["cost"]["cpus_reserved"] == 1
+    assert ray_processes() == before
+
+
+def test_costly_samples_get_workers_that_clearly_beat_the_default(tmp_path: Path) -> None:
+    best = _search("datasets_for_tests:slow", tmp_path / "results")
+    assert best["loader"]["num_workers"] >= 1
+    assert best["speedup"]["vs_pytorch_default"] > 1.5
+    default = best["baselines"]["pytorch-default"]["metrics"]["samples_per_s"]
+    assert best["metrics"]["samples_per_s"]["min"] > default["max"]  # beyond the noise
