@@ -11,15 +11,15 @@ the command line can show it and the API can log it.
 from __future__ import annotations
 
 import datetime as dt
-import importlib.metadata
 import ipaddress
+import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from raytune_loader import datasets, hardware, synthetic
+from raytune_loader import datasets, hardware, outcome, synthetic
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
     ConfigError,
@@ -35,8 +35,8 @@ from raytune_loader.measure import (
 )
 from raytune_loader.models import default_model, validate_model
 from raytune_loader.results import ensure_writable, write_csv, write_json
-from raytune_loader.selection import Candidate, Selection, select
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
+from raytune_loader.selection import Candidate
+from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("util", "samples_per_s")
@@ -92,6 +92,8 @@ class SearchOptions:
     verify_repeats: int = 3
     out: str = "results"
     address: str | None = None
+    node_type: str | None = None
+    storage: str | None = None
     dashboard_host: str = "127.0.0.1"
     expose_dashboard: bool = False
     resume: bool = False
@@ -157,17 +159,6 @@ class SearchResult:
     dashboard_url: str | None = None
 
 
-def _versions() -> dict[str, str]:
-    names = ("ray", "optuna", "torch", "torchvision", "raytune_loader")
-    out = {}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "unknown"
-    return out
-
-
 def _prepare_data(opts: SearchOptions, progress: Progress) -> tuple[datasets.DatasetSpec, int]:
     """Generate the default dataset if needed, check the data, pre-warm the subset."""
     spec = datasets.DatasetSpec(opts.dataset, opts.data_root, opts.download, opts.synthetic_images)
@@ -192,16 +183,44 @@ def _prepare_data(opts: SearchOptions, progress: Progress) -> tuple[datasets.Dat
     return spec, len(full)
 
 
-def _space(opts: SearchOptions, usable: int, cuda: bool, progress: Progress) -> SearchSpace:
+def _space(
+    opts: SearchOptions, usable: int, cuda: bool, progress: Progress, quiet: bool = False
+) -> SearchSpace:
+    """The search space; ``usable`` is the CPUs of the largest node a trial may run on."""
     max_workers = usable if opts.max_workers is None else opts.max_workers
     if max_workers > usable:
-        progress.warn(
-            f"--max-workers {max_workers} is more than the {usable} usable CPUs; using {usable}"
-        )
+        if not quiet:
+            progress.warn(
+                f"--max-workers {max_workers} is more than the {usable} usable CPUs; using {usable}"
+            )
         max_workers = usable
     return SearchSpace(
         max_workers=max_workers, batch_sizes=tuple(opts.batch_sizes), cuda=cuda, usable_cpus=usable
     )
+
+
+def _gpus_per_trial(opts: SearchOptions, cuda: bool) -> float:
+    if opts.gpus_per_trial is None:
+        return 0.5 if cuda else 0.0
+    present = hardware.gpu_info()["gpu_count"]
+    if opts.gpus_per_trial > present and not opts.address:
+        raise ConfigError(
+            f"--gpus-per-trial {opts.gpus_per_trial} but this machine has {present} GPUs; "
+            "use a smaller value (0 on a CPU-only machine)"
+        )
+    return opts.gpus_per_trial
+
+
+def _storage(opts: SearchOptions, out_dir: Path, cluster: Any, progress: Progress) -> str:
+    """Where Tune keeps the experiment; warns when other nodes could not reach it."""
+    storage = opts.storage or str((out_dir / "tune").resolve())
+    if cluster.joined and cluster.nodes > 1 and "://" not in storage:
+        progress.warn(
+            f"Tune's storage {storage} is a local path on a {cluster.nodes}-node cluster: trials "
+            "on other nodes write there on their own disks, so their files and --resume need a "
+            "path every node shares (NFS) or a bucket; pass --storage s3://... or a shared path"
+        )
+    return storage
 
 
 def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchResult:
@@ -212,35 +231,33 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     opts.validate()
     started = time.time()
     cuda = hardware.cuda_available()
-    gpus_present = hardware.gpu_info()["gpu_count"]
-    gpus_per_trial = (
-        opts.gpus_per_trial if opts.gpus_per_trial is not None else (0.5 if cuda else 0)
-    )
-    if gpus_per_trial > max(gpus_present, 0) and not opts.address:
-        raise ConfigError(
-            f"--gpus-per-trial {gpus_per_trial} but this machine has {gpus_present} GPUs; "
-            "use a smaller value (0 on a CPU-only machine)"
-        )
+    gpus_per_trial = _gpus_per_trial(opts, cuda)
     model = opts.model or default_model(cuda)
     validate_model(model)
-    usable = hardware.usable_cpus()
-    space = _space(opts, usable, cuda and gpus_per_trial > 0, progress)
+    if not opts.address:  # on a cluster the bounds follow its nodes, known once joined
+        _space(opts, hardware.usable_cpus(), cuda and gpus_per_trial > 0, progress)
     spec = datasets.DatasetSpec(opts.dataset, opts.data_root, opts.download, opts.synthetic_images)
     out_dir = Path(opts.out) / spec.slug
     ensure_writable(out_dir)
-    spec, dataset_len = _prepare_data(opts, progress)
-
+    spec, _ = _prepare_data(opts, progress)
     if not _is_loopback(opts.dashboard_host):
         progress.warn(
             f"the Ray dashboard listens on {opts.dashboard_host}: anyone who can reach it and "
             "has the token in ~/.ray/auth_token can run code on this machine"
         )
-    cluster = tuner.start_ray(opts.address, opts.dashboard_host, usable, opts.verbose)
+    cluster = tuner.start_ray(
+        opts.address, opts.dashboard_host, hardware.usable_cpus(), opts.verbose, opts.node_type
+    )
     try:
+        where = "the cluster's" if cluster.joined else "Ray"
         if cluster.dashboard_url:
-            progress.stage(f"Ray dashboard: {cluster.dashboard_url} (token in ~/.ray/auth_token)")
+            progress.stage(
+                f"{where} dashboard: {cluster.dashboard_url} (token in ~/.ray/auth_token)"
+            )
         else:
             progress.warn("Ray dashboard not available (install ray[default] to watch trials)")
+        node_cpus = int(cluster.node_cpus) if cluster.joined else hardware.usable_cpus()
+        space = _space(opts, node_cpus, cuda and gpus_per_trial > 0, progress, quiet=True)
         job = TrialJob(
             dataset=spec,
             model=model,
@@ -255,14 +272,15 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             node_cpus=cluster.node_cpus,
             cold=opts.cold,
         )
-        job = _with_ceilings(job, space, gpus_per_trial, progress)
-        max_concurrent = opts.max_concurrent or _default_concurrency(space.cuda, gpus_per_trial)
-        name = _experiment_name(out_dir, opts.resume)
+        job = _with_ceilings(job, space, cluster.bundle(1, gpus_per_trial), progress)
+        max_concurrent = opts.max_concurrent or _default_concurrency(
+            space.cuda, gpus_per_trial, cluster
+        )
+        name, storage = _experiment(out_dir, opts, cluster, progress)
         settings = tuner.TuneSettings(
             objective=opts.objective, num_samples=opts.num_samples, max_concurrent=max_concurrent,
             time_budget_s=opts.time_budget_s, gpus_per_trial=gpus_per_trial, seed=opts.seed,
-            storage_path=(out_dir / "tune").resolve(), name=name, resume=opts.resume,
-            verbose=opts.verbose,
+            storage=storage, name=name, resume=opts.resume, verbose=opts.verbose,
         )  # fmt: skip
         progress.stage(
             f"Searching {opts.num_samples} configurations of {model} on {spec.name} "
@@ -277,51 +295,95 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
                 f"search interrupted after {finished} finished trials, kept in {out_dir}; "
                 "continue it with the same command and --resume"
             )
-        candidates = _verify(job, space, rows, opts, gpus_per_trial, cluster.gpus, progress)
+        by_class = _rows_by_class(rows)
+        verified = {
+            hw_class: _verify(job, space, class_rows, opts, cluster, gpus_per_trial, progress,
+                              node_id=_best_node(class_rows, opts.objective, len(by_class)))
+            for hw_class, class_rows in by_class.items()
+        }  # fmt: skip
     finally:
         tuner.stop_ray()
-    selection = select(candidates, opts.objective)
-    if selection is None:
-        reasons = sorted({r["reason"] for r in rows if r["reason"]}) or ["no trial finished"]
-        raise SearchFailedError(f"every configuration failed: {'; '.join(reasons)[:400]}")
-    best = _best_config(opts, spec, model, space, selection, candidates, rows, job, started,
-                        gpus_per_trial, max_concurrent)  # fmt: skip
+    context = outcome.Context(
+        opts, spec, model, space, job, started, gpus_per_trial, max_concurrent, cluster.joined
+    )
+    results = {
+        hw_class: outcome.best_config(context, candidates, by_class[hw_class])
+        for hw_class, candidates in verified.items()
+    }
+    primary = next(iter(results))  # the class with the most trials
+    best = results[primary]
+    if len(results) > 1:
+        best["per_class"] = {c: f"{c}/best_config.json" for c in results}
+        for hw_class, result in results.items():
+            folder = out_dir / hw_class
+            write_json(folder / "best_config.json", result)
+            write_csv(folder / "trials.csv", by_class[hw_class], tuner.TRIAL_COLUMNS)
+            _write_report(folder)
+        progress.stage(f"Trials ran on {len(results)} hardware classes; results per class in "
+                       f"{out_dir}/<class>/")  # fmt: skip
     write_json(out_dir / "best_config.json", best)
-    from raytune_loader.report import write_report
-
-    write_report(out_dir)
+    _write_report(out_dir)
     return SearchResult(out_dir, best, rows, cluster.dashboard_url)
 
 
-def _default_concurrency(cuda: bool, gpus_per_trial: float) -> int:
-    """Trials side by side: GPU slices on a GPU; one at a time on a CPU, whose cores they share."""
-    if cuda and gpus_per_trial:
-        return max(1, int(hardware.gpu_info()["gpu_count"] / gpus_per_trial))
-    return 1
+def _write_report(folder: Path) -> None:
+    from raytune_loader.report import write_report
+
+    write_report(folder)
 
 
-def _experiment_name(out_dir: Path, resume: bool) -> str:
-    latest = out_dir / "tune" / "LATEST"
-    if resume:
-        if not latest.exists():
-            raise ConfigError(f"nothing to resume under {out_dir}; run without --resume")
-        return latest.read_text().strip()
+def _rows_by_class(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Trials grouped by the hardware class of their node, largest group first."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row.get("hardware_class") or "unknown", []).append(row)
+    return dict(sorted(groups.items(), key=lambda item: -len(item[1])))
+
+
+def _best_node(rows: list[dict[str, Any]], objective: str, classes: int) -> str | None:
+    """With several hardware classes, verify each on the node its best trial ran on."""
+    if classes < 2:
+        return None
+    finished = [r for r in rows if r.get(objective) is not None and r.get("node_id")]
+    return max(finished, key=lambda r: r[objective])["node_id"] if finished else None
+
+
+def _default_concurrency(cuda: bool, gpus_per_trial: float, cluster: Any) -> int:
+    """Trials side by side: GPU slices on a GPU or a cluster; one at a time on one CPU machine,
+    whose cores they would share."""
+    if gpus_per_trial:
+        return max(1, int(cluster.gpus / gpus_per_trial))
+    return cluster.nodes if cluster.joined else 1
+
+
+def _experiment(
+    out_dir: Path, opts: SearchOptions, cluster: Any, progress: Progress
+) -> tuple[str, str]:
+    """(name, storage) of the Tune experiment: a new one, or the last one on --resume."""
+    pointer = out_dir / "last_search.json"
+    if opts.resume:
+        try:
+            last = json.loads(pointer.read_text())
+            return last["name"], last["storage"]
+        except (OSError, ValueError, KeyError):
+            raise ConfigError(f"nothing to resume under {out_dir}; run without --resume") from None
     name = "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    latest.parent.mkdir(parents=True, exist_ok=True)
-    latest.write_text(name + "\n")
-    return name
+    storage = _storage(opts, out_dir, cluster, progress)
+    write_json(pointer, {"name": name, "storage": storage})
+    return name, storage
 
 
-def _with_ceilings(job: TrialJob, space: SearchSpace, gpus: float, progress: Progress) -> TrialJob:
+def _with_ceilings(
+    job: TrialJob, space: SearchSpace, bundle: dict[str, float], progress: Progress
+) -> TrialJob:
     from raytune_loader.trainable import ceiling_once
 
+    what = "measuring the ceiling (model on a resident batch)"
     ceilings: dict[int, float] = {}
-    for i, batch_size in enumerate(space.batch_sizes, 1):
-        progress.count(
-            "measuring the ceiling (model on a resident batch)", i - 1, len(space.batch_sizes)
-        )
+    for i, batch_size in enumerate(space.batch_sizes):
+        progress.count(what, i, len(space.batch_sizes))
         try:
-            effective, speed = ceiling_once(job, batch_size, gpus)
+            effective, speed = ceiling_once(job, batch_size, bundle)
         except (DataPipelineError, BatchSizeTooSmallError) as exc:  # Ray re-raises the type
             raise SearchFailedError(
                 f"cannot measure the model's ceiling: {last_line(exc)}"
@@ -329,11 +391,7 @@ def _with_ceilings(job: TrialJob, space: SearchSpace, gpus: float, progress: Pro
         ceilings[effective] = speed
         if effective != batch_size:
             progress.warn(f"ceiling: batch size {batch_size} ran out of memory; {effective} fits")
-    progress.count(
-        "measuring the ceiling (model on a resident batch)",
-        len(space.batch_sizes),
-        len(space.batch_sizes),
-    )
+    progress.count(what, len(space.batch_sizes), len(space.batch_sizes))
     return replace(job, ceilings=ceilings)
 
 
@@ -342,14 +400,22 @@ def _verify(
     space: SearchSpace,
     rows: list[dict[str, Any]],
     opts: SearchOptions,
+    cluster: Any,
     gpus_per_trial: float,
-    gpus: float,
     progress: Progress,
+    node_id: str | None = None,
 ) -> list[Candidate]:
-    """Re-measure the top configurations and both baselines, interleaved, one at a time."""
-    from raytune_loader.space import reserved_cpus
+    """Re-measure the top configurations and both baselines, interleaved, one at a time.
+
+    On a cluster with several hardware classes this runs once per class, pinned to
+    ``node_id``; the baselines and reservations then follow that node's CPUs.
+    """
     from raytune_loader.trainable import measure_once
 
+    node_cpus = job.node_cpus
+    if node_id:
+        node_cpus = float(next(r["node_cpus"] for r in rows if r.get("node_id") == node_id))
+        space = replace(space, usable_cpus=int(node_cpus))
     named: dict[str, LoaderConfig] = dict(space.baselines())
     ranked = sorted(
         (r for r in rows if r["status"] in ("ok", "stopped_early") and r.get(opts.objective)),
@@ -362,127 +428,21 @@ def _verify(
         config = LoaderConfig.from_trial_config(row)
         if config not in named.values():
             named[f"top-{len(named) - 1}"] = config
-    whole_gpu = 1.0 if gpus_per_trial and gpus >= 1 else gpus_per_trial
+    # the whole accelerator: no other trial runs during verification
+    gpus = min(1.0, cluster.max_node_gpus) if gpus_per_trial else 0.0
     outcomes: dict[str, list[Any]] = {name: [] for name in named}
     order = list(named)
     total, done = len(order) * opts.verify_repeats, 0
+    what = "verifying (each configuration alone, repeated)"
     for repeat in range(opts.verify_repeats):
         shift = repeat % len(order)  # rotate so drift hits every candidate alike
         for name in order[shift:] + order[:shift]:
-            progress.count("verifying (each configuration alone, repeated)", done, total)
+            progress.count(what, done, total)
             config = named[name]
-            cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus)
+            cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, node_cpus)
             slot = opts.num_samples + done  # --cold: verification reads unread samples too
-            outcomes[name].append(measure_once(job, config, cpus, whole_gpu, slot))
+            bundle = cluster.bundle(cpus, gpus)
+            outcomes[name].append(measure_once(job, config, bundle, slot, node_id))
             done += 1
-    progress.count("verifying (each configuration alone, repeated)", total, total)
+    progress.count(what, total, total)
     return [Candidate(name, named[name], tuple(outcomes[name])) for name in order]
-
-
-def _metrics(candidate: Candidate, objective: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for metric in ("samples_per_s", "data_wait_frac", "util"):
-        stats = candidate.stats(metric)
-        out[metric] = stats.as_dict() if stats else None
-    sources = {o.metrics.util_source for o in candidate.ok if o.metrics}
-    out["util_source"] = sources.pop() if len(sources) == 1 else ",".join(sorted(sources)) or None
-    ceilings = [o.ceiling_samples_per_s for o in candidate.ok if o.ceiling_samples_per_s]
-    out["ceiling_samples_per_s"] = ceilings[0] if ceilings else None
-    efficiency = candidate.efficiency()
-    out["efficiency"] = efficiency.as_dict() if efficiency else None
-    failures = [o.failure for o in candidate.outcomes if o.failure]
-    if failures:
-        out["failures"] = failures
-    return out
-
-
-def _speedup(winner: Candidate, baseline: Candidate | None) -> float | None:
-    if baseline is None:
-        return None
-    mine, theirs = winner.stats("samples_per_s"), baseline.stats("samples_per_s")
-    if mine is None or theirs is None or theirs.median == 0:
-        return None
-    return mine.median / theirs.median
-
-
-def _best_config(
-    opts: SearchOptions,
-    spec: datasets.DatasetSpec,
-    model: str,
-    space: SearchSpace,
-    selection: Selection,
-    candidates: list[Candidate],
-    rows: list[dict[str, Any]],
-    job: TrialJob,
-    started: float,
-    gpus_per_trial: float,
-    max_concurrent: int,
-) -> dict[str, Any]:
-    by_name = {c.name: c for c in candidates}
-    winner = selection.winner
-    statuses = [r["status"] for r in rows]
-    return {
-        "schema_version": 1,
-        "dataset": spec.name,
-        "model": model,
-        "objective": opts.objective,
-        "loader": winner.config.kwargs(),
-        "metrics": _metrics(winner, opts.objective),
-        "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
-        "selection": {
-            "chosen": winner.name,
-            "rule": "cheapest (fewest CPUs, then least host memory) among configurations "
-            "whose verified median objective is within noise of the best",
-            "decided_by_cost": selection.decided_by_cost,
-            "best_by_objective": selection.best_by_objective.name,
-            "runners_up": [
-                {
-                    "name": c.name,
-                    "loader": c.config.kwargs(),
-                    "objective": c.stats(opts.objective).as_dict(),
-                }  # type: ignore[union-attr]
-                for c in selection.ranked
-                if c is not winner
-            ],
-        },
-        "baselines": {
-            name: {
-                "loader": by_name[name].config.kwargs(),
-                "metrics": _metrics(by_name[name], opts.objective),
-            }
-            for name in (PYTORCH_DEFAULT, HEURISTIC)
-        },
-        "speedup": {
-            "vs_pytorch_default": _speedup(winner, by_name.get(PYTORCH_DEFAULT)),
-            "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
-            "metric": "samples_per_s (median of verification runs)",
-        },
-        "hardware": hardware.hardware_info(),
-        "search": {
-            "trials": len(rows),
-            "ok": statuses.count("ok"),
-            "errored": statuses.count("error") + statuses.count("failed"),
-            "stopped_early": statuses.count("stopped_early"),
-            "oom_backoffs": sum(int(r.get("oom_backoffs") or 0) for r in rows),
-            "wall_time_s": round(time.time() - started, 1),
-            "sampler": f"optuna TPESampler(seed={opts.seed})",
-            "scheduler": f"ASHA(max_t={job.segment.reports}, grace_period=1, reduction_factor=2)",
-            "max_concurrent": max_concurrent,
-            "gpus_per_trial": gpus_per_trial,
-            "cpus_per_worker": opts.cpus_per_worker,
-            "space": {
-                "max_workers": space.max_workers,
-                "batch_sizes": list(space.batch_sizes),
-                "prefetch_factors": list(space.prefetch_factors),
-                "pin_memory": space.cuda,
-            },
-            "segment": asdict(job.segment),
-            "samples_per_trial": opts.samples_per_trial,
-            "dataset_spec": asdict(spec),
-            "device": job.device,
-            "seed": opts.seed,
-            "verification": {"top": opts.verify_top, "repeats": opts.verify_repeats},
-            "versions": _versions(),
-        },
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }

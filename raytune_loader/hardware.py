@@ -137,3 +137,15 @@ def cpu_and_gpu_summary() -> dict[str, Any]:
         "gpu_name": info["gpu_name"],
         "gpu_count": info["gpu_count"],
     }
+
+
+def hardware_class(facts: dict[str, Any]) -> str:
+    """A folder-safe name for a kind of node: the best loader depends on it."""
+    import re
+
+    gpu = facts.get("gpu_name") or "cpu"
+    gpus = int(facts.get("node_gpus") or 0)
+    ram_gb = round((facts.get("ram_bytes") or 0) / 2**30)
+    text = f"{facts.get('cpu_model', 'cpu')}-{int(facts.get('node_cpus') or 0)}cpu-{gpu}"
+    text += f"-x{gpus}-{ram_gb}gb" if gpus else f"-{ram_gb}gb"
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower()

@@ -119,6 +119,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results root (default results/)")
     p.add_argument("--address", help="join an existing Ray cluster (auto, ray://host:port)")
     p.add_argument(
+        "--node-type",
+        help="on a cluster, only use nodes carrying this Ray custom resource (ray start "
+        "--resources '{\"LABEL\": 1}'), to tune for one node type at a time",
+    )
+    p.add_argument(
+        "--storage",
+        help="where Tune keeps the experiment: a path every node shares, or a bucket "
+        "(s3://, gs://); default results/<dataset>/tune",
+    )
+    p.add_argument(
         "--dashboard-host",
         default="127.0.0.1",
         help="address the local Ray dashboard listens on (default 127.0.0.1, this machine only)",
@@ -155,7 +165,8 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         warmup_steps=args.warmup_steps, report_every=args.report_every,
         samples_per_trial=args.samples_per_trial, compute_threads=args.compute_threads,
         verify_top=args.verify_top, verify_repeats=args.verify_repeats, out=args.out,
-        address=args.address, dashboard_host=args.dashboard_host,
+        address=args.address, node_type=args.node_type, storage=args.storage,
+        dashboard_host=args.dashboard_host,
         expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed, cold=args.cold,
         verbose=args.verbose,
     )  # fmt: skip

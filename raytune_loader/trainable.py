@@ -9,12 +9,15 @@ figure comes from one code path.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
+import psutil
 import ray
 from ray import tune
 
+from raytune_loader.hardware import cpu_and_gpu_summary, hardware_class
 from raytune_loader.measure import (
     DATA_SLOT,
     TrialJob,
@@ -22,17 +25,32 @@ from raytune_loader.measure import (
     measure_ceiling,
     run_trial,
 )
-from raytune_loader.space import LoaderConfig
+from raytune_loader.space import LoaderConfig, reserved_cpus
 
 
-def _node() -> dict[str, str]:
-    return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname()}
+def _node() -> dict[str, Any]:
+    """Where this trial runs and that node's hardware class (trials.csv columns)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    resources = next((n["Resources"] for n in ray.nodes() if n["NodeID"] == node_id), {})
+    summary = cpu_and_gpu_summary()
+    facts = {
+        "node_id": node_id,
+        "hostname": socket.gethostname(),
+        "cpu_model": summary["cpu_model"],
+        "node_cpus": resources.get("CPU", 0.0),
+        "gpu_name": summary["gpu_name"] or "",
+        "node_gpus": resources.get("GPU", 0.0),
+        "ram_bytes": psutil.virtual_memory().total,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    }
+    return {**facts, "hardware_class": hardware_class(facts)}
 
 
 def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     """Tune function trainable: one candidate configuration, one short training segment."""
     loader_config = LoaderConfig.from_trial_config(config)
-    node = _node()
+    cpus = reserved_cpus(loader_config.num_workers, job.cpus_per_worker, job.node_cpus)
+    node = {**_node(), "cpus_reserved": cpus}  # in every report, early stops included
 
     def report(metrics: dict[str, Any]) -> None:
         tune.report({**metrics, **node})
@@ -53,15 +71,35 @@ def _ceiling_task(job: TrialJob, batch_size: int) -> tuple[int, float]:
     return measure_ceiling(job, batch_size)
 
 
+def _options(bundle: dict[str, float], node_id: str | None) -> dict[str, Any]:
+    """Ray task options for one bundle, pinned to ``node_id`` when given."""
+    options: dict[str, Any] = {
+        "num_cpus": bundle.get("CPU", 1),
+        "num_gpus": bundle.get("GPU", 0),
+        "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+    }
+    if node_id:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return options
+
+
 def measure_once(
-    job: TrialJob, config: LoaderConfig, cpus: float, gpus: float, slot: int = 0
+    job: TrialJob,
+    config: LoaderConfig,
+    bundle: dict[str, float],
+    slot: int = 0,
+    node_id: str | None = None,
 ) -> TrialOutcome:
-    """Run one configuration as a Ray task with the given reservation and wait for it."""
-    task = _measure_task.options(num_cpus=cpus, num_gpus=gpus)
-    outcome, _ = ray.get(task.remote(job, config, slot))
+    """Run one configuration as a Ray task with the given bundle and wait for it."""
+    outcome, _ = ray.get(
+        _measure_task.options(**_options(bundle, node_id)).remote(job, config, slot)
+    )
     return outcome
 
 
-def ceiling_once(job: TrialJob, batch_size: int, gpus: float) -> tuple[int, float]:
-    task = _ceiling_task.options(num_cpus=1, num_gpus=gpus)
-    return ray.get(task.remote(job, batch_size))
+def ceiling_once(
+    job: TrialJob, batch_size: int, bundle: dict[str, float], node_id: str | None = None
+) -> tuple[int, float]:
+    return ray.get(_ceiling_task.options(**_options(bundle, node_id)).remote(job, batch_size))

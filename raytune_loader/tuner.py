@@ -34,9 +34,27 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RayCluster:
+    """The nodes trials may run on (all, or those carrying ``--node-type``)."""
+
     dashboard_url: str | None
-    node_cpus: float  # CPUs of the largest node, the cap of any one trial's bundle
-    gpus: float
+    node_cpus: float  # CPUs of the largest eligible node: the cap of any one trial's bundle
+    gpus: float  # GPUs over the eligible nodes
+    max_node_gpus: float  # GPUs of the eligible node with the most
+    nodes: int
+    joined: bool  # an existing cluster (--address), not a local instance of our own
+    node_type: str | None = None
+
+    def bundle(self, cpus: float, gpus: float) -> dict[str, float]:
+        """One Ray bundle: the CPUs, the GPU fraction, and a sliver of the node-type label."""
+        bundle = {"CPU": cpus}
+        if gpus:
+            bundle["GPU"] = gpus
+        if self.node_type:
+            bundle[self.node_type] = NODE_TYPE_SHARE
+        return bundle
+
+
+NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,7 @@ class TuneSettings:
     time_budget_s: float | None
     gpus_per_trial: float
     seed: int
-    storage_path: Path
+    storage: str  # a local folder or a URI Tune's storage understands (s3://, gs://, ...)
     name: str
     resume: bool = False
     verbose: bool = False
@@ -66,7 +84,13 @@ class TrialEvent:
 EventFn = Callable[[TrialEvent], None]
 
 
-def start_ray(address: str | None, dashboard_host: str, num_cpus: int, verbose: bool) -> RayCluster:
+def start_ray(
+    address: str | None,
+    dashboard_host: str,
+    num_cpus: int,
+    verbose: bool,
+    node_type: str | None = None,
+) -> RayCluster:
     """Start a local Ray instance (dashboard on ``dashboard_host``) or join ``address``."""
     kwargs: dict[str, Any] = {
         "logging_level": logging.INFO if verbose else logging.WARNING,
@@ -80,10 +104,28 @@ def start_ray(address: str | None, dashboard_host: str, num_cpus: int, verbose: 
     url = getattr(context, "dashboard_url", None) or None
     if url and not url.startswith("http"):
         url = f"http://{url}"
-    nodes = [node for node in ray.nodes() if node.get("Alive")]
-    node_cpus = max((node["Resources"].get("CPU", 0.0) for node in nodes), default=num_cpus)
-    gpus = sum(node["Resources"].get("GPU", 0.0) for node in nodes)
-    return RayCluster(dashboard_url=url, node_cpus=node_cpus, gpus=gpus)
+    alive = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    eligible = [r for r in alive if not node_type or r.get(node_type, 0) > 0]
+    if not eligible:
+        stop_ray()
+        raise ConfigError(
+            f"no node of the cluster carries the resource {node_type!r}; start nodes with "
+            f"ray start --resources '{{\"{node_type}\": 1}}' or pick another --node-type"
+        )
+    return RayCluster(
+        dashboard_url=url,
+        node_cpus=max(r.get("CPU", 0.0) for r in eligible),
+        gpus=sum(r.get("GPU", 0.0) for r in eligible),
+        max_node_gpus=max(r.get("GPU", 0.0) for r in eligible),
+        nodes=len(eligible),
+        joined=bool(address),
+        node_type=node_type,
+    )
+
+
+def node_resources() -> dict[str, dict[str, float]]:
+    """Ray's resources of every alive node, by node id."""
+    return {n["NodeID"]: n["Resources"] for n in ray.nodes() if n.get("Alive")}
 
 
 def stop_ray() -> None:
@@ -162,10 +204,11 @@ class _ProgressCallback(tune.Callback):
         self._emit("error", trial, trial.last_result)
 
 
-def _trainable(job: TrialJob, gpus_per_trial: float, node_cpus: float) -> Any:
+def _trainable(job: TrialJob, gpus_per_trial: float, cluster: RayCluster) -> Any:
     def resources(config: dict[str, Any]) -> dict[str, float]:
-        cpus = reserved_cpus(config.get("num_workers", 0), job.cpus_per_worker, node_cpus)
-        return {"CPU": cpus, "GPU": gpus_per_trial} if gpus_per_trial else {"CPU": cpus}
+        workers = config.get("num_workers", 0)
+        cpus = reserved_cpus(workers, job.cpus_per_worker, cluster.node_cpus)
+        return cluster.bundle(cpus, gpus_per_trial)
 
     return tune.with_resources(tune.with_parameters(trial_fn, job=job), resources=resources)
 
@@ -185,12 +228,12 @@ def run_search(
         # is silent at 0 and our own progress display takes its place.
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-    trainable = _trainable(job, settings.gpus_per_trial, cluster.node_cpus)
-    experiment = settings.storage_path / settings.name
+    trainable = _trainable(job, settings.gpus_per_trial, cluster)
+    experiment = f"{settings.storage.rstrip('/')}/{settings.name}"
     if settings.resume:
-        if not tune.Tuner.can_restore(str(experiment)):
+        if not tune.Tuner.can_restore(experiment):
             raise ConfigError(f"no search to resume in {experiment}; run without --resume")
-        restored = tune.Tuner.restore(str(experiment), trainable=trainable, resume_errored=False)
+        restored = tune.Tuner.restore(experiment, trainable=trainable, resume_errored=False)
         return _outcome(restored.fit(), settings, deadline=None)
     deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
 
@@ -221,7 +264,7 @@ def run_search(
         ),
         run_config=tune.RunConfig(
             name=settings.name,
-            storage_path=str(settings.storage_path),
+            storage_path=settings.storage,
             verbose=2 if settings.verbose else 0,
             callbacks=[_ProgressCallback(on_event)],
             failure_config=tune.FailureConfig(max_failures=0),
@@ -257,7 +300,8 @@ TRIAL_COLUMNS = [
     "effective_batch_size", "oom_backoffs", "cpus_reserved", "host_bytes_in_flight",
     "samples_per_s", "data_wait_frac", "util", "util_source", "device_util",
     "ceiling_samples_per_s", "efficiency", "training_iteration", "time_total_s",
-    "finished_at", "node_id", "hostname",
+    "finished_at", "node_id", "hostname", "hardware_class", "cpu_model", "node_cpus",
+    "gpu_name", "node_gpus", "ram_bytes", "cuda_visible_devices",
 ]  # fmt: skip
 
 

@@ -27,7 +27,7 @@ def test_nearly_free_samples_need_no_workers(tmp_path: Path) -> None:
     # noise of the best is the one without workers.
     assert best["loader"]["num_workers"] == 0
     assert best["cost"]["cpus_reserved"] == 1
-    assert ray_processes() == before
+    assert ray_processes() <= before
 
 
 def test_costly_samples_get_workers_that_clearly_beat_the_default(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ray_processes, run_cli
 
+from conftest import ray_processes, run_cli
 from raytune_loader import load_best_config
 from raytune_loader.api import SearchOptions, _space
 from raytune_loader.search import main
@@ -58,6 +58,7 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], message: str, empty_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    before = ray_processes()
     (tmp_path / "file").write_text("")
     argv = [a.format(empty=empty_dir, file=tmp_path / "file") for a in argv]
     with pytest.raises(SystemExit) as exited:
@@ -66,7 +67,7 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and message in err
-    assert ray_processes() == set()  # rejected before Ray starts
+    assert ray_processes() <= before  # rejected before Ray starts
 
 
 def test_max_workers_above_usable_cpus_is_clipped_with_a_warning() -> None:
@@ -120,7 +121,7 @@ def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
 
     loaded = load_best_config(folder / "best_config.json")
     assert loaded.loader.kwargs() == best["loader"]
-    assert ray_processes() == before  # Ray shut down, nothing left behind
+    assert ray_processes() <= before  # Ray shut down, nothing left behind
 
 
 def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(tmp_path: Path) -> None:
@@ -134,4 +135,4 @@ def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(tmp_path: 
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "ValueError: sample" in last and "is broken" in last
     assert "Traceback" not in result.stderr
-    assert ray_processes() == before
+    assert ray_processes() <= before

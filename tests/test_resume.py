@@ -69,4 +69,4 @@ def test_interrupt_then_resume_keeps_finished_trials(tiny_imagenet: Path, tmp_pa
     finished_after = {d.name for d in _trial_dirs(out)}
     assert finished_before <= finished_after  # nothing finished was lost or re-run anew
     assert (out / "synthetic-imagenet" / "best_config.json").exists()
-    assert ray_processes() == before
+    assert ray_processes() <= before

@@ -1,0 +1,82 @@
+"""The physical limit: how fast could any loader feed this model on this machine?
+
+Measures the dataset pipeline alone (decode + augment, one core) and the model's
+ceiling (training on a batch already on the device), derives the best throughput
+any DataLoader configuration could reach, and compares the tuned one to it.
+
+    python experiments/limits.py [--config results/synthetic-imagenet/best_config.json]
+
+On a CPU the model and the decoding share the cores: the limit is
+min(ceiling, cpus / (1/decode_rate + 1/ceiling)). On a GPU the model runs
+elsewhere: min(ceiling, cpus x decode_rate).
+Writes results/benchmarks/limits.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Subset
+
+from _common import RESULTS, default_job, save
+from raytune_loader import datasets, hardware, load_best_config
+from raytune_loader.measure import measure_ceiling, run_trial, subset_indices
+
+
+def decode_rate(job, samples: int = 256) -> float:
+    """Samples per second one core decodes and augments."""
+    torch.set_num_threads(1)
+    full = datasets.build_dataset(job.dataset)
+    subset = Subset(full, subset_indices(len(full), samples, job.seed))
+    for i in range(16):  # warm the page cache and the code paths
+        subset[i]
+    started = time.perf_counter()
+    for i in range(len(subset)):
+        subset[i]
+    return len(subset) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="results/synthetic-imagenet/best_config.json")
+    args = parser.parse_args()
+    job = default_job()
+    cpus = hardware.usable_cpus()
+    per_core = decode_rate(job)
+    batch = 32
+    _, ceiling = measure_ceiling(job, batch)
+    if job.device == "cuda":
+        limit = min(ceiling, cpus * per_core)
+    else:
+        limit = min(ceiling, cpus / (1 / per_core + 1 / ceiling))
+    tuned_speed, source = None, None
+    if Path(args.config).exists():
+        best = load_best_config(args.config)
+        outcome = run_trial(job, best.loader)
+        tuned_speed = outcome.metrics.samples_per_s if outcome.metrics else None
+        source = args.config
+    elif (RESULTS / "baselines.json").exists():
+        figures = json.loads((RESULTS / "baselines.json").read_text())
+        tuned_speed = figures["samples_per_s"]["tuned"]["median"]
+        source = "results/benchmarks/baselines.json"
+    save(
+        "limits",
+        {
+            "decode_augment_samples_per_s_per_core": per_core,
+            "ceiling_samples_per_s": ceiling,
+            "usable_cpus": cpus,
+            "device": job.device,
+            "limit_samples_per_s": limit,
+            "tuned_samples_per_s": tuned_speed,
+            "tuned_source": source,
+            "tuned_fraction_of_limit": tuned_speed / limit if tuned_speed else None,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""The bench: ``python -m raytune_loader.bench --config results/<dataset>/best_config.json``.
+
+Re-measures the tuned configuration and both baselines (``pytorch-default`` and
+``heuristic``, as recorded in the file) on this machine, side by side: the job is
+rebuilt from the file's ``search`` section (dataset, model, segment, subset,
+seed, device), the subset is pre-warmed once, the model's ceiling is measured
+once, and each configuration is trained in this process, one at a time with the
+whole machine, ``--repeats`` times in a rotated order so that drift hits all
+alike. No Ray is needed. The table gives each configuration's median samples/s
+with its range, utilisation, data wait, efficiency and the tuned one's speedup
+over it; ``--json`` also writes the figures. A mistake in the input is one line
+on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from raytune_loader import datasets, hardware, synthetic
+from raytune_loader.errors import (
+    BatchSizeTooSmallError,
+    ConfigError,
+    DatasetError,
+    OutputError,
+    RaytuneLoaderError,
+    SearchFailedError,
+    UserInputError,
+)
+from raytune_loader.measure import (
+    DataPipelineError,
+    SegmentSpec,
+    TrialJob,
+    TrialOutcome,
+    last_line,
+    measure_ceiling,
+    run_trial,
+    subset_indices,
+)
+from raytune_loader.models import validate_model
+from raytune_loader.outcome import _metrics as verified_metrics  # best_config.json's shape
+from raytune_loader.report import summary_rows
+from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
+from raytune_loader.selection import Candidate
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
+
+log = logging.getLogger(__name__)
+TUNED = "tuned"
+MeasuredFn = Callable[[int, int, str, int, TrialOutcome], None]
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What to measure: the rebuilt job and the three configurations, by name."""
+
+    job: TrialJob
+    configs: dict[str, LoaderConfig]
+    notes: tuple[str, ...] = ()
+
+
+def _baseline(best: BestConfig, name: str) -> LoaderConfig:
+    baselines = best.data["baselines"]
+    section = baselines.get(name) if isinstance(baselines, dict) else None
+    loader = section.get("loader") if isinstance(section, dict) else None
+    if not isinstance(loader, dict):
+        raise ConfigError(f"{best.path}: baselines.{name}.loader is missing; re-run the search")
+    try:
+        return LoaderConfig.from_dict(loader)
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"{best.path}: invalid baselines.{name}.loader: {exc}") from None
+
+
+def _configs(best: BestConfig) -> dict[str, LoaderConfig]:
+    """The tuned configuration first, then both baselines as the search recorded them."""
+    return {
+        TUNED: best.loader,
+        **{name: _baseline(best, name) for name in (PYTORCH_DEFAULT, HEURISTIC)},
+    }
+
+
+SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
+
+
+def _search_section(best: BestConfig) -> dict[str, Any]:
+    search = best.data["search"]
+    missing = [key for key in SEARCH_KEYS if key not in search] if isinstance(search, dict) else []
+    if not isinstance(search, dict) or missing:
+        raise ConfigError(
+            f"{best.path}: the search section lacks {', '.join(missing) or 'everything'}; "
+            "it was written by an older raytune_loader: re-run the search"
+        )
+    return search
+
+
+def _device(requested: str) -> tuple[str, str | None]:
+    if requested == "cuda" and not hardware.cuda_available():
+        return "cpu", "tuned on CUDA, but this machine has no usable GPU: measuring on the CPU"
+    return requested, None
+
+
+def _job(best: BestConfig, steps: int | None, data_root: str | None) -> TrialJob:
+    """The search's trial job, rebuilt from the file (``steps``/``data_root`` override)."""
+    search = _search_section(best)
+    try:
+        spec = {**search["dataset_spec"], **({"data_root": data_root} if data_root else {})}
+        segment = SegmentSpec(**search["segment"])
+        return TrialJob(
+            dataset=datasets.DatasetSpec(**spec),
+            model=str(best.data["model"]),
+            segment=replace(segment, steps=steps or segment.steps),
+            device=str(search["device"]),
+            samples_per_trial=int(search["samples_per_trial"]),
+            seed=int(search["seed"]),
+            cpus_per_worker=float(search.get("cpus_per_worker", 1.0)),
+            node_cpus=hardware.usable_cpus(),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{best.path}: invalid search section ({exc}); re-run the search"
+        ) from None
+
+
+def plan_from_config(
+    best: BestConfig, steps: int | None = None, data_root: str | None = None
+) -> BenchPlan:
+    """What to measure, from a validated ``best_config.json``, on this machine."""
+    job = _job(best, steps, data_root)
+    validate_model(job.model)
+    device, note = _device(job.device)
+    configs = _configs(best)
+    largest = max(config.batch_size for config in configs.values())
+    if job.samples_per_trial < largest:
+        raise ConfigError(
+            f"{best.path}: search.samples_per_trial ({job.samples_per_trial}) is smaller than "
+            f"a batch ({largest})"
+        )
+    return BenchPlan(replace(job, device=device), configs, (note,) if note else ())
+
+
+def prepare_data(job: TrialJob, largest_batch: int) -> int:
+    """Make sure the data is there (generating the synthetic set), pre-warm the subset.
+
+    Returns the bytes read to pre-warm, so every configuration starts from the
+    same page-cache state, as in the search.
+    """
+    if job.dataset.name == datasets.SYNTHETIC:
+        root = job.dataset.resolved_root()
+        assert root is not None  # a synthetic spec always resolves to a folder
+        synthetic.ensure_synthetic_imagenet(
+            root, job.dataset.synthetic_images, processes=hardware.usable_cpus()
+        )
+    full = datasets.build_dataset(job.dataset)
+    length = len(full)  # type: ignore[arg-type]
+    if min(length, job.samples_per_trial) < largest_batch:
+        raise DatasetError(
+            f"{job.dataset.name} has {length} samples, fewer than a batch ({largest_batch}); "
+            "point --data-root at the full dataset"
+        )
+    indices = subset_indices(length, job.samples_per_trial, job.seed)
+    return datasets.prewarm(datasets.sample_files(full, indices))
+
+
+def with_ceilings(job: TrialJob, batch_sizes: set[int]) -> TrialJob:
+    """Measure the model on a resident batch once per batch size (for efficiency)."""
+    ceilings: dict[int, float] = {}
+    for batch_size in sorted(batch_sizes):
+        try:
+            effective, speed = measure_ceiling(job, batch_size)
+        except (DataPipelineError, BatchSizeTooSmallError) as exc:
+            log.warning(
+                "cannot measure the ceiling at batch size %d: %s", batch_size, last_line(exc)
+            )
+            continue
+        ceilings[effective] = speed
+    return replace(job, ceilings=ceilings)
+
+
+def measure(
+    job: TrialJob,
+    configs: dict[str, LoaderConfig],
+    repeats: int,
+    on_measured: MeasuredFn | None = None,
+) -> list[Candidate]:
+    """Each configuration ``repeats`` times, the order rotated every round."""
+    order = list(configs)
+    outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in order}
+    total, done = len(order) * repeats, 0
+    for repeat in range(repeats):
+        shift = repeat % len(order)
+        for name in order[shift:] + order[:shift]:
+            outcome = run_trial(job, configs[name])
+            outcomes[name].append(outcome)
+            done += 1
+            if on_measured is not None:
+                on_measured(done, total, name, repeat + 1, outcome)
+    return [Candidate(name, configs[name], tuple(outcomes[name])) for name in order]
+
+
+def figures(candidates: Sequence[Candidate]) -> dict[str, Any]:
+    """The measurements in best_config.json's shape: tuned, then the baselines."""
+    by_name = {c.name: {"loader": c.config.kwargs(), "metrics": verified_metrics(c, "util")}
+               for c in candidates}  # fmt: skip
+    tuned = by_name.pop(TUNED)
+    return {**tuned, "baselines": by_name}
+
+
+HEADER = ("config", "workers", "prefetch", "pin", "persist", "batch", "samples/s", "range",
+          "util", "wait", "eff", "tuned x")  # fmt: skip
+WIDTHS = (16, 8, 9, 5, 8, 6, 11, 12, 6, 6, 6, 8)
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _efficiency(section: dict[str, Any]) -> float | None:
+    stats = section["metrics"].get("efficiency")
+    return stats["median"] if stats else None
+
+
+def _cells(row: dict[str, Any], efficiency: float | None) -> list[str]:
+    return [
+        row["config"], str(row["num_workers"]), str(row["prefetch_factor"] or "-"),
+        "y" if row["pin_memory"] else "n", "y" if row["persistent_workers"] else "n",
+        str(row["batch_size"]), _number(row["samples_per_s"], ".0f"),
+        row["samples_per_s_range"] or "-", _number(row["util"], ".2f"),
+        _number(row["data_wait_frac"], ".2f"), _number(efficiency, ".2f"),
+        _number(row["tuned_speedup"], ".2f"),
+    ]  # fmt: skip
+
+
+def _join(cells: Sequence[str]) -> str:
+    first, *rest = (
+        cell.ljust(width) if i == 0 else cell.rjust(width)
+        for i, (cell, width) in enumerate(zip(cells, WIDTHS, strict=True))
+    )
+    return first + "".join(rest)
+
+
+def table(measured: dict[str, Any]) -> list[str]:
+    """The side-by-side table; ``tuned x`` is the tuned speed over that row's."""
+    sections = {TUNED: measured, **measured["baselines"]}
+    rows = [_join(HEADER)]
+    for row in summary_rows(measured):
+        rows.append(_join(_cells(row, _efficiency(sections[row["config"]]))))
+    return rows
+
+
+def progress_line(done: int, total: int, name: str, repeat: int, outcome: TrialOutcome) -> str:
+    head = f"[{done}/{total}] {name} run {repeat}: {outcome.config.label()}"
+    if outcome.metrics is None:
+        return f"{head}: failed ({outcome.failure}) {outcome.detail or ''}".rstrip()
+    m = outcome.metrics
+    return f"{head}: {m.samples_per_s:.0f} samples/s util {m.util:.2f} wait {m.data_wait_frac:.2f}"
+
+
+def failure_notes(candidates: Sequence[Candidate]) -> list[str]:
+    notes = []
+    for candidate in candidates:
+        failed = [o for o in candidate.outcomes if o.failure]
+        if failed:
+            reasons = sorted({f"{o.failure}: {o.detail}" for o in failed})
+            notes.append(
+                f"{candidate.name} failed {len(failed)} of {len(candidate.outcomes)} runs "
+                f"({'; '.join(reasons)[:300]})"
+            )
+    return notes
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = _OneLineErrorParser(
+        prog="python -m raytune_loader.bench",
+        description="Re-measure a tuned DataLoader configuration and both baselines on this "
+        "machine, side by side.",
+    )
+    p.add_argument("--config", required=True, help="a best_config.json written by the search")
+    p.add_argument("--repeats", type=_positive, default=3, help="runs of each configuration (3)")
+    p.add_argument("--steps", type=_positive, help="measured steps per run (the search's)")
+    p.add_argument("--data-root", help="where the data is on this machine (the search's)")
+    p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    p.add_argument("--verbose", action="store_true", help="log what happens")
+    return p
+
+
+def _other_machine(best: BestConfig) -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HardwareMismatchWarning)  # said once, as a note
+        return best.warn_if_other_machine()
+
+
+def _speedups(measured: dict[str, Any]) -> dict[str, float | None]:
+    by_name = {row["config"]: row["tuned_speedup"] for row in summary_rows(measured)}
+    return {"vs_pytorch_default": by_name[PYTORCH_DEFAULT], "vs_heuristic": by_name[HEURISTIC]}
+
+
+def _write_figures(path: Path, measured: dict[str, Any]) -> None:
+    try:
+        write_json(path, {**measured, "speedup": _speedups(measured)})
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write {path} ({exc.strerror or exc}); choose another --json"
+        ) from None
+
+
+def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Candidate]:
+    """The whole bench; ``say`` shows a line of progress."""
+    best = load_best_config(args.config)
+    plan = plan_from_config(best, args.steps, args.data_root)
+    for note in [*plan.notes, *(f"tuned on another machine: {d}" for d in _other_machine(best))]:
+        say(f"note: {note}")
+    job = plan.job
+    batch_sizes = {config.batch_size for config in plan.configs.values()}
+    say(f"==> Preparing {job.dataset.name} ({job.samples_per_trial} samples, pre-warmed)")
+    prepare_data(job, max(batch_sizes))
+    say(f"==> Ceiling: {job.model} on a resident batch, {job.device}")
+    job = with_ceilings(job, batch_sizes)
+    say(
+        f"==> Measuring {len(plan.configs)} configurations x {args.repeats} "
+        f"({job.segment.warmup_steps} warm-up + {job.segment.steps} measured steps each)"
+    )
+    return measure(job, plan.configs, args.repeats, lambda *event: say(progress_line(*event)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_args_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        candidates = run_bench(args, lambda line: print(line, flush=True))
+        if not any(c.ok for c in candidates):
+            raise SearchFailedError("every run failed: " + "; ".join(failure_notes(candidates)))
+        measured = figures(candidates)
+        print("\n" + "\n".join(table(measured)))
+        for note in failure_notes(candidates):
+            print(f"note: {note}")
+        if args.json is not None:
+            _write_figures(args.json, measured)
+    except RaytuneLoaderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, UserInputError) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

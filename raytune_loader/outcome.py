@@ -1,0 +1,166 @@
+"""The content of best_config.json: the verified winner, both baselines, how it ran.
+
+Built from the verification measurements (:mod:`raytune_loader.selection`) and the
+trial rows of one hardware class; the schema is the contract in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from raytune_loader import hardware
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.errors import SearchFailedError
+from raytune_loader.measure import TrialJob
+from raytune_loader.selection import Candidate, select
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, SearchSpace
+
+CLASS_FACTS = ("hardware_class", "cpu_model", "node_cpus", "gpu_name", "node_gpus", "ram_bytes")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the search was, for the record."""
+
+    opts: Any  # api.SearchOptions
+    spec: DatasetSpec
+    model: str
+    space: SearchSpace
+    job: TrialJob
+    started: float
+    gpus_per_trial: float
+    max_concurrent: int
+    joined: bool
+
+
+def _versions() -> dict[str, str]:
+    names = ("ray", "optuna", "torch", "torchvision", "raytune_loader")
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "unknown"
+    return out
+
+
+def _metrics(candidate: Candidate, objective: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for metric in ("samples_per_s", "data_wait_frac", "util"):
+        stats = candidate.stats(metric)
+        out[metric] = stats.as_dict() if stats else None
+    sources = {o.metrics.util_source for o in candidate.ok if o.metrics}
+    out["util_source"] = sources.pop() if len(sources) == 1 else ",".join(sorted(sources)) or None
+    ceilings = [o.ceiling_samples_per_s for o in candidate.ok if o.ceiling_samples_per_s]
+    out["ceiling_samples_per_s"] = ceilings[0] if ceilings else None
+    efficiency = candidate.efficiency()
+    out["efficiency"] = efficiency.as_dict() if efficiency else None
+    failures = [o.failure for o in candidate.outcomes if o.failure]
+    if failures:
+        out["failures"] = failures
+    return out
+
+
+def _speedup(winner: Candidate, baseline: Candidate | None) -> float | None:
+    if baseline is None:
+        return None
+    mine, theirs = winner.stats("samples_per_s"), baseline.stats("samples_per_s")
+    if mine is None or theirs is None or theirs.median == 0:
+        return None
+    return mine.median / theirs.median
+
+
+def _hardware(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """This machine's facts; on a cluster, those of the class the trials ran on."""
+    if not ctx.joined:
+        return hardware.hardware_info()
+    facts = next((r for r in rows if r.get("hardware_class")), {})
+    return {key: facts.get(key) for key in CLASS_FACTS} | {
+        "usable_cpus": facts.get("node_cpus"),
+        "gpu_count": facts.get("node_gpus"),
+        "torch": hardware.hardware_info()["torch"],
+    }
+
+
+def best_config(
+    ctx: Context, candidates: list[Candidate], rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The best_config.json content; SearchFailedError when every configuration failed."""
+    selection = select(candidates, ctx.opts.objective)
+    if selection is None:
+        reasons = sorted({r["reason"] for r in rows if r.get("reason")}) or ["no trial finished"]
+        raise SearchFailedError(f"every configuration failed: {'; '.join(reasons)[:400]}")
+    by_name = {c.name: c for c in candidates}
+    winner = selection.winner
+    statuses = [r["status"] for r in rows]
+    return {
+        "schema_version": 1,
+        "dataset": ctx.spec.name,
+        "model": ctx.model,
+        "objective": ctx.opts.objective,
+        "loader": winner.config.kwargs(),
+        "metrics": _metrics(winner, ctx.opts.objective),
+        "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
+        "selection": {
+            "chosen": winner.name,
+            "rule": "cheapest (fewest CPUs, then least host memory) among configurations "
+            "whose verified median objective is within noise of the best",
+            "decided_by_cost": selection.decided_by_cost,
+            "best_by_objective": selection.best_by_objective.name,
+            "runners_up": [
+                {
+                    "name": c.name,
+                    "loader": c.config.kwargs(),
+                    "objective": c.stats(ctx.opts.objective).as_dict(),
+                }  # type: ignore[union-attr]
+                for c in selection.ranked
+                if c is not winner
+            ],
+        },
+        "baselines": {
+            name: {
+                "loader": by_name[name].config.kwargs(),
+                "metrics": _metrics(by_name[name], ctx.opts.objective),
+            }
+            for name in (PYTORCH_DEFAULT, HEURISTIC)
+        },
+        "speedup": {
+            "vs_pytorch_default": _speedup(winner, by_name.get(PYTORCH_DEFAULT)),
+            "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
+            "metric": "samples_per_s (median of verification runs)",
+        },
+        "hardware": _hardware(ctx, rows),
+        "search": {
+            "trials": len(rows),
+            "ok": statuses.count("ok"),
+            "errored": statuses.count("error") + statuses.count("failed"),
+            "stopped_early": statuses.count("stopped_early"),
+            "oom_backoffs": sum(int(r.get("oom_backoffs") or 0) for r in rows),
+            "wall_time_s": round(time.time() - ctx.started, 1),
+            "sampler": f"optuna TPESampler(seed={ctx.opts.seed})",
+            "scheduler": (
+                f"ASHA(max_t={ctx.job.segment.reports}, grace_period=1, reduction_factor=2)"
+            ),
+            "max_concurrent": ctx.max_concurrent,
+            "gpus_per_trial": ctx.gpus_per_trial,
+            "cpus_per_worker": ctx.opts.cpus_per_worker,
+            "space": {
+                "max_workers": ctx.space.max_workers,
+                "batch_sizes": list(ctx.space.batch_sizes),
+                "prefetch_factors": list(ctx.space.prefetch_factors),
+                "pin_memory": ctx.space.cuda,
+            },
+            "segment": asdict(ctx.job.segment),
+            "samples_per_trial": ctx.opts.samples_per_trial,
+            "dataset_spec": asdict(ctx.spec),
+            "device": ctx.job.device,
+            "seed": ctx.opts.seed,
+            "verification": {"top": ctx.opts.verify_top, "repeats": ctx.opts.verify_repeats},
+            "versions": _versions(),
+        },
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }

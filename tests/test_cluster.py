@@ -1,0 +1,88 @@
+"""The search on an existing multi-node Ray cluster (started here with ray.cluster_utils)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ray.cluster_utils import Cluster
+
+from conftest import ray_processes, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    before = ray_processes()
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        yield nodes
+    finally:
+        nodes.shutdown()
+    assert ray_processes() <= before  # no node left behind
+
+
+def _search(
+    cluster: Cluster, data: Path, out: Path, *extra: str, trials: int = 4
+) -> list[dict[str, str]]:
+    result = run_cli(
+        "--address", cluster.address, "--data-root", str(data), "--synthetic-images", "96",
+        "--num-samples", str(trials), "--batch-size", "8", "--steps", "6", "--warmup-steps", "1",
+        "--report-every", "3", "--samples-per-trial", "64", "--verify-top", "1",
+        "--verify-repeats", "1", "--out", str(out), *extra, cwd=out.parent,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the cluster's dashboard" in result.stdout or "dashboard not available" in result.stdout
+    with open(out / "synthetic-imagenet" / "trials.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_trials_spread_over_nodes_within_their_size_and_results_per_class(
+    cluster: Cluster, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    small = cluster.add_node(num_cpus=2, resources={"loader-node": 1})
+    large = cluster.add_node(num_cpus=3, resources={"loader-node": 1})
+    cluster.wait_for_nodes()
+    # Three trials at once need more CPUs than one node has: Ray places them on both.
+    rows = _search(cluster, tiny_imagenet, tmp_path / "results", "--node-type", "loader-node",
+                   "--max-concurrent", "3", trials=6)  # fmt: skip
+    labelled = {small.node_id: 2.0, large.node_id: 3.0}
+    assert {r["node_id"] for r in rows} <= set(labelled)  # never on the unlabelled head
+    assert len({r["node_id"] for r in rows}) >= 2  # spread over more than one node
+    for row in rows:
+        assert float(row["cpus_reserved"]) <= labelled[row["node_id"]]  # fits its node
+        assert float(row["node_cpus"]) == labelled[row["node_id"]]
+        assert int(row["num_workers"]) <= 3  # the space follows the largest node
+    classes = {r["hardware_class"] for r in rows}
+    assert len(classes) == 2
+    folder = tmp_path / "results" / "synthetic-imagenet"
+    for hw_class in classes:
+        per_class = json.loads((folder / hw_class / "best_config.json").read_text())
+        assert per_class["hardware"]["hardware_class"] == hw_class
+    top = json.loads((folder / "best_config.json").read_text())
+    assert set(top["per_class"]) == classes
+
+
+def test_fractional_gpus_are_packed_two_per_logical_gpu(
+    cluster: Cluster, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, num_gpus=1)
+    cluster.wait_for_nodes()
+    rows = _search(cluster, tiny_imagenet, tmp_path / "results", "--gpus-per-trial", "0.5",
+                   "--max-workers", "0")  # fmt: skip
+    assert len(rows) == 4
+    assert all(r["cuda_visible_devices"] != "" for r in rows)  # Ray assigned a GPU to each
+    for node in {r["node_id"] for r in rows}:
+        spans = [
+            (float(r["finished_at"]) - float(r["time_total_s"]), float(r["finished_at"]))
+            for r in rows
+            if r["node_id"] == node
+        ]
+        for start, _ in spans:
+            running = sum(s <= start < e for s, e in spans)
+            assert running <= 2  # at most two 0.5-GPU trials on a one-GPU node
