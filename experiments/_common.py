@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ from raytune_loader.measure import SegmentSpec, TrialJob
 from raytune_loader.models import default_model
 from raytune_loader.results import write_json
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
+RESULTS = Path(
+    os.environ.get("BENCH_DIR", Path(__file__).resolve().parent.parent / "results" / "benchmarks")
+)
 
 
 def default_job(steps: int = 30, samples_per_trial: int = 1024) -> TrialJob:
