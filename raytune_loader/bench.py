@@ -44,7 +44,7 @@ from raytune_loader.measure import (
     subset_indices,
 )
 from raytune_loader.models import validate_model
-from raytune_loader.outcome import _metrics as verified_metrics  # best_config.json's shape
+from raytune_loader.outcome import metrics_of as verified_metrics  # best_config.json's shape
 from raytune_loader.report import summary_rows
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.selection import Candidate
@@ -52,6 +52,7 @@ from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
 
 log = logging.getLogger(__name__)
 TUNED = "tuned"
+SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
 MeasuredFn = Callable[[int, int, str, int, TrialOutcome], None]
 
 
@@ -84,9 +85,6 @@ def _configs(best: BestConfig) -> dict[str, LoaderConfig]:
     }
 
 
-SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
-
-
 def _search_section(best: BestConfig) -> dict[str, Any]:
     search = best.data["search"]
     missing = [key for key in SEARCH_KEYS if key not in search] if isinstance(search, dict) else []
@@ -99,7 +97,10 @@ def _search_section(best: BestConfig) -> dict[str, Any]:
 
 
 def _device(requested: str) -> tuple[str, str | None]:
-    if requested == "cuda" and not hardware.cuda_available():
+    """The device to measure on, and a note when it is not the one the file was tuned on."""
+    if requested != "cpu" and requested.partition(":")[0] != "cuda":
+        raise ConfigError(f"search.device must be cpu or cuda, not {requested!r}")
+    if requested != "cpu" and not hardware.cuda_available():
         return "cpu", "tuned on CUDA, but this machine has no usable GPU: measuring on the CPU"
     return requested, None
 
@@ -204,6 +205,7 @@ def measure(
 
 def figures(candidates: Sequence[Candidate]) -> dict[str, Any]:
     """The measurements in best_config.json's shape: tuned, then the baselines."""
+    # the objective only says what the search maximised; every metric is reported anyway
     by_name = {c.name: {"loader": c.config.kwargs(), "metrics": verified_metrics(c, "util")}
                for c in candidates}  # fmt: skip
     tuned = by_name.pop(TUNED)

@@ -48,7 +48,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _metrics(candidate: Candidate, objective: str) -> dict[str, Any]:
+def metrics_of(candidate: Candidate, objective: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for metric in ("samples_per_s", "data_wait_frac", "util"):
         stats = candidate.stats(metric)
@@ -103,7 +103,7 @@ def best_config(
         "model": ctx.model,
         "objective": ctx.opts.objective,
         "loader": winner.config.kwargs(),
-        "metrics": _metrics(winner, ctx.opts.objective),
+        "metrics": metrics_of(winner, ctx.opts.objective),
         "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
         "selection": {
             "chosen": winner.name,
@@ -124,7 +124,7 @@ def best_config(
         "baselines": {
             name: {
                 "loader": by_name[name].config.kwargs(),
-                "metrics": _metrics(by_name[name], ctx.opts.objective),
+                "metrics": metrics_of(by_name[name], ctx.opts.objective),
             }
             for name in (PYTORCH_DEFAULT, HEURISTIC)
         },

@@ -233,7 +233,7 @@ class TerminalProgress:
         elapsed = time.monotonic() - self.started
         eta = elapsed / n * (self.total - n) if n else 0.0
         figures = ""
-        if "samples_per_s" in metrics and not metrics.get("failure"):
+        if status in ("done", "stopped early") and "samples_per_s" in metrics:
             figures = (
                 f" {metrics['samples_per_s']:.0f} samples/s util {metrics.get('util', 0):.2f}"
                 f" wait {metrics.get('data_wait_frac', 0):.2f}"
@@ -250,7 +250,7 @@ class TerminalProgress:
 
 def _label(config: dict[str, Any]) -> str:
     try:
-        return LoaderConfig.from_dict(config).label()
+        return LoaderConfig.from_trial_config(config).label()
     except RaytuneLoaderError:
         return str(config)
 

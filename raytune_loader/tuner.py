@@ -100,7 +100,10 @@ def start_ray(
     if address:
         context = ray.init(address=address, **kwargs)
     else:
-        context = ray.init(num_cpus=num_cpus, dashboard_host=dashboard_host, **kwargs)
+        # "local": start our own instance even when a `ray start` cluster runs here
+        context = ray.init(
+            address="local", num_cpus=num_cpus, dashboard_host=dashboard_host, **kwargs
+        )
     url = getattr(context, "dashboard_url", None) or None
     if url and not url.startswith("http"):
         url = f"http://{url}"

@@ -11,9 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from conftest import REPO, TESTS
-from raytune_loader.bench import main
+from raytune_loader import LoaderConfig, load_best_config
+from raytune_loader.bench import main, plan_from_config
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.measure import SegmentSpec
 
 TINY_SEGMENT = {"warmup_steps": 1, "steps": 4, "report_every": 2, "compute_threads": 1}
 NAMES = ("tuned", "pytorch-default", "heuristic")
@@ -133,6 +137,11 @@ def _bad_baseline(tmp: Path, data: dict[str, Any]) -> Path:
     return write_config(tmp, data)
 
 
+def _bad_device(tmp: Path, data: dict[str, Any]) -> Path:
+    data["search"]["device"] = "tpu"
+    return write_config(tmp, data)
+
+
 def _missing_data(tmp: Path, data: dict[str, Any]) -> Path:
     data["search"]["dataset_spec"].update(name="imagenet")
     return write_config(tmp, data)
@@ -145,6 +154,7 @@ BAD = [
     (_unknown_model, "unknown model 'resnet9000'"),
     (_bad_segment, "invalid search section"),
     (_bad_baseline, "invalid baselines.heuristic.loader"),
+    (_bad_device, "search.device must be cpu or cuda, not 'tpu'"),
     (_missing_data, "imagenet: folder"),
 ]
 
@@ -152,7 +162,7 @@ BAD = [
 @pytest.mark.parametrize(
     ("make", "message"),
     BAD,
-    ids=["not a result", "not JSON", "old file", "model", "segment", "baseline", "no data"],
+    ids=["not result", "not JSON", "old file", "model", "segment", "baseline", "device", "no data"],
 )
 def test_bad_input_is_one_line_and_exit_2(
     make: Any, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -162,3 +172,17 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and message in err
+
+
+def test_the_job_is_rebuilt_from_the_file_with_the_overrides(tmp_path: Path) -> None:
+    data = best_config(tmp_path / "there")
+    data["search"]["device"] = "cuda"
+    plan = plan_from_config(load_best_config(write_config(tmp_path, data)), 9, str(tmp_path))
+    job = plan.job
+    assert job.dataset == DatasetSpec("synthetic-imagenet", str(tmp_path), False, 96)
+    assert job.segment == SegmentSpec(warmup_steps=1, steps=9, report_every=2, compute_threads=1)
+    assert (job.model, job.samples_per_trial, job.seed) == ("small-cnn", 64, 0)
+    assert list(plan.configs) == ["tuned", "pytorch-default", "heuristic"]
+    assert plan.configs["heuristic"] == LoaderConfig(8, 1, 2, False, True)
+    if not torch.cuda.is_available():
+        assert job.device == "cpu" and "measuring on the CPU" in plan.notes[0]

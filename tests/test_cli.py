@@ -119,6 +119,14 @@ def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
         assert float(row["cpus_reserved"]) == expected_cpus
     assert (folder / "report.md").exists()
 
+    # Tune's own experiment folder stays usable (and holds TensorBoard event files)
+    from ray.tune import ExperimentAnalysis
+
+    (experiment,) = (folder / "tune").glob("search-*")
+    analysis = ExperimentAnalysis(str(experiment))
+    assert len(analysis.trials) == 4
+    assert list(experiment.glob("trial_fn_*/events.out.tfevents.*"))
+
     loaded = load_best_config(folder / "best_config.json")
     assert loaded.loader.kwargs() == best["loader"]
     assert ray_processes() <= before  # Ray shut down, nothing left behind

@@ -1,0 +1,157 @@
+"""The search's progress display: plain lines in a log, counters redrawn on a terminal."""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+import pytest
+
+from raytune_loader.search import TerminalProgress
+from raytune_loader.tuner import TrialEvent
+
+BASELINE = {"num_workers": 0, "batch_size": 32}
+TWO_WORKERS = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True,
+               "batch_size": 32}  # fmt: skip
+ONE_WORKER = {"num_workers": 1, "prefetch_factor": 4, "persistent_workers": False,
+              "batch_size": 32}  # fmt: skip
+TAIL = r" \| \d+s elapsed, ~\d+s left$"
+
+
+class FakeStream(io.StringIO):
+    """A stream that says whether it is a terminal."""
+
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def _final(samples_per_s: float, util: float, wait: float, **extra: Any) -> dict[str, Any]:
+    return {"final": True, "samples_per_s": samples_per_s, "util": util,
+            "data_wait_frac": wait, **extra}  # fmt: skip
+
+
+def _interim(util: float) -> dict[str, Any]:
+    return {"final": False, "samples_per_s": 100.0, "util": util, "data_wait_frac": 0.5}
+
+
+def feed_search(progress: TerminalProgress) -> None:
+    """A whole search as Tune reports it: five trials that end five different ways."""
+    progress.stage("Searching 5 configurations of small-cnn on synthetic-imagenet")
+    progress.warn("--max-workers 64 is more than the 2 usable CPUs; using 2")
+    for done in range(4):
+        progress.count("measuring the ceiling", done, 3)
+    events = [
+        ("result", "t1", BASELINE, _interim(0.3)),
+        ("result", "t1", BASELINE, _final(214, 0.38, 0.62)),
+        ("complete", "t1", BASELINE, _final(214, 0.38, 0.62)),
+        ("result", "t2", ONE_WORKER, _interim(0.2)),
+        ("complete", "t2", ONE_WORKER, _interim(0.2)),  # ASHA stopped it: no final result
+        ("result", "t3", TWO_WORKERS, _interim(0.7)),
+        ("complete", "t3", TWO_WORKERS, _final(301, 0.78, 0.22)),
+        ("error", "t4", ONE_WORKER, {}),  # the trial raised
+        ("complete", "t5", TWO_WORKERS, _final(0.0, 0.0, 1.0, failure="shm")),  # refused
+    ]
+    for kind, trial_id, config, metrics in events:
+        progress.trial(TrialEvent(kind, trial_id, config, metrics))
+
+
+EXPECTED = [
+    "==> Searching 5 configurations of small-cnn on synthetic-imagenet",
+    "warning: --max-workers 64 is more than the 2 usable CPUs; using 2",
+    "    measuring the ceiling: 3/3",
+    r"[1/5] done: workers=0 pin=n bs=32 214 samples/s util 0.38 wait 0.62"
+    r" | best 0.38 (workers=0 pin=n bs=32) | done 1, stopped early 0, failed 0",
+    r"[2/5] stopped early: workers=1 prefetch=4 pin=n persistent=n bs=32"
+    r" 100 samples/s util 0.20 wait 0.50"
+    r" | best 0.38 (workers=0 pin=n bs=32) | done 1, stopped early 1, failed 0",
+    r"[3/5] done: workers=2 prefetch=2 pin=n persistent=y bs=32 301 samples/s util 0.78 wait 0.22"
+    r" | best 0.78 (workers=2 prefetch=2 pin=n persistent=y bs=32)"
+    r" | done 2, stopped early 1, failed 0",
+    r"[4/5] error: workers=1 prefetch=4 pin=n persistent=n bs=32"
+    r" | best 0.78 (workers=2 prefetch=2 pin=n persistent=y bs=32)"
+    r" | done 2, stopped early 1, failed 1",
+    r"[5/5] failed (shm): workers=2 prefetch=2 pin=n persistent=y bs=32"
+    r" | best 0.78 (workers=2 prefetch=2 pin=n persistent=y bs=32)"
+    r" | done 2, stopped early 1, failed 2",
+]
+
+
+def rendered(text: str) -> list[str]:
+    """What a terminal shows: ``\\r`` goes back to column 0, ``\\033[K`` erases the rest."""
+    return [line.split("\r")[-1].replace("\033[K", "") for line in text.split("\n")][:-1]
+
+
+def _assert_shows(lines: list[str], expected: list[str]) -> None:
+    assert len(lines) == len(expected), lines
+    for line, want in zip(lines, expected, strict=True):
+        if want.startswith("["):  # trial lines end with the (time-dependent) elapsed and ETA
+            assert re.fullmatch(re.escape(want) + TAIL, line), f"{line!r} != {want!r}"
+        else:
+            assert line == want
+
+
+def test_plain_stream_gets_plain_lines_and_the_counts() -> None:
+    stream = FakeStream(tty=False)
+    progress = TerminalProgress(5, "util", stream)
+    feed_search(progress)
+    text = stream.getvalue()
+    assert "\r" not in text and "\033" not in text
+    lines = text.splitlines()
+    ceiling = [line for line in lines if "measuring the ceiling" in line]
+    assert (
+        ceiling[-1] == "    measuring the ceiling: 3/3" and len(ceiling) == 4
+    )  # 3 steps: one line each
+    _assert_shows([line for line in lines if line not in ceiling[:-1]], EXPECTED)
+    assert progress.done == {"t1": "done", "t2": "stopped early", "t3": "done",
+                             "t4": "error", "t5": "failed (shm)"}  # fmt: skip
+    assert progress.best == (0.78, "workers=2 prefetch=2 pin=n persistent=y bs=32")
+    assert progress.running == set()
+
+
+def test_terminal_redraws_counters_in_place() -> None:
+    stream = FakeStream(tty=True)
+    progress = TerminalProgress(5, "util", stream)
+    feed_search(progress)
+    text = stream.getvalue()
+    # every write starts by returning to column 0 and erasing the line
+    assert text.count("\r\033[K") == 2 + 4 + 5  # stage + warn, 4 counter draws, 5 trial lines
+    assert "    measuring the ceiling: 0/3\r\033[K    measuring the ceiling: 1/3" in text
+    _assert_shows(rendered(text), EXPECTED)  # only the finished counter stays on screen
+
+
+def test_an_unfinished_counter_is_overwritten_by_the_next_line() -> None:
+    stream = FakeStream(tty=True)
+    progress = TerminalProgress(1, "util", stream)
+    progress.count("verifying", 1, 3)
+    progress.stage("interrupted")
+    assert rendered(stream.getvalue()) == ["==> interrupted"]
+
+
+@pytest.mark.parametrize("total", [1, 3, 7, 100, 1000])
+def test_count_on_a_plain_stream_prints_about_every_quarter(total: int) -> None:
+    stream = FakeStream(tty=False)
+    progress = TerminalProgress(1, "util", stream)
+    for done in range(total + 1):
+        progress.count("generating JPEG files", done, total)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == f"    generating JPEG files: 0/{total}"
+    assert lines[-1] == f"    generating JPEG files: {total}/{total}"
+    assert len(lines) <= 5
+    if total >= 4:
+        printed = [int(line.split(": ")[1].split("/")[0]) for line in lines]
+        assert printed == [-(-total * q // 4) for q in range(5)]  # first call of each quarter
+
+
+def test_count_starts_afresh_for_another_counter() -> None:
+    stream = FakeStream(tty=False)
+    progress = TerminalProgress(1, "util", stream)
+    for what in ("measuring the ceiling", "verifying"):
+        for done in range(9):
+            progress.count(what, done, 8)
+    counters = [line.split(":")[0].strip() for line in stream.getvalue().splitlines()]
+    assert counters == ["measuring the ceiling"] * 5 + ["verifying"] * 5
