@@ -88,6 +88,7 @@ class SearchOptions:
     report_every: int = 10
     samples_per_trial: int = 1024
     compute_threads: int = 1
+    trial_timeout_s: float = 600.0
     verify_top: int = 3
     verify_repeats: int = 3
     out: str = "results"
@@ -118,6 +119,8 @@ class SearchOptions:
         for flag, value in non_negative.items():
             if value < 0:
                 raise ConfigError(f"{flag} must be 0 or more, got {value}")
+        if self.trial_timeout_s <= 0:
+            raise ConfigError(f"--trial-timeout must be positive, got {self.trial_timeout_s}")
         if self.cpus_per_worker <= 0:
             raise ConfigError(f"--cpus-per-worker must be positive, got {self.cpus_per_worker}")
         if self.max_concurrent is not None and self.max_concurrent < 1:
@@ -262,7 +265,11 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             dataset=spec,
             model=model,
             segment=SegmentSpec(
-                opts.warmup_steps, opts.steps, opts.report_every, opts.compute_threads
+                opts.warmup_steps,
+                opts.steps,
+                opts.report_every,
+                opts.compute_threads,
+                time_limit_s=opts.trial_timeout_s,
             ),
             device="cuda" if space.cuda else "cpu",
             samples_per_trial=opts.samples_per_trial,

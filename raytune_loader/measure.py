@@ -63,6 +63,7 @@ class SegmentSpec:
     report_every: int = 10
     compute_threads: int = 1
     loader_timeout_s: float = 120.0
+    time_limit_s: float = 600.0  # a trial slower than this ends with reason "timeout"
 
     @property
     def reports(self) -> int:
@@ -284,7 +285,9 @@ def train_segment(
 ) -> SegmentMetrics:
     """Warm up, then train ``spec.steps`` measured steps; report every ``report_every``."""
     torch.set_num_threads(spec.compute_threads)  # not Ray's OMP_NUM_THREADS = reservation
-    loader = build_dataloader(dataset, config, timeout_s=spec.loader_timeout_s, seed=seed)
+    timeout = min(spec.loader_timeout_s, spec.time_limit_s)
+    loader = build_dataloader(dataset, config, timeout_s=timeout, seed=seed)
+    deadline = time.monotonic() + spec.time_limit_s
     batches = _batches(loader)
     non_blocking = config.pin_memory
     try:
@@ -295,6 +298,12 @@ def train_segment(
         sampler.start()
         window = _Window(trainer.device, spec.compute_threads)
         for step in range(1, spec.steps + 1):
+            if time.monotonic() > deadline:
+                raise DataPipelineError(
+                    "timeout",
+                    f"the trial took longer than its limit of {spec.time_limit_s:.0f}s "
+                    f"(--trial-timeout) after {step - 1} of {spec.steps} measured steps",
+                )
             fetch_start = time.perf_counter()
             inputs, targets = _to_device(next(batches), trainer.device, non_blocking)
             window.wait_s += time.perf_counter() - fetch_start

@@ -362,12 +362,14 @@ def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
 
 def _all_trials(trials: pd.DataFrame) -> list[str]:
     header = ["#", "trial", "status", "reason", "baseline", "workers", "prefetch", "pin"]
-    header += ["persistent", "batch", "samples/s", "util", "data wait", "efficiency"]
-    keys = ["trial", "trial_id", "status", "reason", "baseline", *PARAMS, "samples_per_s"]
+    header += ["persistent", "batch", "effective batch", "OOM back-offs", "samples/s", "util"]
+    header += ["data wait", "efficiency"]
+    keys = ["trial", "trial_id", "status", "reason", "baseline", *PARAMS]
+    keys += ["effective_batch_size", "oom_backoffs", "samples_per_s"]
     hosts = ["hostname"] if trials.get("hostname", pd.Series()).nunique() > 1 else []
     rows = [
-        [_cell(row[k]) for k in keys]
-        + [_cell(row[k], "pct") for k in ("util", "data_wait_frac", "efficiency")]
+        [_cell(row.get(k)) for k in keys]
+        + [_cell(row.get(k), "pct") for k in ("util", "data_wait_frac", "efficiency")]
         + [_cell(row[k]) for k in hosts]
         for row in trials.astype(object).to_dict("records")
     ]

@@ -114,6 +114,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch threads of the training step, the same in every trial (default 1)",
     )
+    p.add_argument(
+        "--trial-timeout",
+        type=float,
+        default=600.0,
+        help="seconds after which a trial ends with reason timeout (default 600)",
+    )
     p.add_argument("--verify-top", type=int, default=3, help="top configurations re-measured")
     p.add_argument("--verify-repeats", type=int, default=3, help="repeats of each re-measurement")
     p.add_argument("--out", default="results", help="results root (default results/)")
@@ -164,6 +170,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         max_workers=args.max_workers, objective=objective, steps=args.steps,
         warmup_steps=args.warmup_steps, report_every=args.report_every,
         samples_per_trial=args.samples_per_trial, compute_threads=args.compute_threads,
+        trial_timeout_s=args.trial_timeout,
         verify_top=args.verify_top, verify_repeats=args.verify_repeats, out=args.out,
         address=args.address, node_type=args.node_type, storage=args.storage,
         dashboard_host=args.dashboard_host,
@@ -270,6 +277,14 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
             f"{'y' if r['pin_memory'] else 'n':>5}{'y' if r['persistent_workers'] else 'n':>8}"
             f"{r['batch_size']:>6}{r['samples_per_s'] or 0:>11.0f}{r['samples_per_s_range']:>12}"
             f"{r['util'] or 0:>6.2f}{r['data_wait_frac'] or 0:>6.2f}{speedup:>8}",
+            file=stream,
+        )
+    efficiency = (best["metrics"].get("efficiency") or {}).get("median")
+    ceiling = best["metrics"].get("ceiling_samples_per_s")
+    if efficiency and ceiling:
+        print(
+            f"\nThe tuned loader reaches {efficiency:.0%} of a perfect loader's speed "
+            f"(the model on a batch already on the device: {ceiling:.0f} samples/s).",
             file=stream,
         )
     selection = best.get("selection", {})

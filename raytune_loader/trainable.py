@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Any
 
 import psutil
@@ -55,7 +56,17 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     def report(metrics: dict[str, Any]) -> None:
         tune.report({**metrics, **node})
 
-    outcome = run_trial(job, loader_config, report, slot=config.get(DATA_SLOT, 0))
+    # A sample that never returns in the main process (num_workers=0) cannot be
+    # interrupted from inside: past the limit and a grace period, end this trial's
+    # process; Tune records the error and the search goes on.
+    grace = min(60.0, job.segment.time_limit_s)
+    watchdog = threading.Timer(job.segment.time_limit_s + grace, os._exit, args=(3,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        outcome = run_trial(job, loader_config, report, slot=config.get(DATA_SLOT, 0))
+    finally:
+        watchdog.cancel()
     report(outcome.as_report())
 
 

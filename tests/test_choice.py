@@ -8,8 +8,8 @@ from pathlib import Path
 from conftest import ray_processes, run_cli
 
 COMMON = (
-    "--num-samples", "6", "--batch-size", "16", "--steps", "12", "--warmup-steps", "2",
-    "--report-every", "6", "--samples-per-trial", "256", "--verify-top", "2",
+    "--num-samples", "4", "--batch-size", "16", "--steps", "12", "--warmup-steps", "2",
+    "--report-every", "6", "--samples-per-trial", "256", "--verify-top", "1",
     "--verify-repeats", "3", "--max-workers", "2",
 )  # fmt: skip
 

@@ -44,6 +44,7 @@ BAD_INPUT = [
     (["--max-workers", "many"], "invalid int value"),
     (["--cpus-per-worker", "0"], "--cpus-per-worker must be positive"),
     (["--time-budget", "-5"], "--time-budget must be positive"),
+    (["--trial-timeout", "0"], "--trial-timeout must be positive"),
     (["--gpus-per-trial", "1"], "this machine has 0 GPUs"),
     (["--batch-sizes", "32,0"], "batch sizes must be positive integers"),
     (["--batch-sizes", "32,abc"], "batch sizes must be positive integers"),

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from raytune_loader.api import SearchOptions, _space
 from raytune_loader.hardware import cgroup_cpu_limit, hardware_info, usable_cpus
 
 
@@ -41,6 +42,9 @@ def test_usable_cpus_follows_the_affinity_set(tmp_path: Path) -> None:
         os.sched_setaffinity(0, {min(before)})
         assert usable_cpus(tmp_path) == 1
         assert hardware_info()["usable_cpus"] == 1
+        space = _space(SearchOptions(), usable_cpus(), cuda=False, progress=None)  # type: ignore[arg-type]
+        assert space.max_workers == 1  # the space follows the CPUs we may use
+        assert space.baselines()["heuristic"].num_workers == 1
     finally:
         os.sched_setaffinity(0, before)
     assert usable_cpus(tmp_path) == len(before)

@@ -191,3 +191,12 @@ def test_cold_slots_read_disjoint_samples_warm_ones_the_same() -> None:
     assert len(set().union(*blocks)) == 1000  # ten trials, no sample read twice
     assert subset_indices(1000, 100, 3) == subset_indices(1000, 100, 3, 0)
     assert subset_indices(1000, 100, 3) != subset_indices(1000, 100, 4)
+
+
+def test_a_trial_past_its_time_limit_ends_with_reason_timeout() -> None:
+    job = _job("datasets_for_tests:slow")  # 4 ms a sample: 32 ms a batch of 8
+    job = TrialJob(**{**vars(job), "segment": SegmentSpec(1, 200, 100, time_limit_s=0.5)})
+    started = time.monotonic()
+    outcome = run_trial(job, LoaderConfig(8))
+    assert outcome.failure == "timeout" and "--trial-timeout" in outcome.detail
+    assert time.monotonic() - started < 10
