@@ -23,6 +23,7 @@ from raytune_loader.measure import (
     DATA_SLOT,
     TrialJob,
     TrialOutcome,
+    last_line,
     measure_ceiling,
     run_trial,
 )
@@ -104,9 +105,12 @@ def measure_once(
     node_id: str | None = None,
 ) -> TrialOutcome:
     """Run one configuration as a Ray task with the given bundle and wait for it."""
-    outcome, _ = ray.get(
-        _measure_task.options(**_options(bundle, node_id)).remote(job, config, slot)
-    )
+    task = _measure_task.options(**_options(bundle, node_id))
+    try:
+        outcome, _ = ray.get(task.remote(job, config, slot))
+    except ray.exceptions.RayError as exc:  # the task crashed or its worker died
+        cpus = bundle.get("CPU", 1.0)
+        return TrialOutcome(config, cpus, 0, failure="error", detail=last_line(exc))
     return outcome
 
 
