@@ -20,7 +20,7 @@ RESULTS = Path(
 )
 
 
-def default_job(steps: int = 30, samples_per_trial: int = 1024) -> TrialJob:
+def default_job(steps: int = 60, samples_per_trial: int = 1024) -> TrialJob:
     """The job the default search runs: synthetic-imagenet, the per-device model."""
     cuda = hardware.cuda_available()
     spec = DatasetSpec(SYNTHETIC)

@@ -20,13 +20,18 @@ from _common import default_job, save
 from raytune_loader import hardware
 from raytune_loader.measure import run_trial
 from raytune_loader.space import LoaderConfig
-from raytune_loader.tuner import _trainable
+from raytune_loader.tuner import RayCluster, _trainable
+
+
+def local_cluster() -> RayCluster:
+    cpus = hardware.usable_cpus()
+    return RayCluster(None, node_cpus=cpus, gpus=0, max_node_gpus=0, nodes=1, joined=False)
 
 
 def in_tune(job, config: LoaderConfig, storage: str) -> tuple[float, float]:
     """(samples/s, wall seconds of Tuner.fit) for one trial of ``config``."""
     tuner = tune.Tuner(
-        _trainable(job, 0, hardware.usable_cpus()),
+        _trainable(job, 0, local_cluster()),
         param_space=config.kwargs(),
         tune_config=tune.TuneConfig(num_samples=1),
         run_config=tune.RunConfig(storage_path=storage, verbose=0),

@@ -83,9 +83,9 @@ class SearchOptions:
     min_batch_size: int = 1
     max_workers: int | None = None
     objective: str = "util"
-    steps: int = 30
+    steps: int = 60
     warmup_steps: int = 5
-    report_every: int = 10
+    report_every: int = 20
     samples_per_trial: int = 1024
     compute_threads: int = 1
     trial_timeout_s: float = 600.0

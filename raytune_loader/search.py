@@ -102,10 +102,10 @@ def get_args_parser() -> argparse.ArgumentParser:
         default="util",
         help="what to maximize (default util)",
     )
-    p.add_argument("--steps", type=int, default=30, help="measured training steps per trial")
+    p.add_argument("--steps", type=int, default=60, help="measured training steps per trial")
     p.add_argument("--warmup-steps", type=int, default=5, help="unmeasured steps first")
     p.add_argument(
-        "--report-every", type=int, default=10, help="steps between reports to Tune/ASHA"
+        "--report-every", type=int, default=20, help="steps between reports to Tune/ASHA"
     )
     p.add_argument("--samples-per-trial", type=int, default=1024, help="size of the fixed subset")
     p.add_argument(
