@@ -33,7 +33,7 @@ from raytune_loader.measure import run_trial
 from raytune_loader.space import LoaderConfig, SearchSpace
 from raytune_loader.tuner import _LoaderSearch
 
-OBJECTIVE = "util"
+OBJECTIVE = "samples_per_s"  # on a CPU, util with a ceiling ranks exactly like it
 TOLERANCE = 0.03
 
 

@@ -243,16 +243,22 @@ def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> tuple[to
 class _Window:
     """Running totals of the measured window.
 
-    ``util`` by step timing is the CPU time the training step really got, over the
-    window: on a CPU, loader workers compete with the step for cores, and a step
-    that is descheduled is not computing even though the loop is not waiting for
-    data. On CUDA, where the step only queues work, it is the share not spent
-    waiting for data.
+    ``util`` by step timing, on a CPU, is the share of the window the training step
+    would need at its own speed: samples trained x (1 / ceiling) / wall time, the
+    ceiling being the same step on a resident batch with the cores to itself. The
+    plain share of the window not spent waiting, or the CPU time the step got, both
+    reward a configuration whose loader workers slow the step down (contention for
+    cores and caches, copy-on-write faults after each worker fork); useful work does
+    not. Without a ceiling it falls back to the CPU time the step got. On CUDA, where
+    the step only queues work, it is the share not spent waiting for data.
     """
 
-    def __init__(self, device: torch.device, compute_threads: int) -> None:
+    def __init__(
+        self, device: torch.device, compute_threads: int, ceiling: float | None = None
+    ) -> None:
         self.cuda = device.type == "cuda"
         self.threads = compute_threads
+        self.ceiling = ceiling
         self.samples = 0
         self.wait_s = 0.0
         self.compute_cpu_s = 0.0
@@ -264,6 +270,8 @@ class _Window:
     def util(self, wall: float) -> float:
         if self.cuda:
             return 1.0 - self.wait_s / wall
+        if self.ceiling:
+            return min(1.0, self.samples / wall / self.ceiling)
         return min(1.0, self.compute_cpu_s / (wall * self.threads))
 
     def metrics(self, wall: float) -> dict[str, Any]:
@@ -282,6 +290,7 @@ def train_segment(
     spec: SegmentSpec,
     report: ReportFn | None = None,
     seed: int = 0,
+    ceiling: float | None = None,
 ) -> SegmentMetrics:
     """Warm up, then train ``spec.steps`` measured steps; report every ``report_every``."""
     torch.set_num_threads(spec.compute_threads)  # not Ray's OMP_NUM_THREADS = reservation
@@ -296,7 +305,7 @@ def train_segment(
         trainer.sync()
         sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
         sampler.start()
-        window = _Window(trainer.device, spec.compute_threads)
+        window = _Window(trainer.device, spec.compute_threads, ceiling)
         for step in range(1, spec.steps + 1):
             if time.monotonic() > deadline:
                 raise DataPipelineError(
@@ -379,9 +388,9 @@ def run_trial(
     trainer = _Trainer(build_model(job.model, datasets.num_classes(subset)), device)
 
     def segment(batch_size: int) -> SegmentMetrics:
-        return train_segment(
-            subset, trainer, config.with_batch_size(batch_size), job.segment, report, job.seed
-        )
+        config_at = config.with_batch_size(batch_size)
+        ceiling = job.ceilings.get(batch_size)
+        return train_segment(subset, trainer, config_at, job.segment, report, job.seed, ceiling)
 
     try:
         outcome = run_with_backoff(segment, config.batch_size, job.min_batch_size)

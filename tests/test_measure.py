@@ -200,3 +200,13 @@ def test_a_trial_past_its_time_limit_ends_with_reason_timeout() -> None:
     outcome = run_trial(job, LoaderConfig(8))
     assert outcome.failure == "timeout" and "--trial-timeout" in outcome.detail
     assert time.monotonic() - started < 10
+
+
+def test_with_a_ceiling_cpu_util_is_useful_work_over_the_window() -> None:
+    """Util ranks like throughput: a step slowed by its loader is not counted as busy."""
+    config = LoaderConfig(batch_size=4)
+    ceiling = 1000.0
+    metrics = train_segment(TensorImages(64, delay_s=0.01), _trainer(), config, SPEC,
+                            ceiling=ceiling)  # fmt: skip
+    assert metrics.util == pytest.approx(min(1.0, metrics.samples_per_s / ceiling))
+    assert metrics.util < 0.5  # 10 ms a sample: far below 1000 samples/s
