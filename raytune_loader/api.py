@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 from raytune_loader import datasets, hardware, outcome, synthetic
 from raytune_loader.errors import (
-    BatchSizeTooSmallError,
     ConfigError,
+    DatasetError,
     SearchFailedError,
     SearchInterruptedError,
+    UserInputError,
 )
 from raytune_loader.measure import (
-    DataPipelineError,
     SegmentSpec,
     TrialJob,
     last_line,
@@ -119,6 +119,9 @@ class SearchOptions:
         for flag, value in non_negative.items():
             if value < 0:
                 raise ConfigError(f"{flag} must be 0 or more, got {value}")
+        gpus = self.gpus_per_trial or 0
+        if gpus > 1 and not float(gpus).is_integer():
+            raise ConfigError(f"--gpus-per-trial above 1 must be a whole number, got {gpus}")
         if self.trial_timeout_s <= 0:
             raise ConfigError(f"--trial-timeout must be positive, got {self.trial_timeout_s}")
         if self.cpus_per_worker <= 0:
@@ -176,6 +179,12 @@ def _prepare_data(opts: SearchOptions, progress: Progress) -> tuple[datasets.Dat
             progress=lambda done, total: progress.count("generating JPEG files", done, total),
         )
     full = datasets.build_dataset(spec)
+    if min(len(full), opts.samples_per_trial) < max(opts.batch_sizes):
+        raise DatasetError(
+            f"{spec.name} has {len(full)} samples, fewer than one batch of "
+            f"{max(opts.batch_sizes)}; use a smaller --batch-size or more data"
+        )
+    datasets.check_sample(full)
     files = datasets.sample_files(
         full, subset_indices(len(full), opts.samples_per_trial, opts.seed)
     )
@@ -295,7 +304,9 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         )
         searched = tuner.run_search(job, space, settings, cluster, progress.trial)
         rows = tuner.trial_rows(searched.grid, space)
-        write_csv(out_dir / "trials.csv", rows, tuner.TRIAL_COLUMNS)
+        # the previous search's trials.csv stays beside its best_config.json until
+        # this search has a result of its own
+        write_csv(out_dir / "trials.partial.csv", rows, tuner.TRIAL_COLUMNS)
         if searched.interrupted:
             finished = sum(row["status"] != "interrupted" for row in rows)
             raise SearchInterruptedError(
@@ -318,7 +329,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         for hw_class, candidates in verified.items()
     }
     primary = next(iter(results))  # the class with the most trials
-    best = results[primary]
+    best = dict(results[primary])
     if len(results) > 1:
         best["per_class"] = {c: f"{c}/best_config.json" for c in results}
         for hw_class, result in results.items():
@@ -329,6 +340,8 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         progress.stage(f"Trials ran on {len(results)} hardware classes; results per class in "
                        f"{out_dir}/<class>/")  # fmt: skip
     write_json(out_dir / "best_config.json", best)
+    write_csv(out_dir / "trials.csv", rows, tuner.TRIAL_COLUMNS)
+    (out_dir / "trials.partial.csv").unlink(missing_ok=True)
     _write_report(out_dir)
     return SearchResult(out_dir, best, rows, cluster.dashboard_url)
 
@@ -343,8 +356,15 @@ def _rows_by_class(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     """Trials grouped by the hardware class of their node, largest group first."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault(row.get("hardware_class") or "unknown", []).append(row)
-    return dict(sorted(groups.items(), key=lambda item: -len(item[1])))
+        if row.get("hardware_class"):
+            groups.setdefault(row["hardware_class"], []).append(row)
+    ordered = dict(sorted(groups.items(), key=lambda item: -len(item[1])))
+    # a trial that failed before its first report has no node: count it with the largest
+    unplaced = [row for row in rows if not row.get("hardware_class")]
+    if not ordered:
+        return {"unknown": unplaced}
+    next(iter(ordered.values())).extend(unplaced)
+    return ordered
 
 
 def _best_node(rows: list[dict[str, Any]], objective: str, classes: int) -> str | None:
@@ -391,7 +411,9 @@ def _with_ceilings(
         progress.count(what, i, len(space.batch_sizes))
         try:
             effective, speed = ceiling_once(job, batch_size, bundle)
-        except (DataPipelineError, BatchSizeTooSmallError) as exc:  # Ray re-raises the type
+        except UserInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the search cannot go on
             raise SearchFailedError(
                 f"cannot measure the model's ceiling: {last_line(exc)}"
             ) from None

@@ -124,7 +124,7 @@ def _torchvision_dataset(spec: DatasetSpec) -> Dataset[Any]:
     cls = getattr(torchvision.datasets, _TORCHVISION[spec.name])
     try:
         return cls(spec.data_root, train=True, download=spec.download, transform=T.Compose(steps))
-    except RuntimeError as exc:
+    except (RuntimeError, OSError) as exc:  # missing files, or an offline --download
         raise DatasetError(
             f"{spec.name} not found under {spec.data_root} ({exc}); pass --download to fetch it "
             "(needs internet), or point --data-root at a folder that has it"
@@ -134,7 +134,10 @@ def _torchvision_dataset(spec: DatasetSpec) -> Dataset[Any]:
 def _factory_dataset(spec: DatasetSpec) -> Dataset[Any]:
     factory = import_factory(spec.name, kind="dataset", error=DatasetError)
     accepts_root = "data_root" in inspect.signature(factory).parameters
-    dataset = factory(data_root=spec.data_root) if accepts_root else factory()
+    try:
+        dataset = factory(data_root=spec.data_root) if accepts_root else factory()
+    except (OSError, ValueError, TypeError) as exc:
+        raise DatasetError(f"{spec.name} failed to build the dataset: {exc}") from None
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise DatasetError(
             f"{spec.name} returned {type(dataset).__name__}, not a map-style torch Dataset "
@@ -189,3 +192,17 @@ def prewarm(files: list[str]) -> int:
             while chunk := handle.read(1 << 20):
                 total += len(chunk)
     return total
+
+
+def check_sample(dataset: Dataset[Any]) -> None:
+    """Samples must be (input, target) pairs; a sample that fails to load is left to the
+    trials, which record the reason."""
+    try:
+        sample = dataset[0]
+    except Exception:  # noqa: BLE001 - the trials report it with its reason
+        return
+    if not isinstance(sample, (tuple, list)) or len(sample) < 2:
+        raise DatasetError(
+            f"samples must be (input, target) pairs; sample 0 is {type(sample).__name__}: "
+            "wrap the dataset so __getitem__ returns (input, target)"
+        )

@@ -69,7 +69,7 @@ class SegmentSpec:
     @property
     def reports(self) -> int:
         """Interim reports plus the final one: ASHA's ``max_t``."""
-        return max(1, self.steps // self.report_every)
+        return max(1, -(-self.steps // self.report_every))
 
 
 @dataclass(frozen=True)
@@ -196,6 +196,7 @@ def _batches(loader: Any) -> Iterator[Any]:
     """Endless batches, wrapping failures of the input pipeline into DataPipelineError."""
     while True:
         iterator = iter(loader)
+        produced = False
         while True:
             try:
                 batch = next(iterator)
@@ -205,8 +206,13 @@ def _batches(loader: Any) -> Iterator[Any]:
                 raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
             except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
                 raise DataPipelineError("data_loader", last_line(exc)) from exc
+            produced = True
             yield batch
         del iterator
+        if not produced:
+            raise DataPipelineError(
+                "data_loader", "the loader produced no batch: fewer samples than one batch"
+            )
 
 
 def last_line(exc: BaseException) -> str:
@@ -300,12 +306,13 @@ def train_segment(
     deadline = time.monotonic() + spec.time_limit_s
     batches = _batches(loader)
     non_blocking = config.pin_memory
+    sampler: nvml.UtilizationSampler | None = None
     try:
         for _ in range(spec.warmup_steps):
             trainer.step(*_to_device(next(batches), trainer.device, non_blocking))
         trainer.sync()
         sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
-        sampler.start()
+        sampler.start()  # stopped in finally on any failure, so no NVML thread is left
         window = _Window(trainer.device, spec.compute_threads, ceiling)
         for step in range(1, spec.steps + 1):
             if time.monotonic() > deadline:
@@ -315,8 +322,11 @@ def train_segment(
                     f"(--trial-timeout) after {step - 1} of {spec.steps} measured steps",
                 )
             fetch_start = time.perf_counter()
-            inputs, targets = _to_device(next(batches), trainer.device, non_blocking)
+            batch = next(batches)
             window.wait_s += time.perf_counter() - fetch_start
+            # the copy to the device is part of the step: a pageable copy waits for
+            # the previous step's kernels, which is compute, not waiting for data
+            inputs, targets = _to_device(batch, trainer.device, non_blocking)
             cpu_start = window.cpu_clock()
             trainer.step(inputs, targets)
             window.compute_cpu_s += window.cpu_clock() - cpu_start
@@ -329,6 +339,8 @@ def train_segment(
         wall = time.perf_counter() - window.start
         reading = sampler.stop()
     finally:
+        if sampler is not None:
+            sampler.stop()  # idempotent: returns the same reading after a normal stop
         batches.close()
         del loader
         gc.collect()

@@ -17,7 +17,7 @@ from raytune_loader.datasets import DatasetSpec
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.measure import TrialJob
 from raytune_loader.selection import Candidate, select
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, SearchSpace
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
 
 CLASS_FACTS = ("hardware_class", "cpu_model", "node_cpus", "gpu_name", "node_gpus", "ram_bytes")
 
@@ -59,6 +59,10 @@ def metrics_of(candidate: Candidate, objective: str) -> dict[str, Any]:
     out["ceiling_samples_per_s"] = ceilings[0] if ceilings else None
     efficiency = candidate.efficiency()
     out["efficiency"] = efficiency.as_dict() if efficiency else None
+    effective = {o.effective_batch_size for o in candidate.ok}
+    out["requested_batch_size"] = candidate.config.batch_size
+    out["effective_batch_size"] = min(effective) if effective else None
+    out["oom_backoffs"] = sum(o.oom_backoffs for o in candidate.ok)
     failures = [o.failure for o in candidate.outcomes if o.failure]
     if failures:
         out["failures"] = failures
@@ -86,6 +90,13 @@ def _hardware(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _fitting(candidate: Candidate) -> LoaderConfig:
+    sizes = [o.effective_batch_size for o in candidate.ok if o.effective_batch_size]
+    if sizes and max(sizes) < candidate.config.batch_size:
+        return candidate.config.with_batch_size(min(sizes))
+    return candidate.config
+
+
 def best_config(
     ctx: Context, candidates: list[Candidate], rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -102,7 +113,8 @@ def best_config(
         "dataset": ctx.spec.name,
         "model": ctx.model,
         "objective": ctx.opts.objective,
-        "loader": winner.config.kwargs(),
+        # after an out-of-memory back-off, what fits is what training should use
+        "loader": _fitting(winner).kwargs(),
         "metrics": metrics_of(winner, ctx.opts.objective),
         "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
         "selection": {

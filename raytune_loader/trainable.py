@@ -105,9 +105,15 @@ def measure_once(
     node_id: str | None = None,
 ) -> TrialOutcome:
     """Run one configuration as a Ray task with the given bundle and wait for it."""
-    task = _measure_task.options(**_options(bundle, node_id))
+    ref = _measure_task.options(**_options(bundle, node_id)).remote(job, config, slot)
+    limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
     try:
-        outcome, _ = ray.get(task.remote(job, config, slot))
+        outcome, _ = ray.get(ref, timeout=limit)
+    except ray.exceptions.GetTimeoutError:  # a sample that never returns, workers=0
+        ray.cancel(ref, force=True)
+        cpus = bundle.get("CPU", 1.0)
+        detail = f"no result after {limit:.0f}s (--trial-timeout)"
+        return TrialOutcome(config, cpus, 0, failure="timeout", detail=detail)
     except ray.exceptions.RayError as exc:  # the task crashed or its worker died
         cpus = bundle.get("CPU", 1.0)
         return TrialOutcome(config, cpus, 0, failure="error", detail=last_line(exc))
@@ -117,4 +123,8 @@ def measure_once(
 def ceiling_once(
     job: TrialJob, batch_size: int, bundle: dict[str, float], node_id: str | None = None
 ) -> tuple[int, float]:
-    return ray.get(_ceiling_task.options(**_options(bundle, node_id)).remote(job, batch_size))
+    task = _ceiling_task.options(**_options(bundle, node_id))
+    try:
+        return ray.get(task.remote(job, batch_size))
+    except ray.exceptions.RayTaskError as exc:
+        raise exc.cause from None  # the task's own exception, with its one-line message

@@ -25,7 +25,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from raytune_loader.errors import ConfigError
-from raytune_loader.measure import DATA_SLOT, TrialJob
+from raytune_loader.measure import DATA_SLOT, TrialJob, last_line
 from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
 from raytune_loader.trainable import trial_fn
 
@@ -98,7 +98,13 @@ def start_ray(
         "configure_logging": True,
     }
     if address:
-        context = ray.init(address=address, **kwargs)
+        try:
+            context = ray.init(address=address, **kwargs)
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"cannot join the Ray cluster at {address!r} ({exc}); start it with "
+                "`ray start --head` or check the address"
+            ) from None
     else:
         # "local": start our own instance even when a `ray start` cluster runs here
         context = ray.init(
@@ -288,7 +294,9 @@ def _outcome(
     """Tune returns normally after Ctrl-C; unfinished trials tell that it was interrupted."""
     unfinished = len(grid) - grid.num_terminated - grid.num_errors
     budget_spent = deadline is not None and time.time() > deadline
-    short = len(grid) < settings.num_samples and not budget_spent
+    # a resumed search does not know its original deadline: only a search without a
+    # budget is unfinished merely for having fewer trials than asked
+    short = len(grid) < settings.num_samples and not budget_spent and not settings.time_budget_s
     return SearchOutcome(grid, interrupted=unfinished > 0 or short)
 
 
@@ -320,7 +328,7 @@ def trial_rows(grid: tune.ResultGrid, space: SearchSpace) -> list[dict[str, Any]
         except (ConfigError, TypeError):  # a trial interrupted before Tune saved its config
             config = None
         if result.error is not None:
-            status, reason = "error", _error_line(result.error)
+            status, reason = "error", last_line(result.error)[:300]
         elif metrics.get("failure"):
             status, reason = "failed", f"{metrics['failure']}: {metrics.get('detail', '')}"
         elif metrics.get("final"):
@@ -332,7 +340,7 @@ def trial_rows(grid: tune.ResultGrid, space: SearchSpace) -> list[dict[str, Any]
         row = {column: metrics.get(column) for column in TRIAL_COLUMNS}
         row.update(config.kwargs() if config else {})
         row.update(
-            trial_id=metrics.get("trial_id") or Path(result.path).name.split("_")[2],
+            trial_id=metrics.get("trial_id") or "_".join(Path(result.path).name.split("_")[2:4]),
             status=status,
             reason=reason,
             baseline=(space.baseline_name(config) if config else None) or "",
@@ -340,8 +348,3 @@ def trial_rows(grid: tune.ResultGrid, space: SearchSpace) -> list[dict[str, Any]
         )
         rows.append(row)
     return sorted(rows, key=lambda row: row["finished_at"] or 0)
-
-
-def _error_line(error: BaseException) -> str:
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else type(error).__name__

@@ -80,3 +80,13 @@ def dies_in_worker() -> Dataset:
 
 def hangs_in_worker() -> Dataset:
     return _HangsInWorker()
+
+
+class _DictSamples(TensorImages):
+    def __getitem__(self, index: int) -> dict:  # type: ignore[override]
+        image, label = super().__getitem__(index)
+        return {"image": image, "label": label}
+
+
+def dict_samples() -> Dataset:
+    return _DictSamples()

@@ -52,6 +52,19 @@ BAD_INPUT = [
     (["--objective", "speed"], "invalid choice"),
     (["--out", "{file}/results"], "choose another --out"),
     (["--dashboard-host", "0.0.0.0"], "add --expose-dashboard to confirm"),
+    (["--gpus-per-trial", "1.5"], "must be a whole number"),
+    (
+        [
+            "--dataset",
+            "datasets_for_tests:fast",
+            "--batch-size",
+            "300",
+            "--samples-per-trial",
+            "512",
+        ],
+        "fewer than one batch",
+    ),  # fmt: skip
+    (["--dataset", "datasets_for_tests:dict_samples"], "(input, target) pairs"),
 ]
 
 

@@ -53,7 +53,7 @@ def test_interrupt_then_resume_keeps_finished_trials(tiny_imagenet: Path, tmp_pa
     assert "--resume" in stderr.strip().splitlines()[-1]
     finished_before = _done(out)
     assert len(finished_before) >= 2
-    with open(out / "synthetic-imagenet" / "trials.csv") as handle:
+    with open(out / "synthetic-imagenet" / "trials.partial.csv") as handle:
         partial = list(csv.DictReader(handle))
     assert sum(r["status"] in ("ok", "stopped_early") for r in partial) >= 2
     assert not (out / "synthetic-imagenet" / "best_config.json").exists()
@@ -69,4 +69,5 @@ def test_interrupt_then_resume_keeps_finished_trials(tiny_imagenet: Path, tmp_pa
     finished_after = {d.name for d in _trial_dirs(out)}
     assert finished_before <= finished_after  # nothing finished was lost or re-run anew
     assert (out / "synthetic-imagenet" / "best_config.json").exists()
+    assert not (out / "synthetic-imagenet" / "trials.partial.csv").exists()
     assert ray_processes() <= before
