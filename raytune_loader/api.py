@@ -289,9 +289,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             cold=opts.cold,
         )
         job = _with_ceilings(job, space, cluster.bundle(1, gpus_per_trial), progress)
-        max_concurrent = opts.max_concurrent or _default_concurrency(
-            space.cuda, gpus_per_trial, cluster
-        )
+        max_concurrent = opts.max_concurrent or _default_concurrency(gpus_per_trial, cluster)
         name, storage = _experiment(out_dir, opts, cluster, progress)
         settings = tuner.TuneSettings(
             objective=opts.objective, num_samples=opts.num_samples, max_concurrent=max_concurrent,
@@ -375,7 +373,7 @@ def _best_node(rows: list[dict[str, Any]], objective: str, classes: int) -> str 
     return max(finished, key=lambda r: r[objective])["node_id"] if finished else None
 
 
-def _default_concurrency(cuda: bool, gpus_per_trial: float, cluster: Any) -> int:
+def _default_concurrency(gpus_per_trial: float, cluster: Any) -> int:
     """Trials side by side: GPU slices on a GPU or a cluster; one at a time on one CPU machine,
     whose cores they would share."""
     if gpus_per_trial:

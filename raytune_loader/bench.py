@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from raytune_loader import datasets, hardware, synthetic
 from raytune_loader.errors import (
@@ -47,6 +47,7 @@ from raytune_loader.models import validate_model
 from raytune_loader.outcome import metrics_of as verified_metrics  # best_config.json's shape
 from raytune_loader.report import summary_rows
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
+from raytune_loader.search import OneLineErrorParser
 from raytune_loader.selection import Candidate
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
 
@@ -285,13 +286,8 @@ def _positive(text: str) -> int:
     return value
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see --help)\n")
-
-
 def get_args_parser() -> argparse.ArgumentParser:
-    p = _OneLineErrorParser(
+    p = OneLineErrorParser(
         prog="python -m raytune_loader.bench",
         description="Re-measure a tuned DataLoader configuration and both baselines on this "
         "machine, side by side.",

@@ -35,15 +35,15 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, but a bad option is one line on stderr and exit status 2."""
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line on stderr and exit status 2 (all our CLIs)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (see --help)\n")
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = _OneLineErrorParser(
+    p = OneLineErrorParser(
         prog="python -m raytune_loader.search",
         description="Find the DataLoader settings that keep your accelerator busy "
         "(a Ray Tune search guided by Optuna).",
