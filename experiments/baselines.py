@@ -23,6 +23,7 @@ from _common import default_job, save
 from raytune_loader import load_best_config
 from raytune_loader.api import SearchOptions, run_search
 from raytune_loader.measure import run_trial
+from raytune_loader.selection import rotated
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
 
 
@@ -58,17 +59,12 @@ def main() -> None:
     job = default_job()
     speed: dict[str, list[float]] = {name: [] for name in configs}
     util: dict[str, list[float]] = {name: [] for name in configs}
-    names = list(configs)
-    for repeat in range(args.repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
-            metrics = run_trial(job, configs[name]).metrics
-            assert metrics is not None
-            speed[name].append(metrics.samples_per_s)
-            util[name].append(metrics.util)
-            print(
-                f"round {repeat + 1}: {name:<16} {metrics.samples_per_s:7.1f} samples/s", flush=True
-            )
+    for repeat, name in rotated(list(configs), args.repeats):
+        metrics = run_trial(job, configs[name]).metrics
+        assert metrics is not None
+        speed[name].append(metrics.samples_per_s)
+        util[name].append(metrics.util)
+        print(f"round {repeat + 1}: {name:<16} {metrics.samples_per_s:7.1f} samples/s", flush=True)
     ratios = {
         base: [t / b for t, b in zip(speed["tuned"], speed[base], strict=True)]
         for base in (PYTORCH_DEFAULT, HEURISTIC)

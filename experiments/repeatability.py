@@ -71,12 +71,12 @@ def main() -> None:
     ray.init(num_cpus=2 * usable, include_dashboard=False, log_to_driver=False)
     try:
         task = _measure_task.options(num_cpus=usable)
-        sequential = [speed(ray.get(task.remote(job, c, 0))[0]) for c in CONFIGS]
+        sequential = [speed(ray.get(task.remote(job, c, 0))) for c in CONFIGS]
         print("sequential:", [round(s) for s in sequential], flush=True)
         concurrent = []
         for first, second in zip(CONFIGS[::2], CONFIGS[1::2], strict=True):
             pair = ray.get([task.remote(job, first, 0), task.remote(job, second, 0)])
-            concurrent += [speed(outcome) for outcome, _ in pair]
+            concurrent += [speed(outcome) for outcome in pair]
         print("two at a time:", [round(s) for s in concurrent], flush=True)
     finally:
         ray.shutdown()

@@ -35,7 +35,7 @@ from raytune_loader.measure import (
 )
 from raytune_loader.models import default_model, validate_model
 from raytune_loader.results import ensure_writable, write_csv, write_json
-from raytune_loader.selection import Candidate
+from raytune_loader.selection import Candidate, rotated
 from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
 
 log = logging.getLogger(__name__)
@@ -459,17 +459,14 @@ def _verify(
     gpus = min(1.0, cluster.max_node_gpus) if gpus_per_trial else 0.0
     outcomes: dict[str, list[Any]] = {name: [] for name in named}
     order = list(named)
-    total, done = len(order) * opts.verify_repeats, 0
+    total = len(order) * opts.verify_repeats
     what = "verifying (each configuration alone, repeated)"
-    for repeat in range(opts.verify_repeats):
-        shift = repeat % len(order)  # rotate so drift hits every candidate alike
-        for name in order[shift:] + order[:shift]:
-            progress.count(what, done, total)
-            config = named[name]
-            cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, node_cpus)
-            slot = opts.num_samples + done  # --cold: verification reads unread samples too
-            bundle = cluster.bundle(cpus, gpus)
-            outcomes[name].append(measure_once(job, config, bundle, slot, node_id))
-            done += 1
+    for done, (_, name) in enumerate(rotated(order, opts.verify_repeats)):
+        progress.count(what, done, total)
+        config = named[name]
+        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, node_cpus)
+        slot = opts.num_samples + done  # --cold: verification reads unread samples too
+        bundle = cluster.bundle(cpus, gpus)
+        outcomes[name].append(measure_once(job, config, bundle, slot, node_id))
     progress.count(what, total, total)
     return [Candidate(name, named[name], tuple(outcomes[name])) for name in order]

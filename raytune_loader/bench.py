@@ -27,6 +27,7 @@ from raytune_loader import datasets, hardware, synthetic
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
     ConfigError,
+    DataPipelineError,
     DatasetError,
     OutputError,
     RaytuneLoaderError,
@@ -34,7 +35,6 @@ from raytune_loader.errors import (
     UserInputError,
 )
 from raytune_loader.measure import (
-    DataPipelineError,
     SegmentSpec,
     TrialJob,
     TrialOutcome,
@@ -48,7 +48,7 @@ from raytune_loader.outcome import metrics_of as verified_metrics  # best_config
 from raytune_loader.report import summary_rows
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.search import OneLineErrorParser
-from raytune_loader.selection import Candidate
+from raytune_loader.selection import Candidate, rotated
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
 
 log = logging.getLogger(__name__)
@@ -192,22 +192,19 @@ def measure(
     """Each configuration ``repeats`` times, the order rotated every round."""
     order = list(configs)
     outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in order}
-    total, done = len(order) * repeats, 0
-    for repeat in range(repeats):
-        shift = repeat % len(order)
-        for name in order[shift:] + order[:shift]:
-            outcome = run_trial(job, configs[name])
-            outcomes[name].append(outcome)
-            done += 1
-            if on_measured is not None:
-                on_measured(done, total, name, repeat + 1, outcome)
+    total = len(order) * repeats
+    for done, (repeat, name) in enumerate(rotated(order, repeats), 1):
+        outcome = run_trial(job, configs[name])
+        outcomes[name].append(outcome)
+        if on_measured is not None:
+            on_measured(done, total, name, repeat + 1, outcome)
     return [Candidate(name, configs[name], tuple(outcomes[name])) for name in order]
 
 
 def figures(candidates: Sequence[Candidate]) -> dict[str, Any]:
     """The measurements in best_config.json's shape: tuned, then the baselines."""
     # the objective only says what the search maximised; every metric is reported anyway
-    by_name = {c.name: {"loader": c.config.kwargs(), "metrics": verified_metrics(c, "util")}
+    by_name = {c.name: {"loader": c.config.kwargs(), "metrics": verified_metrics(c)}
                for c in candidates}  # fmt: skip
     tuned = by_name.pop(TUNED)
     return {**tuned, "baselines": by_name}

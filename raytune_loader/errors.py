@@ -41,12 +41,10 @@ class SearchInterruptedError(RaytuneLoaderError):
     """Ctrl-C stopped the search; finished trials are kept and --resume continues it."""
 
 
-class TrialRefusedError(RaytuneLoaderError):
-    """A candidate configuration was refused before it started.
-
-    ``reason`` is a short machine-readable tag (``host_memory``, ``shm``) and the
-    message says why in words.
-    """
+class TrialFailure(RaytuneLoaderError):
+    """A trial ends for a recorded reason: ``reason`` is a short tag for trials.csv
+    (``host_memory``, ``shm``, ``corrupt_sample``, ``data_loader``, ``timeout``) and the
+    message says why in words."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -54,6 +52,14 @@ class TrialRefusedError(RaytuneLoaderError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray's process boundary
         return (type(self), (self.reason, str(self)))
+
+
+class TrialRefusedError(TrialFailure):
+    """A candidate configuration was refused before it started (not enough memory)."""
+
+
+class DataPipelineError(TrialFailure):
+    """Fetching a batch failed (worker died, dataset raised, corrupt file, time-out)."""
 
 
 class CorruptSampleError(RaytuneLoaderError):

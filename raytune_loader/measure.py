@@ -29,7 +29,7 @@ from raytune_loader.backoff import run_with_backoff
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
     CorruptSampleError,
-    RaytuneLoaderError,
+    DataPipelineError,
     TrialRefusedError,
 )
 from raytune_loader.loader import build_dataloader
@@ -42,17 +42,6 @@ DATA_SLOT = "data_slot"  # Tune config key: which disjoint subset a --cold trial
 CEILING_WINDOWS = 3  # the ceiling is the best of this many measured windows
 SHM_SHARE = 0.5  # of free /dev/shm a trial may fill; Ray's object store lives there too
 RAM_SHARE = 0.5  # of available RAM
-
-
-class DataPipelineError(RaytuneLoaderError):
-    """Fetching a batch failed (worker died, dataset raised, corrupt file, time-out)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray's process boundary
-        return (type(self), (self.reason, str(self)))
 
 
 @dataclass(frozen=True)

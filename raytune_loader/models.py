@@ -91,7 +91,3 @@ def _call_with_num_classes(factory: Callable[..., object], num_classes: int) -> 
     if "num_classes" in params:
         return factory(num_classes=num_classes)
     return factory()
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -48,7 +48,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def metrics_of(candidate: Candidate, objective: str) -> dict[str, Any]:
+def metrics_of(candidate: Candidate) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for metric in ("samples_per_s", "data_wait_frac", "util"):
         stats = candidate.stats(metric)
@@ -115,7 +115,7 @@ def best_config(
         "objective": ctx.opts.objective,
         # after an out-of-memory back-off, what fits is what training should use
         "loader": _fitting(winner).kwargs(),
-        "metrics": metrics_of(winner, ctx.opts.objective),
+        "metrics": metrics_of(winner),
         "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
         "selection": {
             "chosen": winner.name,
@@ -136,7 +136,7 @@ def best_config(
         "baselines": {
             name: {
                 "loader": by_name[name].config.kwargs(),
-                "metrics": metrics_of(by_name[name], ctx.opts.objective),
+                "metrics": metrics_of(by_name[name]),
             }
             for name in (PYTORCH_DEFAULT, HEURISTIC)
         },

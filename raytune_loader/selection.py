@@ -11,13 +11,23 @@ memory, wins. The JSON says when this cost rule, not the raw best, decided.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from raytune_loader.measure import TrialOutcome
 from raytune_loader.space import LoaderConfig
 
 NOISE_CAP = 0.05
+
+
+def rotated(names: Sequence[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """(round, name) for ``repeats`` rounds, each starting one later, so drift over the
+    run hits every configuration alike."""
+    order = list(names)
+    for repeat in range(repeats):
+        shift = repeat % len(order)
+        for name in order[shift:] + order[:shift]:
+            yield repeat, name
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,8 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
 
 
 @ray.remote(max_calls=1)
-def _measure_task(
-    job: TrialJob, config: LoaderConfig, slot: int
-) -> tuple[TrialOutcome, dict[str, str]]:
-    return run_trial(job, config, slot=slot), _node()
+def _measure_task(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome:
+    return run_trial(job, config, slot=slot)
 
 
 @ray.remote(max_calls=1)
@@ -108,7 +106,7 @@ def measure_once(
     ref = _measure_task.options(**_options(bundle, node_id)).remote(job, config, slot)
     limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
     try:
-        outcome, _ = ray.get(ref, timeout=limit)
+        outcome = ray.get(ref, timeout=limit)
     except ray.exceptions.GetTimeoutError:  # a sample that never returns, workers=0
         ray.cancel(ref, force=True)
         cpus = bundle.get("CPU", 1.0)

@@ -72,7 +72,7 @@ def test_after_an_oom_back_off_the_json_gives_the_batch_size_that_fits() -> None
     )  # fmt: skip
     candidate = Candidate("top-1", config, (ran, ran))
     assert _fitting(candidate).batch_size == 1024
-    metrics = metrics_of(candidate, "util")
+    metrics = metrics_of(candidate)
     assert (metrics["requested_batch_size"], metrics["effective_batch_size"]) == (4096, 1024)
     assert metrics["oom_backoffs"] == 4
 
@@ -90,3 +90,9 @@ def test_reports_cover_a_last_partial_interval() -> None:
 
     assert SegmentSpec(steps=50, report_every=20).reports == 3  # at 20, 40 and the final
     assert SegmentSpec(steps=60, report_every=20).reports == 3
+
+
+def test_rotation_starts_each_round_one_later() -> None:
+    from raytune_loader.selection import rotated
+
+    assert [name for _, name in rotated("abc", 3)] == list("abcbcacab")
