@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import torch
 from torch import nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, RandomSampler, Subset
 
 from raytune_loader import datasets, hardware, nvml
 from raytune_loader.backoff import run_with_backoff
@@ -279,6 +279,23 @@ class _Window:
         }
 
 
+def _segment_sampler(
+    dataset: Dataset[Any], batch_size: int, spec: SegmentSpec, seed: int
+) -> RandomSampler:
+    """Shuffled indices for the whole segment as one epoch (reshuffled on each pass).
+
+    A trial's subset holds a few batches; read epoch by epoch, the loader would drain
+    its workers' queue every few steps and, without persistent workers, start them
+    again, where a real epoch runs for thousands of batches. One epoch over the whole
+    segment measures the steady state the user's training sees.
+    """
+    return RandomSampler(
+        dataset,
+        num_samples=batch_size * (spec.warmup_steps + spec.steps),
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
 def train_segment(
     dataset: Dataset[Any],
     trainer: _Trainer,
@@ -291,7 +308,10 @@ def train_segment(
     """Warm up, then train ``spec.steps`` measured steps; report every ``report_every``."""
     torch.set_num_threads(spec.compute_threads)  # not Ray's OMP_NUM_THREADS = reservation
     timeout = min(spec.loader_timeout_s, spec.time_limit_s)
-    loader = build_dataloader(dataset, config, timeout_s=timeout, seed=seed)
+    loader = build_dataloader(
+        dataset, config, timeout_s=timeout, seed=seed, shuffle=False,
+        sampler=_segment_sampler(dataset, config.batch_size, spec, seed),
+    )  # fmt: skip
     deadline = time.monotonic() + spec.time_limit_s
     batches = _batches(loader)
     non_blocking = config.pin_memory
@@ -345,6 +365,21 @@ def train_segment(
     )
 
 
+def cap_gpu_memory(share: float) -> float | None:
+    """Hold this process to ``share`` of the GPU's memory when it reserved part of one.
+
+    Two trials at ``--gpus-per-trial 0.5`` would otherwise take memory first come,
+    first served, and one of them would back off (or fail) depending on timing.
+    With the cap, each trial's batch size backs off at the same point every time.
+    Returns the cap applied, or None (no CUDA, or a whole GPU or more).
+    """
+    if not 0 < share < 1 or not torch.cuda.is_available():
+        return None
+    torch.cuda.set_per_process_memory_fraction(share)
+    log.info("GPU memory capped at %.0f%% (the trial's GPU share)", share * 100)
+    return share
+
+
 def _device_uuid(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
@@ -392,7 +427,14 @@ def run_trial(
     def segment(batch_size: int) -> SegmentMetrics:
         config_at = config.with_batch_size(batch_size)
         ceiling = job.ceilings.get(batch_size)
-        return train_segment(subset, trainer, config_at, job.segment, report, job.seed, ceiling)
+        backoffs = (config.batch_size // batch_size).bit_length() - 1
+        at_size = None
+        if report is not None:  # interim reports too: ASHA may stop the trial after one
+
+            def at_size(metrics: dict[str, Any]) -> None:
+                report({**metrics, "effective_batch_size": batch_size, "oom_backoffs": backoffs})
+
+        return train_segment(subset, trainer, config_at, job.segment, at_size, job.seed, ceiling)
 
     try:
         outcome = run_with_backoff(segment, config.batch_size, job.min_batch_size)

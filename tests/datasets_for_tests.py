@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -90,3 +91,16 @@ class _DictSamples(TensorImages):
 
 def dict_samples() -> Dataset:
     return _DictSamples()
+
+
+class ReaderPids(TensorImages):
+    """Appends the reading process's id to ``log`` for every sample."""
+
+    def __init__(self, log: str, length: int = 16) -> None:
+        super().__init__(length)
+        self.log = log
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with open(self.log, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        return super().__getitem__(index)

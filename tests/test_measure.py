@@ -210,3 +210,69 @@ def test_with_a_ceiling_cpu_util_is_useful_work_over_the_window() -> None:
                             ceiling=ceiling)  # fmt: skip
     assert metrics.util == pytest.approx(min(1.0, metrics.samples_per_s / ceiling))
     assert metrics.util < 0.5  # 10 ms a sample: far below 1000 samples/s
+
+
+@pytest.mark.parametrize(
+    ("assigned", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, None), (0, None)]
+)
+def test_a_fractional_gpu_trial_is_held_to_its_share_of_gpu_memory(
+    monkeypatch: pytest.MonkeyPatch, assigned: float, expected: float | None
+) -> None:
+    """The CUDA boundary: Ray's assigned GPU share becomes the allocator's memory cap."""
+    from raytune_loader import trainable
+
+    class Context:
+        def get_assigned_resources(self) -> dict[str, float]:
+            return {"CPU": 3.0, "GPU": assigned}
+
+    applied: list[float] = []
+    monkeypatch.setattr(trainable.ray, "get_runtime_context", Context)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", applied.append)
+    assert trainable._cap_gpu_memory() == expected
+    assert applied == ([] if expected is None else [expected])
+
+
+def test_no_gpu_memory_cap_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raytune_loader.measure import cap_gpu_memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cap_gpu_memory(0.5) is None
+
+
+def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -> None:
+    """16 samples in batches of 4 are 4 batches an epoch; 14 steps must not restart workers."""
+    from datasets_for_tests import ReaderPids
+
+    log = tmp_path / "pids.txt"
+    config = LoaderConfig(4, 2, 2, False, persistent_workers=False)
+    spec = SegmentSpec(warmup_steps=2, steps=12, report_every=12)
+    metrics = train_segment(ReaderPids(str(log)), _trainer(), config, spec)
+    readers = log.read_text().split()
+    assert metrics.samples == 4 * 12
+    assert len(readers) >= 4 * 14  # every sample of the segment was read, repeats included
+    assert len(set(readers)) == 2  # the same two workers from start to end
+
+
+def test_interim_reports_carry_the_batch_size_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the CUDA boundary: a step over 8 samples raises CUDA's out-of-memory error."""
+    real_step = _Trainer.step
+
+    def step(self: _Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        if inputs.shape[0] > 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        real_step(self, inputs, targets)
+
+    monkeypatch.setattr(_Trainer, "step", step)
+    job = TrialJob(
+        dataset=DatasetSpec("datasets_for_tests:fast"),
+        model="small-cnn",
+        segment=SegmentSpec(warmup_steps=1, steps=4, report_every=2),
+        samples_per_trial=64,
+        min_batch_size=4,
+    )
+    reports: list[dict] = []
+    outcome = run_trial(job, LoaderConfig(batch_size=32), reports.append)
+    assert outcome.effective_batch_size == 8 and outcome.oom_backoffs == 2
+    assert reports and all(r["final"] is False for r in reports)
+    assert all(r["effective_batch_size"] == 8 and r["oom_backoffs"] == 2 for r in reports)
