@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -243,7 +245,7 @@ def run_search(
         if not tune.Tuner.can_restore(experiment):
             raise ConfigError(f"no search to resume in {experiment}; run without --resume")
         restored = tune.Tuner.restore(experiment, trainable=trainable, resume_errored=False)
-        return _outcome(restored.fit(), settings, deadline=None)
+        return _outcome(_fit(restored), settings, deadline=None)
     deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
 
     searcher = _LoaderSearch(
@@ -279,7 +281,25 @@ def run_search(
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )
-    return _outcome(tuner.fit(), settings, deadline)
+    return _outcome(_fit(tuner), settings, deadline)
+
+
+def _fit(tuner: tune.Tuner) -> tune.ResultGrid:
+    """``tuner.fit()``, then Ctrl-C means KeyboardInterrupt again.
+
+    Tune installs its own SIGINT handler (first Ctrl-C: end the run gracefully) and
+    leaves it installed after a normal end, so a Ctrl-C during verification only
+    printed Tune's warning.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return tuner.fit()  # Tune installs no handler outside the main thread
+    caught = [signal.SIGINT, *([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])]
+    previous = {sig: signal.getsignal(sig) for sig in caught}
+    try:
+        return tuner.fit()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)

@@ -71,3 +71,34 @@ def test_interrupt_then_resume_keeps_finished_trials(tiny_imagenet: Path, tmp_pa
     assert (out / "synthetic-imagenet" / "best_config.json").exists()
     assert not (out / "synthetic-imagenet" / "trials.partial.csv").exists()
     assert ray_processes() <= before
+
+
+def test_ctrl_c_during_verification_stops_the_run(tiny_imagenet: Path, tmp_path: Path) -> None:
+    """Tune leaves its own SIGINT handler installed after the search; ours is restored."""
+    before = ray_processes()
+    out = tmp_path / "results"
+    args = [
+        sys.executable, "-m", "raytune_loader.search",
+        "--data-root", str(tiny_imagenet), "--synthetic-images", "96",
+        "--num-samples", "2", "--batch-size", "8", "--steps", "12", "--warmup-steps", "1",
+        "--report-every", "12", "--samples-per-trial", "64", "--verify-top", "1",
+        "--verify-repeats", "4", "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}", "PYTHONUNBUFFERED": "1"}
+    search = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert search.stdout is not None
+    for line in search.stdout:  # plain progress lines: stdout is not a terminal
+        if "verifying" in line:
+            break
+    search.send_signal(signal.SIGINT)
+    interrupted_at = time.monotonic()
+    _, stderr = search.communicate(timeout=120)
+    assert time.monotonic() - interrupted_at < 30, "Ctrl-C waited for the verification"
+    assert search.returncode == 130, stderr[-2000:]
+    assert "--resume" in stderr.strip().splitlines()[-1]
+    folder = out / "synthetic-imagenet"
+    assert (folder / "trials.partial.csv").exists()
+    assert not (folder / "best_config.json").exists()
+    assert ray_processes() <= before
