@@ -134,6 +134,11 @@ class SearchOptions:
             raise ConfigError(
                 f"batch sizes must be positive integers, got {list(self.batch_sizes)}"
             )
+        if self.min_batch_size > min(self.batch_sizes):
+            raise ConfigError(
+                f"--min-batch-size ({self.min_batch_size}) must not exceed the smallest batch "
+                f"size ({min(self.batch_sizes)}); lower it or raise --batch-sizes"
+            )
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}")
         if not _is_loopback(self.dashboard_host) and not self.expose_dashboard:

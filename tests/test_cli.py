@@ -49,6 +49,8 @@ BAD_INPUT = [
     (["--batch-sizes", "32,0"], "batch sizes must be positive integers"),
     (["--batch-sizes", "32,abc"], "batch sizes must be positive integers"),
     (["--batch-size", "64", "--samples-per-trial", "32"], "must hold at least one batch"),
+    (["--batch-sizes", "16,64", "--min-batch-size", "32"], "--min-batch-size (32) must not exceed"),
+    (["--min-batch-size", "0"], "--min-batch-size must be at least 1"),
     (["--objective", "speed"], "invalid choice"),
     (["--out", "{file}/results"], "choose another --out"),
     (["--dashboard-host", "0.0.0.0"], "add --expose-dashboard to confirm"),
