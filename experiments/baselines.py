@@ -52,11 +52,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", help="an existing best_config.json (default: search now)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=60, help="measured steps per run")
     args = parser.parse_args()
     tuned, baselines, search_s = tuned_config(args.config)
     configs = {PYTORCH_DEFAULT: baselines[PYTORCH_DEFAULT], HEURISTIC: baselines[HEURISTIC],
                "tuned": tuned}  # fmt: skip
-    job = default_job()
+    largest = max(config.batch_size for config in configs.values())
+    job = default_job(steps=args.steps, samples_per_trial=max(1024, largest))
     speed: dict[str, list[float]] = {name: [] for name in configs}
     util: dict[str, list[float]] = {name: [] for name in configs}
     for repeat, name in rotated(list(configs), args.repeats):

@@ -43,19 +43,20 @@ def decode_rate(job, samples: int = 256) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="results/synthetic-imagenet/best_config.json")
+    parser.add_argument("--steps", type=int, default=60, help="measured steps per run")
     args = parser.parse_args()
-    job = default_job()
+    best = load_best_config(args.config) if Path(args.config).exists() else None
+    batch = best.loader.batch_size if best else 32  # the ceiling at the tuned batch size
+    job = default_job(steps=args.steps, samples_per_trial=max(1024, batch))
     cpus = hardware.usable_cpus()
     per_core = decode_rate(job)
-    batch = 32
     _, ceiling = measure_ceiling(job, batch)
     if job.device == "cuda":
         limit = min(ceiling, cpus * per_core)
     else:
         limit = min(ceiling, cpus / (1 / per_core + 1 / ceiling))
     tuned_speed, source = None, None
-    if Path(args.config).exists():
-        best = load_best_config(args.config)
+    if best is not None:
         outcome = run_trial(job, best.loader)
         tuned_speed = outcome.metrics.samples_per_s if outcome.metrics else None
         source = args.config
@@ -68,6 +69,7 @@ def main() -> None:
         {
             "decode_augment_samples_per_s_per_core": per_core,
             "ceiling_samples_per_s": ceiling,
+            "ceiling_batch_size": batch,
             "usable_cpus": cpus,
             "device": job.device,
             "limit_samples_per_s": limit,
