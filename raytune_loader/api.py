@@ -193,6 +193,13 @@ def _prepare_data(opts: SearchOptions, progress: Progress) -> tuple[datasets.Dat
     files = datasets.sample_files(
         full, subset_indices(len(full), opts.samples_per_trial, opts.seed)
     )
+    read = max(opts.batch_sizes) * (opts.warmup_steps + opts.steps)
+    if opts.cold and opts.samples_per_trial < read:
+        progress.warn(
+            f"--cold: a trial reads up to {read} samples but its block holds "
+            f"{opts.samples_per_trial}, so it reads some twice, from the page cache; "
+            f"raise --samples-per-trial to {read} for every read to be cold"
+        )
     if files and not opts.cold:
         progress.stage(f"Pre-warming {len(files)} files of the trial subset")
         warmed = datasets.prewarm(files)
@@ -292,6 +299,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             cpus_per_worker=opts.cpus_per_worker,
             node_cpus=cluster.node_cpus,
             cold=opts.cold,
+            gpu_memory_share=gpus_per_trial if 0 < gpus_per_trial < 1 else 1.0,
         )
         job = _with_ceilings(job, space, cluster.bundle(1, gpus_per_trial), progress)
         max_concurrent = opts.max_concurrent or _default_concurrency(gpus_per_trial, cluster)

@@ -76,6 +76,7 @@ class TrialJob:
     node_cpus: float = 1.0
     ceilings: dict[int, float] = field(default_factory=dict)
     cold: bool = False
+    gpu_memory_share: float = 1.0  # of the GPU's memory each measurement may use
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,11 @@ def train_segment(
     ceiling: float | None = None,
 ) -> SegmentMetrics:
     """Warm up, then train ``spec.steps`` measured steps; report every ``report_every``."""
+    size = len(dataset)  # type: ignore[arg-type]
+    if size < config.batch_size:
+        raise DataPipelineError(
+            "data_loader", f"{size} samples, fewer than one batch of {config.batch_size}"
+        )
     torch.set_num_threads(spec.compute_threads)  # not Ray's OMP_NUM_THREADS = reservation
     timeout = min(spec.loader_timeout_s, spec.time_limit_s)
     loader = build_dataloader(
@@ -365,18 +371,18 @@ def train_segment(
     )
 
 
-def cap_gpu_memory(share: float) -> float | None:
-    """Hold this process to ``share`` of the GPU's memory when it reserved part of one.
+def cap_gpu_memory(share: float, device: torch.device) -> float | None:
+    """Hold this process to ``share`` of the GPU's memory (``--gpus-per-trial`` below 1).
 
     Two trials at ``--gpus-per-trial 0.5`` would otherwise take memory first come,
     first served, and one of them would back off (or fail) depending on timing.
-    With the cap, each trial's batch size backs off at the same point every time.
-    Returns the cap applied, or None (no CUDA, or a whole GPU or more).
+    The ceiling and the verification runs get the same cap, so every measurement
+    of a search backs off at the same batch size. Returns the cap applied, or None.
     """
-    if not 0 < share < 1 or not torch.cuda.is_available():
+    if device.type != "cuda" or not 0 < share < 1:
         return None
-    torch.cuda.set_per_process_memory_fraction(share)
-    log.info("GPU memory capped at %.0f%% (the trial's GPU share)", share * 100)
+    torch.cuda.set_per_process_memory_fraction(share, device)
+    log.info("GPU memory capped at %.0f%% (--gpus-per-trial)", share * 100)
     return share
 
 
@@ -422,6 +428,7 @@ def run_trial(
         return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
     torch.manual_seed(job.seed)
     device = torch.device(job.device)
+    cap_gpu_memory(job.gpu_memory_share, device)
     trainer = _Trainer(build_model(job.model, datasets.num_classes(subset)), device)
 
     def segment(batch_size: int) -> SegmentMetrics:
@@ -458,6 +465,7 @@ def measure_ceiling(job: TrialJob, batch_size: int) -> tuple[int, float]:
     subset, _ = prepare(job)
     torch.manual_seed(job.seed)
     device = torch.device(job.device)
+    cap_gpu_memory(job.gpu_memory_share, device)
     trainer = _Trainer(build_model(job.model, datasets.num_classes(subset)), device)
 
     def resident(bs: int) -> float:

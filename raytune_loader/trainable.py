@@ -23,7 +23,6 @@ from raytune_loader.measure import (
     DATA_SLOT,
     TrialJob,
     TrialOutcome,
-    cap_gpu_memory,
     last_line,
     measure_ceiling,
     run_trial,
@@ -49,11 +48,6 @@ def _node() -> dict[str, Any]:
     return {**facts, "hardware_class": hardware_class(facts)}
 
 
-def _cap_gpu_memory() -> float | None:
-    """Cap this Ray worker's GPU memory at the GPU share Ray assigned to it."""
-    return cap_gpu_memory(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))
-
-
 def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     """Tune function trainable: one candidate configuration, one short training segment."""
     loader_config = LoaderConfig.from_trial_config(config)
@@ -70,7 +64,6 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     watchdog = threading.Timer(job.segment.time_limit_s + grace, os._exit, args=(3,))
     watchdog.daemon = True
     watchdog.start()
-    _cap_gpu_memory()
     try:
         outcome = run_trial(job, loader_config, report, slot=config.get(DATA_SLOT, 0))
     finally:
@@ -80,13 +73,11 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
 
 @ray.remote(max_calls=1)
 def _measure_task(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome:
-    _cap_gpu_memory()
     return run_trial(job, config, slot=slot)
 
 
 @ray.remote(max_calls=1)
 def _ceiling_task(job: TrialJob, batch_size: int) -> tuple[int, float]:
-    _cap_gpu_memory()  # the ceiling of a trial's share, as the trials will see it
     return measure_ceiling(job, batch_size)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ray_processes, run_cli
 from raytune_loader import load_best_config
-from raytune_loader.api import SearchOptions, _space
+from raytune_loader.api import SearchOptions, _prepare_data, _space
 from raytune_loader.search import main
 
 
@@ -21,6 +21,9 @@ class _Recorder:
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
+
+    def stage(self, text: str) -> None:
+        pass
 
 
 @pytest.fixture
@@ -91,6 +94,21 @@ def test_max_workers_above_usable_cpus_is_clipped_with_a_warning() -> None:
     space = _space(SearchOptions(max_workers=64), usable=2, cuda=False, progress=progress)
     assert space.max_workers == 2
     assert "using 2" in progress.warnings[0]
+
+
+@pytest.mark.parametrize(("cold", "samples", "warned"), [(True, 64, True), (True, 208, False),
+                                                        (False, 64, False)])  # fmt: skip
+def test_cold_warns_when_a_trial_would_read_its_block_twice(
+    cold: bool, samples: int, warned: bool
+) -> None:
+    """Batches of 16 x (1 warm-up + 12 steps) = 208 samples a trial reads."""
+    progress = _Recorder()
+    opts = SearchOptions(dataset="datasets_for_tests:fast", cold=cold, batch_sizes=(8, 16),
+                         samples_per_trial=samples, steps=12, warmup_steps=1)  # fmt: skip
+    _prepare_data(opts, progress)
+    assert bool(progress.warnings) == warned
+    if warned:
+        assert "raise --samples-per-trial to 208" in progress.warnings[0]
 
 
 def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,12 +10,13 @@ from torch import nn
 
 from datasets_for_tests import TensorImages
 from raytune_loader.datasets import DatasetSpec
-from raytune_loader.errors import TrialRefusedError
+from raytune_loader.errors import DataPipelineError, TrialRefusedError
 from raytune_loader.measure import (
     SegmentSpec,
     TrialJob,
     _Trainer,
     bytes_in_flight,
+    cap_gpu_memory,
     check_memory,
     run_trial,
     sample_nbytes,
@@ -212,32 +214,37 @@ def test_with_a_ceiling_cpu_util_is_useful_work_over_the_window() -> None:
     assert metrics.util < 0.5  # 10 ms a sample: far below 1000 samples/s
 
 
-@pytest.mark.parametrize(
-    ("assigned", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, None), (0, None)]
-)
-def test_a_fractional_gpu_trial_is_held_to_its_share_of_gpu_memory(
-    monkeypatch: pytest.MonkeyPatch, assigned: float, expected: float | None
+@pytest.mark.parametrize(("share", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, None), (0, None)])
+def test_a_fractional_gpu_share_caps_the_allocator(
+    monkeypatch: pytest.MonkeyPatch, share: float, expected: float | None
 ) -> None:
-    """The CUDA boundary: Ray's assigned GPU share becomes the allocator's memory cap."""
-    from raytune_loader import trainable
-
-    class Context:
-        def get_assigned_resources(self) -> dict[str, float]:
-            return {"CPU": 3.0, "GPU": assigned}
-
-    applied: list[float] = []
-    monkeypatch.setattr(trainable.ray, "get_runtime_context", Context)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", applied.append)
-    assert trainable._cap_gpu_memory() == expected
-    assert applied == ([] if expected is None else [expected])
+    """The CUDA boundary: --gpus-per-trial below 1 becomes the allocator's memory cap."""
+    applied: list[tuple[float, torch.device]] = []
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, d: applied.append((f, d))
+    )
+    cuda = torch.device("cuda")
+    assert cap_gpu_memory(share, cuda) == expected
+    assert applied == ([] if expected is None else [(expected, cuda)])
+    assert cap_gpu_memory(share, torch.device("cpu")) is None
 
 
-def test_no_gpu_memory_cap_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raytune_loader.measure import cap_gpu_memory
+def test_every_measurement_applies_the_jobs_memory_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raytune_loader import measure
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cap_gpu_memory(0.5) is None
+    seen: list[float] = []
+    monkeypatch.setattr(measure, "cap_gpu_memory", lambda share, device: seen.append(share))
+    job = replace(_job("datasets_for_tests:fast"), gpu_memory_share=0.5)
+    assert run_trial(job, LoaderConfig(batch_size=8)).failure is None
+    measure.measure_ceiling(job, 8)
+    assert seen == [0.5, 0.5]
+
+
+def test_a_dataset_smaller_than_a_batch_is_a_reasoned_failure() -> None:
+    with pytest.raises(DataPipelineError, match="fewer than one batch of 32"):
+        train_segment(TensorImages(16), _trainer(), LoaderConfig(batch_size=32), SPEC)
 
 
 def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -> None:
