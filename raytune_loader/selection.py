@@ -5,7 +5,8 @@ times, interleaved. Each gets a :class:`Stats` (median and range) of its
 objective. A configuration is *within noise* of the best when its median
 reaches the best's lowest measurement and is at most 5% below the best's
 median; among those, the one that reserves the fewest CPUs, then the least host
-memory, wins. The JSON says when this cost rule, not the raw best, decided.
+memory, then one with persistent workers, wins. The JSON says when this rule, not
+the raw best, decided.
 """
 
 from __future__ import annotations
@@ -90,6 +91,12 @@ class Selection:
         return self.winner is not self.best_by_objective
 
 
+def _keeps_workers(candidate: Candidate) -> bool:
+    """Persistent workers: the segment is one epoch, so the measurement cannot tell
+    them apart; in training they save starting the workers again at every epoch."""
+    return candidate.config.num_workers > 0 and candidate.config.persistent_workers
+
+
 def select(candidates: Sequence[Candidate], objective: str) -> Selection | None:
     """The cheapest candidate within noise of the best; None when all failed."""
     measured = [c for c in candidates if c.stats(objective) is not None]
@@ -101,5 +108,5 @@ def select(candidates: Sequence[Candidate], objective: str) -> Selection | None:
     assert best_stats is not None
     threshold = max(best_stats.min, best_stats.median * (1 - NOISE_CAP))
     close = [c for c in ranked if c.stats(objective).median >= threshold]  # type: ignore[union-attr]
-    winner = min(close, key=lambda c: (c.cost, -c.stats(objective).median))  # type: ignore[union-attr]
+    winner = min(close, key=lambda c: (c.cost, not _keeps_workers(c), -c.stats(objective).median))  # type: ignore[union-attr]
     return Selection(winner, best, tuple(close), tuple(ranked))

@@ -5,8 +5,12 @@ from raytune_loader.selection import Candidate, Stats, select
 from raytune_loader.space import LoaderConfig
 
 
-def _candidate(name: str, workers: int, utils: list[float], host: int = 0) -> Candidate:
-    config = LoaderConfig.from_dict({"num_workers": workers}, batch_size=32)
+def _candidate(
+    name: str, workers: int, utils: list[float], host: int = 0, persistent: bool = False
+) -> Candidate:
+    config = LoaderConfig.from_dict(
+        {"num_workers": workers, "persistent_workers": persistent}, batch_size=32
+    )
     outcomes = tuple(
         TrialOutcome(
             config,
@@ -54,6 +58,15 @@ def test_host_memory_breaks_cpu_ties() -> None:
     b = _candidate("less-memory", 2, [0.9, 0.9, 0.9], host=1000)
     selection = select([a, b], "util")
     assert selection is not None and selection.winner is b
+
+
+def test_persistent_workers_break_cost_ties_within_noise() -> None:
+    """The measurement cannot see persistent_workers (one epoch); training can."""
+    restarting = _candidate("restarting", 2, [0.91, 0.90, 0.92])
+    persistent = _candidate("persistent", 2, [0.90, 0.89, 0.91], persistent=True)
+    selection = select([restarting, persistent], "util")
+    assert selection is not None and selection.winner is persistent
+    assert selection.decided_by_cost
 
 
 def test_all_failed_gives_none() -> None:
