@@ -299,7 +299,8 @@ def _fit(tuner: tune.Tuner) -> tune.ResultGrid:
         return tuner.fit()
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: installed outside Python, cannot be restored
+                signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)
