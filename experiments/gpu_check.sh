@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path for real, on a machine with one NVIDIA GPU and ~16 cores, in about
-# 7 minutes (8 at most): the search on synthetic-imagenet with resnet50 on CUDA (NVML per-process
-# utilization, two trials sharing the GPU at 0.5 each, each capped at half its
-# memory), the OOM back-off forced by a batch size that cannot fit in that half,
+# 7 minutes (the stage limits add up to 8): the search on synthetic-imagenet with resnet50 on CUDA (NVML per-process
+# utilization, two trials sharing the GPU at 0.5 each, every measurement capped at
+# half its memory), the OOM back-off forced by a batch size that cannot fit in that half,
 # then the baselines and limits benchmarks. Everything lands in results/gpu/.
 #
 #   bash experiments/gpu_check.sh          (PYTHON=python3.12 to pick the interpreter)
@@ -14,7 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python}
 out=results/gpu
-rm -rf "$out" && mkdir -p "$out"
+mkdir -p "$out"
+# the last run's outputs go; results/gpu/README.md (the write-up of a run) stays
+rm -rf "$out/search" "$out"/*.log "$out"/*.json "$out"/*.txt
 status=0
 stage() {  # stage NAME LIMIT_S COMMAND...: run, log to $out/NAME.log, keep the first failure
     local name=$1 limit=$2 started=$SECONDS rc
