@@ -1,6 +1,6 @@
 """What the harness costs: the same configuration in a bare loop and inside a Tune trial.
 
-    python experiments/overhead.py [--repeats 3]
+    python experiments/overhead.py [--repeats 6]
 
 Writes results/benchmarks/overhead.json: samples/s in each and their ratio (target:
 within 3%), and the per-trial fixed cost of Ray (start, trial start-up, teardown).
@@ -19,6 +19,7 @@ from ray import tune
 from _common import default_job, save
 from raytune_loader import hardware
 from raytune_loader.measure import run_trial
+from raytune_loader.selection import rotated
 from raytune_loader.space import LoaderConfig
 from raytune_loader.tuner import RayCluster, _trainable
 
@@ -44,7 +45,7 @@ def in_tune(job, config: LoaderConfig, storage: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args()
     job = default_job()
     config = LoaderConfig(32, 2, 2, False, True)
@@ -54,19 +55,20 @@ def main() -> None:
     ray_start_s = time.perf_counter() - started
     bare, tuned, bare_wall, tune_wall = [], [], [], []
     try:
-        for repeat in range(args.repeats):
-            started = time.perf_counter()
-            outcome = run_trial(job, config)
-            bare_wall.append(time.perf_counter() - started)
-            assert outcome.metrics is not None
-            bare.append(outcome.metrics.samples_per_s)
-            speed, wall = in_tune(job, config, storage)
-            tuned.append(speed)
-            tune_wall.append(wall)
-            print(
-                f"round {repeat + 1}: bare {bare[-1]:.1f}, in Tune {speed:.1f} samples/s",
-                flush=True,
-            )
+        # alternate which runs first, so neither always gets the warmer machine
+        for repeat, where in rotated(["bare", "tune"], args.repeats):
+            if where == "bare":
+                started = time.perf_counter()
+                outcome = run_trial(job, config)
+                bare_wall.append(time.perf_counter() - started)
+                assert outcome.metrics is not None
+                bare.append(outcome.metrics.samples_per_s)
+                speed = bare[-1]
+            else:
+                speed, wall = in_tune(job, config, storage)
+                tuned.append(speed)
+                tune_wall.append(wall)
+            print(f"round {repeat + 1}: {where:<4} {speed:.1f} samples/s", flush=True)
     finally:
         started = time.perf_counter()
         ray.shutdown()
@@ -79,6 +81,7 @@ def main() -> None:
             "bare_samples_per_s": bare,
             "tune_samples_per_s": tuned,
             "tune_over_bare": ratio,
+            "tune_over_bare_per_round": [t / b for t, b in zip(tuned, bare, strict=True)],
             "target_within": 0.03,
             "ray_start_s": ray_start_s,
             "ray_shutdown_s": teardown_s,
