@@ -133,13 +133,7 @@ def best_config(
                 if c is not winner
             ],
         },
-        "baselines": {
-            name: {
-                "loader": by_name[name].config.kwargs(),
-                "metrics": metrics_of(by_name[name]),
-            }
-            for name in (PYTORCH_DEFAULT, HEURISTIC)
-        },
+        "baselines": _baselines(by_name, ctx.space.heuristic_note),
         "speedup": {
             "vs_pytorch_default": _speedup(winner, by_name.get(PYTORCH_DEFAULT)),
             "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
@@ -176,3 +170,13 @@ def best_config(
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _baselines(by_name: dict[str, Candidate], heuristic_note: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        name: {"loader": by_name[name].config.kwargs(), "metrics": metrics_of(by_name[name])}
+        for name in (PYTORCH_DEFAULT, HEURISTIC)
+    }
+    if heuristic_note:
+        out[HEURISTIC]["note"] = heuristic_note
+    return out

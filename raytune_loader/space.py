@@ -158,6 +158,17 @@ class SearchSpace:
             ),
         }
 
+    @property
+    def heuristic_note(self) -> str | None:
+        """Why the heuristic has fewer workers than the rule of thumb, if it does."""
+        rule = min(self.usable_cpus, 8)
+        if self.max_workers >= rule:
+            return None
+        return (
+            f"num_workers is --max-workers {self.max_workers}, below the rule of thumb "
+            f"min(usable CPUs, 8) = {rule}"
+        )
+
     def as_point(self, config: LoaderConfig) -> dict[str, Any]:
         """The parameters Optuna would suggest for ``config`` (for enqueuing it)."""
         point: dict[str, Any] = {"num_workers": config.num_workers}
