@@ -13,6 +13,17 @@ from pathlib import Path
 from conftest import REPO, TESTS, ray_processes
 
 
+def _search(data: Path, out: Path, trials: int, verify_repeats: int) -> list[str]:
+    """The command line of a small real search."""
+    return [
+        sys.executable, "-m", "raytune_loader.search",
+        "--data-root", str(data), "--synthetic-images", "96",
+        "--num-samples", str(trials), "--batch-size", "8", "--steps", "12", "--warmup-steps", "1",
+        "--report-every", "12", "--samples-per-trial", "64", "--verify-top", "1",
+        "--verify-repeats", str(verify_repeats), "--out", str(out),
+    ]  # fmt: skip
+
+
 def _trial_dirs(out: Path) -> list[Path]:
     return sorted((out / "synthetic-imagenet" / "tune").glob("search-*/trial_fn_*"))
 
@@ -30,13 +41,7 @@ def _done(out: Path) -> set[str]:
 def test_interrupt_then_resume_keeps_finished_trials(tiny_imagenet: Path, tmp_path: Path) -> None:
     before = ray_processes()
     out = tmp_path / "results"
-    args = [
-        sys.executable, "-m", "raytune_loader.search",
-        "--data-root", str(tiny_imagenet), "--synthetic-images", "96",
-        "--num-samples", "6", "--batch-size", "8", "--steps", "12", "--warmup-steps", "1",
-        "--report-every", "12", "--samples-per-trial", "64", "--verify-top", "1",
-        "--verify-repeats", "1", "--out", str(out),
-    ]  # fmt: skip
+    args = _search(tiny_imagenet, out, trials=6, verify_repeats=1)
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"}
     search = subprocess.Popen(
         args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -77,13 +82,7 @@ def test_ctrl_c_during_verification_stops_the_run(tiny_imagenet: Path, tmp_path:
     """Tune leaves its own SIGINT handler installed after the search; ours is restored."""
     before = ray_processes()
     out = tmp_path / "results"
-    args = [
-        sys.executable, "-m", "raytune_loader.search",
-        "--data-root", str(tiny_imagenet), "--synthetic-images", "96",
-        "--num-samples", "2", "--batch-size", "8", "--steps", "12", "--warmup-steps", "1",
-        "--report-every", "12", "--samples-per-trial", "64", "--verify-top", "1",
-        "--verify-repeats", "4", "--out", str(out),
-    ]  # fmt: skip
+    args = _search(tiny_imagenet, out, trials=2, verify_repeats=4)
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}", "PYTHONUNBUFFERED": "1"}
     search = subprocess.Popen(
         args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
