@@ -20,8 +20,12 @@ RESULTS = Path(
 )
 
 
-def default_job(steps: int = 60, samples_per_trial: int = 1024) -> TrialJob:
-    """The job the default search runs: synthetic-imagenet, the per-device model."""
+def default_job(steps: int = 60, largest_batch: int = 0) -> TrialJob:
+    """The job the default search runs: synthetic-imagenet, the per-device model.
+
+    Its subset holds 1024 samples, or one batch of ``largest_batch`` if that is more.
+    """
+    samples_per_trial = max(1024, largest_batch)
     cuda = hardware.cuda_available()
     spec = DatasetSpec(SYNTHETIC)
     root = spec.resolved_root()

@@ -58,7 +58,7 @@ def main() -> None:
     configs = {PYTORCH_DEFAULT: baselines[PYTORCH_DEFAULT], HEURISTIC: baselines[HEURISTIC],
                "tuned": tuned}  # fmt: skip
     largest = max(config.batch_size for config in configs.values())
-    job = default_job(steps=args.steps, samples_per_trial=max(1024, largest))
+    job = default_job(steps=args.steps, largest_batch=largest)
     speed: dict[str, list[float]] = {name: [] for name in configs}
     util: dict[str, list[float]] = {name: [] for name in configs}
     for repeat, name in rotated(list(configs), args.repeats):

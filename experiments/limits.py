@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     best = load_best_config(args.config) if Path(args.config).exists() else None
     batch = best.loader.batch_size if best else 32  # the ceiling at the tuned batch size
-    job = default_job(steps=args.steps, samples_per_trial=max(1024, batch))
+    job = default_job(steps=args.steps, largest_batch=batch)
     cpus = hardware.usable_cpus()
     per_core = decode_rate(job)
     _, ceiling = measure_ceiling(job, batch)

@@ -144,7 +144,7 @@ class SearchSpace:
     def baselines(self) -> dict[str, LoaderConfig]:
         """The two configurations every search measures first, by name."""
         bs = self.baseline_batch_size
-        heuristic_workers = min(self.usable_cpus, 8, self.max_workers)
+        heuristic_workers = min(self._heuristic_rule, self.max_workers)
         return {
             PYTORCH_DEFAULT: LoaderConfig(batch_size=bs),
             HEURISTIC: LoaderConfig.from_dict(
@@ -159,14 +159,18 @@ class SearchSpace:
         }
 
     @property
+    def _heuristic_rule(self) -> int:
+        """The rule of thumb's worker count: min(usable CPUs, 8)."""
+        return min(self.usable_cpus, 8)
+
+    @property
     def heuristic_note(self) -> str | None:
         """Why the heuristic has fewer workers than the rule of thumb, if it does."""
-        rule = min(self.usable_cpus, 8)
-        if self.max_workers >= rule:
+        if self.max_workers >= self._heuristic_rule:
             return None
         return (
             f"num_workers is --max-workers {self.max_workers}, below the rule of thumb "
-            f"min(usable CPUs, 8) = {rule}"
+            f"min(usable CPUs, 8) = {self._heuristic_rule}"
         )
 
     def as_point(self, config: LoaderConfig) -> dict[str, Any]:
