@@ -25,6 +25,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from raytune_loader.records import MEASURED
 from raytune_loader.results import atomic_write_text
 
 FAILED = ("failed", "error")
@@ -80,8 +81,14 @@ def load_trials(path: Path) -> pd.DataFrame:
 
 
 def plot_points(trials: pd.DataFrame) -> pd.DataFrame:
-    """Trials that produced a measurement; stopped-early ones are flagged ``hollow``."""
-    points = trials[~trials["status"].isin(FAILED)].copy()
+    """Trials that produced a measurement; stopped-early ones are flagged ``hollow``.
+
+    Failed trials, and trials that an interrupt ended before their first report (no
+    metrics, perhaps no configuration), are left out.
+    """
+    configured = trials[["num_workers", "batch_size"]].notna().all(axis=1)
+    measured = trials["status"].isin(MEASURED) & trials["samples_per_s"].notna()
+    points = trials[measured & configured].copy()
     points["hollow"] = points["status"] == "stopped_early"
     return points
 
@@ -341,11 +348,16 @@ def _winner(best: dict[str, Any]) -> list[str]:
 def _efficiency(best: dict[str, Any]) -> list[str]:
     eff = _median(best["metrics"], "efficiency")
     ceiling = best["metrics"].get("ceiling_samples_per_s")
+    note = best["metrics"].get("ceiling_note")
     text = (
-        f"The tuned loader reaches {_cell(eff, 'pct')} of the speed of a perfect loader "
-        f"(ceiling {_cell(ceiling)} samples/s: the model fed batches already in memory)."
-        if eff is not None and ceiling is not None
-        else "The speed of a perfect loader (the ceiling) is unknown, so efficiency is unknown."
+        f"Efficiency is not reported: {note}."
+        if note
+        else (
+            f"The tuned loader reaches {_cell(eff, 'pct')} of the speed of a perfect loader "
+            f"(ceiling {_cell(ceiling)} samples/s: the model fed batches already in memory)."
+            if eff is not None and ceiling is not None
+            else "The speed of a perfect loader (the ceiling) is unknown, so efficiency is unknown."
+        )
     )
     return ["", "## Efficiency against the ceiling", "", text]
 

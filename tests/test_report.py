@@ -182,3 +182,28 @@ def test_main_exit_status(results: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert "run the search first" in capsys.readouterr().err
     assert report.main([str(results)]) == 0
     assert capsys.readouterr().out.strip() == str(results / "report.md")
+
+
+def test_an_interrupted_search_s_trials_never_break_the_report(tmp_path: Path) -> None:
+    """Trials an interrupt ended before their first report have no metrics (and maybe no
+    configuration): they are listed, never plotted, and the report is whole."""
+    from raytune_loader.records import TrialRecord, write_trials_csv
+    from raytune_loader.space import LoaderConfig
+
+    folder = tmp_path / "interrupted"
+    folder.mkdir()
+    best = _best()
+    best["metrics"].update(efficiency=None, ceiling_note="the ceiling measured too low")
+    (folder / "best_config.json").write_text(json.dumps(best))
+    config = LoaderConfig(32, 2, 2, False, True)
+    write_trials_csv(folder / "trials.csv", [
+        TrialRecord("t1", "ok", config=config, samples_per_s=240.0, util=0.7, finished_at=1.0),
+        TrialRecord("t2", "interrupted", "the search was interrupted", config=config),
+        TrialRecord("t3", "interrupted", "the search was interrupted"),
+    ])  # fmt: skip
+    text = report.write_report(folder).read_text()
+
+    assert set(report.plot_points(report.load_trials(folder / "trials.csv"))["trial_id"]) == {"t1"}
+    assert text.count("| interrupted |") == 2
+    assert "the ceiling measured too low" in text
+    assert {p.name for p in (folder / "plots").iterdir()} == set(report.PLOTS)
