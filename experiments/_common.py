@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware, synthetic
-from raytune_loader.datasets import SYNTHETIC, DatasetSpec
-from raytune_loader.measure import SegmentSpec, TrialJob
+from raytune_loader import SearchOptions, hardware
+from raytune_loader.job import TrialJob, job_from_options, prepare_data
 from raytune_loader.models import default_model
 from raytune_loader.results import write_json
 
@@ -25,25 +24,18 @@ def default_job(steps: int = 60, largest_batch: int = 0) -> TrialJob:
 
     Its subset holds 1024 samples, or one batch of ``largest_batch`` if that is more.
     """
-    samples_per_trial = max(1024, largest_batch)
     cuda = hardware.cuda_available()
-    spec = DatasetSpec(SYNTHETIC)
-    root = spec.resolved_root()
-    assert root is not None
-    synthetic.ensure_synthetic_imagenet(
-        root,
-        spec.synthetic_images,
-        processes=hardware.usable_cpus(),
-        progress=lambda done, total: print(f"generating {done}/{total}", flush=True),
+    opts = SearchOptions(
+        steps=steps, report_every=steps, samples_per_trial=max(1024, largest_batch)
     )
-    return TrialJob(
-        dataset=spec,
-        model=default_model(cuda),
-        segment=SegmentSpec(warmup_steps=5, steps=steps, report_every=steps),
+    job = job_from_options(
+        opts,
+        default_model(cuda),
         device="cuda" if cuda else "cpu",
-        samples_per_trial=samples_per_trial,
         node_cpus=hardware.usable_cpus(),
     )
+    prepare_data(job, max(32, largest_batch))
+    return job
 
 
 def save(name: str, figures: dict[str, Any]) -> Path:

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 from _common import default_job, save
-from raytune_loader import load_best_config
-from raytune_loader.api import SearchOptions, run_search
+from raytune_loader import SearchOptions, load_best_config, run_search
 from raytune_loader.measure import run_trial
 from raytune_loader.selection import rotated
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig

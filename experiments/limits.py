@@ -24,7 +24,8 @@ from torch.utils.data import Subset
 
 from _common import RESULTS, default_job, save
 from raytune_loader import datasets, hardware, load_best_config
-from raytune_loader.measure import measure_ceiling, run_trial, subset_indices
+from raytune_loader.job import subset_indices
+from raytune_loader.measure import measure_ceiling, run_trial
 
 
 def decode_rate(job, samples: int = 256) -> float:

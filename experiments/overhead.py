@@ -21,7 +21,7 @@ from raytune_loader import hardware
 from raytune_loader.measure import run_trial
 from raytune_loader.selection import rotated
 from raytune_loader.space import LoaderConfig
-from raytune_loader.tuner import RayCluster, _trainable
+from raytune_loader.tuner import RayCluster, trainable
 
 
 def local_cluster() -> RayCluster:
@@ -32,7 +32,7 @@ def local_cluster() -> RayCluster:
 def in_tune(job, config: LoaderConfig, storage: str) -> tuple[float, float]:
     """(samples/s, wall seconds of Tuner.fit) for one trial of ``config``."""
     tuner = tune.Tuner(
-        _trainable(job, 0, local_cluster()),
+        trainable(job, 0, local_cluster()),
         param_space=config.kwargs(),
         tune_config=tune.TuneConfig(num_samples=1),
         run_config=tune.RunConfig(storage_path=storage, verbose=0),

@@ -22,7 +22,7 @@ from _common import default_job, save
 from raytune_loader import hardware
 from raytune_loader.measure import run_trial
 from raytune_loader.space import LoaderConfig
-from raytune_loader.trainable import _measure_task
+from raytune_loader.trainable import measure_task
 
 CONFIGS = [
     LoaderConfig(32),
@@ -70,7 +70,7 @@ def main() -> None:
     usable = hardware.usable_cpus()
     ray.init(num_cpus=2 * usable, include_dashboard=False, log_to_driver=False)
     try:
-        task = _measure_task.options(num_cpus=usable)
+        task = measure_task.options(num_cpus=usable)
         sequential = [speed(ray.get(task.remote(job, c, 0))) for c in CONFIGS]
         print("sequential:", [round(s) for s in sequential], flush=True)
         concurrent = []

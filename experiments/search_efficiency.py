@@ -30,8 +30,8 @@ import optuna
 
 from _common import default_job, save
 from raytune_loader.measure import run_trial
+from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import LoaderConfig, SearchSpace
-from raytune_loader.tuner import _LoaderSearch
 
 OBJECTIVE = "samples_per_s"  # on a CPU, util with a ceiling ranks exactly like it
 TOLERANCE = 0.03
@@ -92,12 +92,7 @@ def replay_tpe(
     grid: dict[tuple, Point], space: SearchSpace, seed: int, target: float, baselines: bool = True
 ) -> float:
     """Trial-seconds raytune_loader's searcher + ASHA spends until it completes a target."""
-    first = [space.as_point(c) for c in space.baselines().values()] if baselines else None
-    searcher = _LoaderSearch(
-        space=space.define_by_run, metric=OBJECTIVE, mode="max",
-        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
-        points_to_evaluate=first,
-    )  # fmt: skip
+    searcher = LoaderSearcher(space, OBJECTIVE, seed, enqueue_baselines=baselines)
     rungs: dict[int, list[float]] = {}
     spent = 0.0
     for trial in range(len(grid) * 3):

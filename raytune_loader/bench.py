@@ -3,13 +3,14 @@
 Re-measures the tuned configuration and both baselines (``pytorch-default`` and
 ``heuristic``, as recorded in the file) on this machine, side by side: the job is
 rebuilt from the file's ``search`` section (dataset, model, segment, subset,
-seed, device), the subset is pre-warmed once, the model's ceiling is measured
-once, and each configuration is trained in this process, one at a time with the
-whole machine, ``--repeats`` times in a rotated order so that drift hits all
-alike. No Ray is needed. The table gives each configuration's median samples/s
-with its range, utilisation, data wait, efficiency and the tuned one's speedup
-over it; ``--json`` also writes the figures. A mistake in the input is one line
-on stderr and exit status 2.
+seed, device) through the search's own options, the subset is pre-warmed once,
+the model's ceiling is measured first and again in every round, and each
+configuration is trained in this process, one at a time with the whole machine,
+``--repeats`` times in a rotated order so that drift hits all alike. No Ray is
+needed. The table gives each configuration's median samples/s with its range,
+utilisation, data wait, efficiency and the tuned one's speedup over it;
+``--json`` also writes the figures. A mistake in the input is one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -23,38 +24,31 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import datasets, hardware, synthetic
+from raytune_loader import hardware
+from raytune_loader.bestconfig import metrics_of
+from raytune_loader.console import ceiling_line, summary_table
 from raytune_loader.errors import (
-    BatchSizeTooSmallError,
     ConfigError,
-    DataPipelineError,
-    DatasetError,
     OutputError,
     RaytuneLoaderError,
     SearchFailedError,
     UserInputError,
 )
-from raytune_loader.measure import (
-    SegmentSpec,
-    TrialJob,
-    TrialOutcome,
-    last_line,
-    measure_ceiling,
-    run_trial,
-    subset_indices,
-)
+from raytune_loader.job import SegmentSpec, TrialJob, job_from_options, prepare_data
+from raytune_loader.measure import TrialOutcome
 from raytune_loader.models import validate_model
-from raytune_loader.outcome import metrics_of as verified_metrics  # best_config.json's shape
+from raytune_loader.options import SearchOptions
+from raytune_loader.progress import LogProgress
 from raytune_loader.report import summary_rows
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.search import OneLineErrorParser
-from raytune_loader.selection import Candidate, rotated
+from raytune_loader.selection import Candidate
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
+from raytune_loader.verify import LocalMeasurer, measure_ceilings, verify
 
 log = logging.getLogger(__name__)
 TUNED = "tuned"
 SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
-MeasuredFn = Callable[[int, int, str, int, TrialOutcome], None]
 
 
 @dataclass(frozen=True)
@@ -106,25 +100,32 @@ def _device(requested: str) -> tuple[str, str | None]:
     return requested, None
 
 
-def _job(best: BestConfig, steps: int | None, data_root: str | None) -> TrialJob:
-    """The search's trial job, rebuilt from the file (``steps``/``data_root`` override)."""
+def options_from_file(
+    best: BestConfig, steps: int | None = None, data_root: str | None = None
+) -> SearchOptions:
+    """The search's options as ``best_config.json`` recorded them (``steps`` and
+    ``data_root`` override), so the bench builds its job as the search did."""
     search = _search_section(best)
     try:
-        spec = {**search["dataset_spec"], **({"data_root": data_root} if data_root else {})}
-        segment = SegmentSpec(**search["segment"])
-        return TrialJob(
-            dataset=datasets.DatasetSpec(**spec),
+        spec, segment = dict(search["dataset_spec"]), SegmentSpec(**search["segment"])
+        return SearchOptions(
+            dataset=str(spec["name"]),
+            data_root=data_root or spec.get("data_root"),
+            download=bool(spec.get("download", False)),
+            synthetic_images=int(spec.get("synthetic_images", 2000)),
             model=str(best.data["model"]),
-            segment=replace(segment, steps=steps or segment.steps),
-            device=str(search["device"]),
+            steps=steps or int(segment.steps),
+            warmup_steps=int(segment.warmup_steps),
+            report_every=int(segment.report_every),
+            compute_threads=int(segment.compute_threads),
+            trial_timeout_s=float(segment.time_limit_s),
             samples_per_trial=int(search["samples_per_trial"]),
             seed=int(search["seed"]),
             cpus_per_worker=float(search.get("cpus_per_worker", 1.0)),
-            node_cpus=hardware.usable_cpus(),
         )
-    except (TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
-            f"{best.path}: invalid search section ({exc}); re-run the search"
+            f"{best.path}: invalid search section ({exc!r}); re-run the search"
         ) from None
 
 
@@ -132,124 +133,28 @@ def plan_from_config(
     best: BestConfig, steps: int | None = None, data_root: str | None = None
 ) -> BenchPlan:
     """What to measure, from a validated ``best_config.json``, on this machine."""
-    job = _job(best, steps, data_root)
-    validate_model(job.model)
-    device, note = _device(job.device)
+    opts = options_from_file(best, steps, data_root)
+    assert opts.model is not None
+    validate_model(opts.model)
+    device, note = _device(str(_search_section(best)["device"]))
     configs = _configs(best)
     largest = max(config.batch_size for config in configs.values())
-    if job.samples_per_trial < largest:
+    if opts.samples_per_trial < largest:
         raise ConfigError(
-            f"{best.path}: search.samples_per_trial ({job.samples_per_trial}) is smaller than "
+            f"{best.path}: search.samples_per_trial ({opts.samples_per_trial}) is smaller than "
             f"a batch ({largest})"
         )
-    return BenchPlan(replace(job, device=device), configs, (note,) if note else ())
-
-
-def prepare_data(job: TrialJob, largest_batch: int) -> int:
-    """Make sure the data is there (generating the synthetic set), pre-warm the subset.
-
-    Returns the bytes read to pre-warm, so every configuration starts from the
-    same page-cache state, as in the search.
-    """
-    if job.dataset.name == datasets.SYNTHETIC:
-        root = job.dataset.resolved_root()
-        assert root is not None  # a synthetic spec always resolves to a folder
-        synthetic.ensure_synthetic_imagenet(
-            root, job.dataset.synthetic_images, processes=hardware.usable_cpus()
-        )
-    full = datasets.build_dataset(job.dataset)
-    length = len(full)  # type: ignore[arg-type]
-    if min(length, job.samples_per_trial) < largest_batch:
-        raise DatasetError(
-            f"{job.dataset.name} has {length} samples, fewer than a batch ({largest_batch}); "
-            "point --data-root at the full dataset"
-        )
-    indices = subset_indices(length, job.samples_per_trial, job.seed)
-    return datasets.prewarm(datasets.sample_files(full, indices))
-
-
-def with_ceilings(job: TrialJob, batch_sizes: set[int]) -> TrialJob:
-    """Measure the model on a resident batch once per batch size (for efficiency)."""
-    ceilings: dict[int, float] = {}
-    for batch_size in sorted(batch_sizes):
-        try:
-            effective, speed = measure_ceiling(job, batch_size)
-        except (DataPipelineError, BatchSizeTooSmallError) as exc:
-            log.warning(
-                "cannot measure the ceiling at batch size %d: %s", batch_size, last_line(exc)
-            )
-            continue
-        ceilings[effective] = speed
-    return replace(job, ceilings=ceilings)
-
-
-def measure(
-    job: TrialJob,
-    configs: dict[str, LoaderConfig],
-    repeats: int,
-    on_measured: MeasuredFn | None = None,
-) -> list[Candidate]:
-    """Each configuration ``repeats`` times, the order rotated every round."""
-    order = list(configs)
-    outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in order}
-    total = len(order) * repeats
-    for done, (repeat, name) in enumerate(rotated(order, repeats), 1):
-        outcome = run_trial(job, configs[name])
-        outcomes[name].append(outcome)
-        if on_measured is not None:
-            on_measured(done, total, name, repeat + 1, outcome)
-    return [Candidate(name, configs[name], tuple(outcomes[name])) for name in order]
+    job = job_from_options(opts, opts.model, device=device, node_cpus=hardware.usable_cpus())
+    return BenchPlan(job, configs, (note,) if note else ())
 
 
 def figures(candidates: Sequence[Candidate]) -> dict[str, Any]:
     """The measurements in best_config.json's shape: tuned, then the baselines."""
     # the objective only says what the search maximised; every metric is reported anyway
-    by_name = {c.name: {"loader": c.config.kwargs(), "metrics": verified_metrics(c)}
+    by_name = {c.name: {"loader": c.config.kwargs(), "metrics": metrics_of(c)}
                for c in candidates}  # fmt: skip
     tuned = by_name.pop(TUNED)
     return {**tuned, "baselines": by_name}
-
-
-HEADER = ("config", "workers", "prefetch", "pin", "persist", "batch", "samples/s", "range",
-          "util", "wait", "eff", "tuned x")  # fmt: skip
-WIDTHS = (16, 8, 9, 5, 8, 6, 11, 12, 6, 6, 6, 8)
-
-
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _efficiency(section: dict[str, Any]) -> float | None:
-    stats = section["metrics"].get("efficiency")
-    return stats["median"] if stats else None
-
-
-def _cells(row: dict[str, Any], efficiency: float | None) -> list[str]:
-    return [
-        row["config"], str(row["num_workers"]), str(row["prefetch_factor"] or "-"),
-        "y" if row["pin_memory"] else "n", "y" if row["persistent_workers"] else "n",
-        str(row["batch_size"]), _number(row["samples_per_s"], ".0f"),
-        row["samples_per_s_range"] or "-", _number(row["util"], ".2f"),
-        _number(row["data_wait_frac"], ".2f"), _number(efficiency, ".2f"),
-        _number(row["tuned_speedup"], ".2f"),
-    ]  # fmt: skip
-
-
-def _join(cells: Sequence[str]) -> str:
-    first, *rest = (
-        cell.ljust(width) if i == 0 else cell.rjust(width)
-        for i, (cell, width) in enumerate(zip(cells, WIDTHS, strict=True))
-    )
-    return first + "".join(rest)
-
-
-def table(measured: dict[str, Any]) -> list[str]:
-    """The side-by-side table; ``tuned x`` is the tuned speed over that row's."""
-    sections = {TUNED: measured, **measured["baselines"]}
-    rows = [_join(HEADER)]
-    for row in summary_rows(measured):
-        rows.append(_join(_cells(row, _efficiency(sections[row["config"]]))))
-    return rows
 
 
 def progress_line(done: int, total: int, name: str, repeat: int, outcome: TrialOutcome) -> str:
@@ -325,16 +230,22 @@ def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Cand
     for note in [*plan.notes, *(f"tuned on another machine: {d}" for d in _other_machine(best))]:
         say(f"note: {note}")
     job = plan.job
-    batch_sizes = {config.batch_size for config in plan.configs.values()}
+    batch_sizes = sorted({config.batch_size for config in plan.configs.values()})
     say(f"==> Preparing {job.dataset.name} ({job.samples_per_trial} samples, pre-warmed)")
     prepare_data(job, max(batch_sizes))
     say(f"==> Ceiling: {job.model} on a resident batch, {job.device}")
-    job = with_ceilings(job, batch_sizes)
+    measurer = LocalMeasurer()
+    ceilings = measure_ceilings(job, batch_sizes, measurer, LogProgress(), required=False)
     say(
         f"==> Measuring {len(plan.configs)} configurations x {args.repeats} "
-        f"({job.segment.warmup_steps} warm-up + {job.segment.steps} measured steps each)"
+        f"({job.segment.warmup_steps} warm-up + {job.segment.steps} measured steps each, "
+        "the ceiling again in every round)"
     )
-    return measure(job, plan.configs, args.repeats, lambda *event: say(progress_line(*event)))
+    verified = verify(
+        replace(job, ceilings=ceilings), plan.configs, args.repeats, measurer,
+        on_measured=lambda *event: say(progress_line(*event)),
+    )  # fmt: skip
+    return verified.candidates
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         if not any(c.ok for c in candidates):
             raise SearchFailedError("every run failed: " + "; ".join(failure_notes(candidates)))
         measured = figures(candidates)
-        print("\n" + "\n".join(table(measured)))
+        print("\n" + "\n".join(summary_table(measured)))
+        line = ceiling_line(measured["metrics"])
+        if line:
+            print(line)
         for note in failure_notes(candidates):
             print(f"note: {note}")
         if args.json is not None:

@@ -1,7 +1,7 @@
 """The content of best_config.json: the verified winner, both baselines, how it ran.
 
 Built from the verification measurements (:mod:`raytune_loader.selection`) and the
-trial rows of one hardware class; the schema is the contract in DESIGN.md.
+trial records of one hardware class; the schema is the contract in DESIGN.md.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from raytune_loader import hardware
-from raytune_loader.datasets import DatasetSpec
 from raytune_loader.errors import SearchFailedError
-from raytune_loader.measure import TrialJob
+from raytune_loader.job import TrialJob
+from raytune_loader.options import SearchOptions
+from raytune_loader.records import TrialRecord
 from raytune_loader.selection import Candidate, select
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
 
@@ -23,18 +24,18 @@ CLASS_FACTS = ("hardware_class", "cpu_model", "node_cpus", "gpu_name", "node_gpu
 
 
 @dataclass(frozen=True)
-class Context:
+class SearchContext:
     """What the search was, for the record."""
 
-    opts: Any  # api.SearchOptions
-    spec: DatasetSpec
-    model: str
+    opts: SearchOptions
     space: SearchSpace
     job: TrialJob
     started: float
     gpus_per_trial: float
     max_concurrent: int
     joined: bool
+    sampler: str  # as the searcher describes itself
+    scheduler: str  # as the tuner describes ASHA
 
 
 def _versions() -> dict[str, str]:
@@ -59,6 +60,13 @@ def metrics_of(candidate: Candidate) -> dict[str, Any]:
     out["ceiling_samples_per_s"] = ceilings[0] if ceilings else None
     efficiency = candidate.efficiency()
     out["efficiency"] = efficiency.as_dict() if efficiency else None
+    if efficiency and efficiency.median > 1:  # never a result: the ceiling was too low
+        out["efficiency"] = None
+        out["ceiling_note"] = (
+            f"the ceiling ({out['ceiling_samples_per_s']:.0f} samples/s) measured below this "
+            f"loader's speed (median efficiency {efficiency.median:.2f}): it was measured too "
+            "low, so efficiency is not reported"
+        )
     effective = {o.effective_batch_size for o in candidate.ok}
     out["requested_batch_size"] = candidate.config.batch_size
     out["effective_batch_size"] = min(effective) if effective else None
@@ -78,11 +86,12 @@ def _speedup(winner: Candidate, baseline: Candidate | None) -> float | None:
     return mine.median / theirs.median
 
 
-def _hardware(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _hardware(ctx: SearchContext, records: list[TrialRecord]) -> dict[str, Any]:
     """This machine's facts; on a cluster, those of the class the trials ran on."""
     if not ctx.joined:
         return hardware.hardware_info()
-    facts = next((r for r in rows if r.get("hardware_class")), {})
+    node = next((r.node for r in records if r.node.hardware_class), None)
+    facts = asdict(node) if node else {}
     return {key: facts.get(key) for key in CLASS_FACTS} | {
         "usable_cpus": facts.get("node_cpus"),
         "gpu_count": facts.get("node_gpus"),
@@ -98,20 +107,20 @@ def _fitting(candidate: Candidate) -> LoaderConfig:
 
 
 def best_config(
-    ctx: Context, candidates: list[Candidate], rows: list[dict[str, Any]]
+    ctx: SearchContext, candidates: list[Candidate], records: list[TrialRecord]
 ) -> dict[str, Any]:
     """The best_config.json content; SearchFailedError when every configuration failed."""
     selection = select(candidates, ctx.opts.objective)
     if selection is None:
-        reasons = sorted({r["reason"] for r in rows if r.get("reason")}) or ["no trial finished"]
+        reasons = sorted({r.reason for r in records if r.reason}) or ["no trial finished"]
         raise SearchFailedError(f"every configuration failed: {'; '.join(reasons)[:400]}")
     by_name = {c.name: c for c in candidates}
     winner = selection.winner
-    statuses = [r["status"] for r in rows]
+    statuses = [r.status for r in records]
     return {
         "schema_version": 1,
-        "dataset": ctx.spec.name,
-        "model": ctx.model,
+        "dataset": ctx.job.dataset.name,
+        "model": ctx.job.model,
         "objective": ctx.opts.objective,
         # after an out-of-memory back-off, what fits is what training should use
         "loader": _fitting(winner).kwargs(),
@@ -139,18 +148,16 @@ def best_config(
             "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
             "metric": "samples_per_s (median of verification runs)",
         },
-        "hardware": _hardware(ctx, rows),
+        "hardware": _hardware(ctx, records),
         "search": {
-            "trials": len(rows),
+            "trials": len(records),
             "ok": statuses.count("ok"),
             "errored": statuses.count("error") + statuses.count("failed"),
             "stopped_early": statuses.count("stopped_early"),
-            "oom_backoffs": sum(int(r.get("oom_backoffs") or 0) for r in rows),
+            "oom_backoffs": sum(r.oom_backoffs or 0 for r in records),
             "wall_time_s": round(time.time() - ctx.started, 1),
-            "sampler": f"optuna TPESampler(seed={ctx.opts.seed})",
-            "scheduler": (
-                f"ASHA(max_t={ctx.job.segment.reports}, grace_period=1, reduction_factor=2)"
-            ),
+            "sampler": ctx.sampler,
+            "scheduler": ctx.scheduler,
             "max_concurrent": ctx.max_concurrent,
             "gpus_per_trial": ctx.gpus_per_trial,
             "cpus_per_worker": ctx.opts.cpus_per_worker,
@@ -162,7 +169,7 @@ def best_config(
             },
             "segment": asdict(ctx.job.segment),
             "samples_per_trial": ctx.opts.samples_per_trial,
-            "dataset_spec": asdict(ctx.spec),
+            "dataset_spec": asdict(ctx.job.dataset),
             "device": ctx.job.device,
             "seed": ctx.opts.seed,
             "verification": {"top": ctx.opts.verify_top, "repeats": ctx.opts.verify_repeats},

@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from raytune_loader import nvml
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -96,20 +98,6 @@ def gpu_info() -> dict[str, Any]:
     }
 
 
-def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - any NVML failure just means "unknown"
-        return None
-    return version.decode() if isinstance(version, bytes) else str(version)
-
-
 def hardware_info() -> dict[str, Any]:
     """The machine facts recorded in best_config.json."""
     import torch
@@ -124,7 +112,7 @@ def hardware_info() -> dict[str, Any]:
         "torch": torch.__version__,
     }
     info.update(gpu_info())
-    info["driver"] = _driver_version() if info["gpu_count"] else None
+    info["driver"] = nvml.driver_version() if info["gpu_count"] else None
     return info
 
 

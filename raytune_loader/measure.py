@@ -16,7 +16,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
@@ -32,51 +32,15 @@ from raytune_loader.errors import (
     DataPipelineError,
     TrialRefusedError,
 )
+from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
 from raytune_loader.loader import build_dataloader
+from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
 from raytune_loader.models import build_model
 from raytune_loader.space import LoaderConfig, reserved_cpus
 
 log = logging.getLogger(__name__)
 ReportFn = Callable[[dict[str, Any]], None]
-DATA_SLOT = "data_slot"  # Tune config key: which disjoint subset a --cold trial reads
 CEILING_WINDOWS = 3  # the ceiling is the best of this many measured windows
-SHM_SHARE = 0.5  # of free /dev/shm a trial may fill; Ray's object store lives there too
-RAM_SHARE = 0.5  # of available RAM
-
-
-@dataclass(frozen=True)
-class SegmentSpec:
-    """Length and fixed settings of the measured training segment (same for every trial)."""
-
-    warmup_steps: int = 5
-    steps: int = 60
-    report_every: int = 20
-    compute_threads: int = 1
-    loader_timeout_s: float = 120.0
-    time_limit_s: float = 600.0  # a trial slower than this ends with reason "timeout"
-
-    @property
-    def reports(self) -> int:
-        """Interim reports plus the final one: ASHA's ``max_t``."""
-        return max(1, -(-self.steps // self.report_every))
-
-
-@dataclass(frozen=True)
-class TrialJob:
-    """Everything a trial needs besides its candidate configuration."""
-
-    dataset: datasets.DatasetSpec
-    model: str
-    segment: SegmentSpec
-    device: str = "cpu"
-    samples_per_trial: int = 1024
-    seed: int = 0
-    min_batch_size: int = 1
-    cpus_per_worker: float = 1.0
-    node_cpus: float = 1.0
-    ceilings: dict[int, float] = field(default_factory=dict)
-    cold: bool = False
-    gpu_memory_share: float = 1.0  # of the GPU's memory each measurement may use
 
 
 @dataclass(frozen=True)
@@ -110,6 +74,16 @@ class TrialOutcome:
             return None
         return self.metrics.samples_per_s / self.ceiling_samples_per_s
 
+    def rebased(self, ceiling: float | None) -> TrialOutcome:
+        """This run against another ceiling (the search's final one): efficiency, and on
+        a CPU ``util`` too, are shares of the ceiling, so one ceiling serves every run."""
+        if self.metrics is None or not ceiling:
+            return self
+        metrics = self.metrics
+        if metrics.util_source == "step-timing":
+            metrics = replace(metrics, util=metrics.samples_per_s / ceiling)
+        return replace(self, metrics=metrics, ceiling_samples_per_s=ceiling)
+
     def as_report(self) -> dict[str, Any]:
         """Flat metrics for Tune, trials.csv and the JSON."""
         out: dict[str, Any] = {
@@ -128,58 +102,6 @@ class TrialOutcome:
         else:  # a failed configuration is the worst possible for the searcher
             out.update(samples_per_s=0.0, data_wait_frac=1.0, util=0.0, util_source="")
         return out
-
-
-def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[int]:
-    """The samples a trial reads: slot 0 is the fixed, pre-warmed subset every trial
-    shares; with ``--cold``, slot k is the k-th disjoint block of one permutation, so no
-    trial reads what an earlier one read (until the dataset is used up and wraps)."""
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(length, generator=generator)
-    count = min(count, length)
-    start = (slot * count) % length
-    return order.roll(-start)[:count].tolist()
-
-
-def sample_nbytes(sample: Any) -> int:
-    """Bytes of the tensors in one collated-to-be sample."""
-    if isinstance(sample, torch.Tensor):
-        return sample.element_size() * sample.numel()
-    if isinstance(sample, (tuple, list)):
-        return sum(sample_nbytes(item) for item in sample)
-    if isinstance(sample, dict):
-        return sum(sample_nbytes(item) for item in sample.values())
-    return 8  # a Python number becomes one int64/float64
-
-
-def bytes_in_flight(config: LoaderConfig, sample_bytes: int) -> tuple[int, int]:
-    """(host bytes, /dev/shm bytes) held by batches the loader has prepared ahead."""
-    batch = sample_bytes * config.batch_size
-    batches = config.num_workers * (config.prefetch_factor or 0) if config.num_workers else 1
-    host = batch * batches * (2 if config.pin_memory else 1)
-    shm = batch * batches if config.num_workers else 0
-    return host, shm
-
-
-def check_memory(
-    config: LoaderConfig, sample_bytes: int, available_ram: int, free_shm: int | None
-) -> int:
-    """Refuse a configuration that would not fit; returns its host bytes in flight."""
-    host, shm = bytes_in_flight(config, sample_bytes)
-    if host > RAM_SHARE * available_ram:
-        raise TrialRefusedError(
-            "host_memory",
-            f"{config.label()} would hold {host / 2**20:.0f} MiB of batches in host memory, "
-            f"more than half of the {available_ram / 2**20:.0f} MiB available",
-        )
-    if free_shm is not None and shm > SHM_SHARE * free_shm:
-        raise TrialRefusedError(
-            "shm",
-            f"{config.label()} would put {shm / 2**20:.0f} MiB of batches in /dev/shm, which has "
-            f"{free_shm / 2**20:.0f} MiB free; raise it (docker run --shm-size=8g) or use "
-            "fewer workers or a smaller prefetch_factor",
-        )
-    return host
 
 
 def _batches(loader: Any) -> Iterator[Any]:
@@ -246,8 +168,10 @@ class _Window:
     plain share of the window not spent waiting, or the CPU time the step got, both
     reward a configuration whose loader workers slow the step down (contention for
     cores and caches, copy-on-write faults after each worker fork); useful work does
-    not. Without a ceiling it falls back to the CPU time the step got. On CUDA, where
-    the step only queues work, it is the share not spent waiting for data.
+    not. It is not capped at 1: a ceiling measured too low must show, not flatten every
+    fast configuration to the same 1.0. Without a ceiling it falls back to the CPU time
+    the step got. On CUDA, where the step only queues work, it is the share not spent
+    waiting for data.
     """
 
     def __init__(
@@ -268,7 +192,7 @@ class _Window:
         if self.cuda:
             return 1.0 - self.wait_s / wall
         if self.ceiling:
-            return min(1.0, self.samples / wall / self.ceiling)
+            return self.samples / wall / self.ceiling
         return min(1.0, self.compute_cpu_s / (wall * self.threads))
 
     def metrics(self, wall: float) -> dict[str, Any]:
@@ -371,21 +295,6 @@ def train_segment(
     )
 
 
-def cap_gpu_memory(share: float, device: torch.device) -> float | None:
-    """Hold this process to ``share`` of the GPU's memory (``--gpus-per-trial`` below 1).
-
-    Two trials at ``--gpus-per-trial 0.5`` would otherwise take memory first come,
-    first served, and one of them would back off (or fail) depending on timing.
-    The ceiling and the verification runs get the same cap, so every measurement
-    of a search backs off at the same batch size. Returns the cap applied, or None.
-    """
-    if device.type != "cuda" or not 0 < share < 1:
-        return None
-    torch.cuda.set_per_process_memory_fraction(share, device)
-    log.info("GPU memory capped at %.0f%% (--gpus-per-trial)", share * 100)
-    return share
-
-
 def _device_uuid(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
@@ -460,8 +369,11 @@ def run_trial(
     )
 
 
-def measure_ceiling(job: TrialJob, batch_size: int) -> tuple[int, float]:
-    """(effective batch size, samples/s) training on one batch already on the device."""
+def measure_ceiling(
+    job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
+) -> tuple[int, float]:
+    """(effective batch size, samples/s) training on one batch already on the device,
+    the best of ``windows`` measured windows."""
     subset, _ = prepare(job)
     torch.manual_seed(job.seed)
     device = torch.device(job.device)
@@ -476,7 +388,7 @@ def measure_ceiling(job: TrialJob, batch_size: int) -> tuple[int, float]:
             trainer.step(inputs, targets)
         trainer.sync()
         speeds = []
-        for _ in range(CEILING_WINDOWS):  # a best case: anything else running only slows it
+        for _ in range(windows):  # a best case: anything else running only slows it
             start = time.perf_counter()
             for _ in range(job.segment.steps):
                 trainer.step(inputs, targets)

@@ -26,8 +26,6 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-UTIL_SOURCES = ("nvml-process", "nvml-device", "step-timing")
-
 _BINDING_MODULE = "pynvml"
 # Value of NVML_ERROR_NOT_FOUND / NVML_SUCCESS in nvml.h; read from the binding when present.
 _NOT_FOUND_DEFAULT = 6
@@ -46,6 +44,20 @@ class UtilReading:
 
 
 _STEP_TIMING = UtilReading(util=None, device_util=None, source="step-timing", samples=0)
+
+
+def driver_version(binding: str = _BINDING_MODULE) -> str | None:
+    """The NVIDIA driver's version, or None where NVML is unusable."""
+    try:
+        nvml = importlib.import_module(binding)
+        nvml.nvmlInit()
+        try:
+            version = nvml.nvmlSystemGetDriverVersion()
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - any NVML failure just means "unknown"
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
 
 
 def device_uuid_for_torch_device(index: int) -> str | None:

@@ -1,8 +1,10 @@
 """Command line: ``python -m raytune_loader.search --dataset NAME [options]``.
 
-Parses the options (contract in DESIGN.md), shows progress, prints the summary
+Parses the options (contract in DESIGN.md) into
+:class:`~raytune_loader.options.SearchOptions`, runs
+:func:`~raytune_loader.api.run_search` with live progress, prints the summary
 table and exits 0, or prints one line saying what went wrong and exits 2 for a
-user mistake, 1 when the search itself failed. The only module that prints.
+user mistake, 1 when the search itself failed, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,17 +12,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn
 
 from raytune_loader import __version__
-from raytune_loader.api import OBJECTIVES, SearchOptions, run_search
+from raytune_loader.api import run_search
+from raytune_loader.console import TerminalProgress, notes, print_summary
 from raytune_loader.datasets import KNOWN, SYNTHETIC
 from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
-from raytune_loader.report import summary_rows
-from raytune_loader.space import LoaderConfig
-
-_FLOAT_OPTIONS = ("time_budget", "gpus_per_trial", "cpus_per_worker")
+from raytune_loader.options import SearchOptions
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -160,7 +159,6 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> SearchOptions:
     objective = "samples_per_s" if args.objective == "throughput" else args.objective
-    assert objective in OBJECTIVES
     return SearchOptions(
         dataset=args.dataset, data_root=args.data_root, download=args.download,
         synthetic_images=args.synthetic_images, model=args.model, num_samples=args.num_samples,
@@ -179,127 +177,6 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
     )  # fmt: skip
 
 
-class TerminalProgress:
-    """Progress lines; counters redraw in place on a terminal, print plainly otherwise."""
-
-    def __init__(self, total_trials: int, objective: str, stream: TextIO = sys.stdout) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.total = total_trials
-        self.objective = objective
-        self.started = time.monotonic()
-        self.done: dict[str, str] = {}
-        self.running: set[str] = set()
-        self.best: tuple[float, str] | None = None
-        self._last_count: tuple[str, int] | None = None
-
-    def _line(self, text: str) -> None:
-        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
-        self.stream.flush()
-
-    def stage(self, text: str) -> None:
-        self._line(f"==> {text}")
-
-    def warn(self, text: str) -> None:
-        self._line(f"warning: {text}")
-
-    def count(self, what: str, done: int, total: int) -> None:
-        if self.tty:
-            end = "\n" if done == total else ""
-            self.stream.write(f"\r\033[K    {what}: {done}/{total}{end}")
-            self.stream.flush()
-        elif (what, done * 4 // max(total, 1)) != self._last_count or done == total:
-            self._last_count = (what, done * 4 // max(total, 1))
-            self._line(f"    {what}: {done}/{total}")
-
-    def trial(self, event: Any) -> None:
-        if event.kind == "result" and not event.metrics.get("final"):
-            self.running.add(event.trial_id)
-            return
-        if event.kind == "result":
-            return  # the final result is followed by "complete"
-        self.running.discard(event.trial_id)
-        metrics = event.metrics
-        label = _label(event.config)
-        if event.kind == "error":
-            status = "error"
-        elif metrics.get("failure"):
-            status = f"failed ({metrics['failure']})"
-        elif metrics.get("final"):
-            status = "done"
-        else:
-            status = "stopped early"
-        self.done[event.trial_id] = status
-        value = metrics.get(self.objective)
-        if status == "done" and value is not None and (self.best is None or value > self.best[0]):
-            self.best = (float(value), label)
-        self._line(self._trial_line(status, label, metrics))
-
-    def _trial_line(self, status: str, label: str, metrics: dict[str, Any]) -> str:
-        n = len(self.done)
-        elapsed = time.monotonic() - self.started
-        eta = elapsed / n * (self.total - n) if n else 0.0
-        figures = ""
-        if status in ("done", "stopped early") and "samples_per_s" in metrics:
-            figures = (
-                f" {metrics['samples_per_s']:.0f} samples/s util {metrics.get('util', 0):.2f}"
-                f" wait {metrics.get('data_wait_frac', 0):.2f}"
-            )
-        best = f" | best {self.best[0]:.3g} ({self.best[1]})" if self.best else ""
-        counts = {s: list(self.done.values()).count(s) for s in ("done", "stopped early")}
-        failed = n - counts["done"] - counts["stopped early"]
-        return (
-            f"[{n}/{self.total}] {status}: {label}{figures}{best} | done {counts['done']}, "
-            f"stopped early {counts['stopped early']}, failed {failed} | "
-            f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left"
-        )
-
-
-def _label(config: dict[str, Any]) -> str:
-    try:
-        return LoaderConfig.from_trial_config(config).label()
-    except RaytuneLoaderError:
-        return str(config)
-
-
-def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdout) -> None:
-    rows = summary_rows(best)
-    header = (
-        f"{'config':<16}{'workers':>8}{'prefetch':>9}{'pin':>5}{'persist':>8}{'batch':>6}"
-        f"{'samples/s':>11}{'range':>12}{'util':>6}{'wait':>6}{'tuned x':>8}"
-    )
-    print("", file=stream)
-    print(header, file=stream)
-    for r in rows:
-        speedup = f"{r['tuned_speedup']:.2f}" if r["tuned_speedup"] else "-"
-        print(
-            f"{r['config']:<16}{r['num_workers']:>8}{str(r['prefetch_factor'] or '-'):>9}"
-            f"{'y' if r['pin_memory'] else 'n':>5}{'y' if r['persistent_workers'] else 'n':>8}"
-            f"{r['batch_size']:>6}{r['samples_per_s'] or 0:>11.0f}{r['samples_per_s_range']:>12}"
-            f"{r['util'] or 0:>6.2f}{r['data_wait_frac'] or 0:>6.2f}{speedup:>8}",
-            file=stream,
-        )
-    efficiency = (best["metrics"].get("efficiency") or {}).get("median")
-    ceiling = best["metrics"].get("ceiling_samples_per_s")
-    if efficiency and ceiling:
-        print(
-            f"\nThe tuned loader reaches {efficiency:.0%} of a perfect loader's speed "
-            f"(the model on a batch already on the device: {ceiling:.0f} samples/s).",
-            file=stream,
-        )
-    selection = best.get("selection", {})
-    if selection.get("decided_by_cost"):
-        print(
-            f"(chosen as the cheapest within noise of {selection['best_by_objective']})",
-            file=stream,
-        )
-    print(f"\nbest config: {out_dir}/best_config.json   report: {out_dir}/report.md", file=stream)
-    print(
-        f"use it: loader = load_best_config('{out_dir}/best_config.json').dataloader(dataset)",
-        file=stream,
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = get_args_parser()
     args = parser.parse_args(argv)
@@ -311,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         options = options_from_args(args)
         progress = TerminalProgress(options.num_samples, options.objective)
         result = run_search(options, progress)
+        print_summary(result.best_config, result.out_dir)
+        for note in notes(result.trials):
+            print(f"note: {note}")
     except SearchInterruptedError as exc:
         print(f"interrupted: {exc}", file=sys.stderr)
         return 130
@@ -323,25 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; finished trials are kept, continue with --resume", file=sys.stderr)
         return 130
-    print_summary(result.best_config, result.out_dir)
-    for note in notes(result.trials):
-        print(f"note: {note}")
     return 0
-
-
-def notes(rows: list[dict[str, Any]]) -> list[str]:
-    """What the user should know about trials that were refused or failed."""
-    out = []
-    refused = [r for r in rows if str(r.get("reason", "")).startswith("shm")]
-    if refused:
-        out.append(
-            f"{len(refused)} configuration(s) did not fit in /dev/shm, which limited the search; "
-            "raise it (docker run --shm-size=8g, or a larger tmpfs) and search again"
-        )
-    failed = [r for r in rows if r.get("status") in ("failed", "error")]
-    if failed:
-        out.append(f"{len(failed)} trial(s) failed; reasons are in trials.csv")
-    return out
 
 
 if __name__ == "__main__":

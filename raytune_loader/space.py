@@ -122,9 +122,12 @@ class SearchSpace:
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise ConfigError(f"batch sizes must be positive integers, got {self.batch_sizes}")
 
+    def constants(self) -> dict[str, Any]:
+        """Values the space fixes rather than searches (a single batch size)."""
+        return {"batch_size": self.batch_sizes[0]} if len(self.batch_sizes) == 1 else {}
+
     def define_by_run(self, trial: Any) -> dict[str, Any] | None:
         """Optuna define-by-run space; returns the constants that are not searched."""
-        constants: dict[str, Any] = {}
         workers = trial.suggest_int("num_workers", 0, self.max_workers)
         if workers > 0:
             trial.suggest_categorical("prefetch_factor", list(self.prefetch_factors))
@@ -133,9 +136,7 @@ class SearchSpace:
             trial.suggest_categorical("pin_memory", [True, False])
         if len(self.batch_sizes) > 1:
             trial.suggest_categorical("batch_size", list(self.batch_sizes))
-        else:
-            constants["batch_size"] = self.batch_sizes[0]
-        return constants or None
+        return self.constants() or None
 
     @property
     def baseline_batch_size(self) -> int:

@@ -1,10 +1,11 @@
-"""The trial as Ray Tune sees it: config dict in, metric dicts out.
+"""Ray on the trial side: the function Tune runs, and the tasks of the other measurements.
 
-This is the Ray boundary on the trial side: the Tune config dict becomes a
+This is the Ray boundary in the worker processes: the Tune config dict becomes a
 :class:`LoaderConfig` here and nowhere else, and the outcome goes back as flat
 dicts through ``tune.report``. Ceiling and verification measurements run as Ray
-tasks through the same :func:`~raytune_loader.measure.run_trial`, so every
-figure comes from one code path.
+tasks (:func:`measure_task`, :func:`ceiling_task`, started by
+:class:`raytune_loader.tuner.RayMeasurer`) through the same
+:func:`~raytune_loader.measure.run_trial`, so every figure comes from one code path.
 """
 
 from __future__ import annotations
@@ -19,14 +20,8 @@ import ray
 from ray import tune
 
 from raytune_loader.hardware import cpu_and_gpu_summary, hardware_class
-from raytune_loader.measure import (
-    DATA_SLOT,
-    TrialJob,
-    TrialOutcome,
-    last_line,
-    measure_ceiling,
-    run_trial,
-)
+from raytune_loader.job import DATA_SLOT, TrialJob
+from raytune_loader.measure import TrialOutcome, measure_ceiling, run_trial
 from raytune_loader.space import LoaderConfig, reserved_cpus
 
 
@@ -72,57 +67,10 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
 
 
 @ray.remote(max_calls=1)
-def _measure_task(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome:
+def measure_task(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome:
     return run_trial(job, config, slot=slot)
 
 
 @ray.remote(max_calls=1)
-def _ceiling_task(job: TrialJob, batch_size: int) -> tuple[int, float]:
-    return measure_ceiling(job, batch_size)
-
-
-def _options(bundle: dict[str, float], node_id: str | None) -> dict[str, Any]:
-    """Ray task options for one bundle, pinned to ``node_id`` when given."""
-    options: dict[str, Any] = {
-        "num_cpus": bundle.get("CPU", 1),
-        "num_gpus": bundle.get("GPU", 0),
-        "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-    }
-    if node_id:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    return options
-
-
-def measure_once(
-    job: TrialJob,
-    config: LoaderConfig,
-    bundle: dict[str, float],
-    slot: int = 0,
-    node_id: str | None = None,
-) -> TrialOutcome:
-    """Run one configuration as a Ray task with the given bundle and wait for it."""
-    ref = _measure_task.options(**_options(bundle, node_id)).remote(job, config, slot)
-    limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
-    try:
-        outcome = ray.get(ref, timeout=limit)
-    except ray.exceptions.GetTimeoutError:  # a sample that never returns, workers=0
-        ray.cancel(ref, force=True)
-        cpus = bundle.get("CPU", 1.0)
-        detail = f"no result after {limit:.0f}s (--trial-timeout)"
-        return TrialOutcome(config, cpus, 0, failure="timeout", detail=detail)
-    except ray.exceptions.RayError as exc:  # the task crashed or its worker died
-        cpus = bundle.get("CPU", 1.0)
-        return TrialOutcome(config, cpus, 0, failure="error", detail=last_line(exc))
-    return outcome
-
-
-def ceiling_once(
-    job: TrialJob, batch_size: int, bundle: dict[str, float], node_id: str | None = None
-) -> tuple[int, float]:
-    task = _ceiling_task.options(**_options(bundle, node_id))
-    try:
-        return ray.get(task.remote(job, batch_size))
-    except ray.exceptions.RayTaskError as exc:
-        raise exc.cause from None  # the task's own exception, with its one-line message
+def ceiling_task(job: TrialJob, batch_size: int, windows: int) -> tuple[int, float]:
+    return measure_ceiling(job, batch_size, windows)

@@ -1,11 +1,12 @@
 """Ray on the driver side: start or join Ray, run the Tune search, run measurements.
 
-Every driver-side Ray and Tune call lives here (the trial side is
-:mod:`raytune_loader.trainable`), so a change in Ray's API touches two modules.
-The search is an :class:`~ray.tune.search.optuna.OptunaSearch` over the
-define-by-run space with a seeded TPE sampler and the two baselines enqueued
-first, ASHA on the reporting interval, and one Ray bundle per trial of
-``min(1 + cpus_per_worker x num_workers, node CPUs)`` CPUs plus the fractional GPU.
+Every driver-side Ray and Tune call lives here; the trial side (the function
+Tune runs and the Ray tasks of the ceiling and verification) is
+:mod:`raytune_loader.trainable`, and the Optuna searcher Tune drives is
+:mod:`raytune_loader.searcher`. The search is that searcher with ASHA on the
+reporting interval and one Ray bundle per trial of
+``min(1 + cpus_per_worker x num_workers, node CPUs)`` CPUs plus the fractional
+GPU. Tune's results become :class:`~raytune_loader.records.TrialRecord`s here.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from typing import Any
 import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
-from ray.tune.search import Searcher
-from ray.tune.search.optuna import OptunaSearch
 
 from raytune_loader.errors import ConfigError
-from raytune_loader.measure import DATA_SLOT, TrialJob, last_line
+from raytune_loader.job import TrialJob
+from raytune_loader.measure import CEILING_WINDOWS, TrialOutcome, last_line
+from raytune_loader.records import TrialRecord, record_from_report
+from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
-from raytune_loader.trainable import trial_fn
+from raytune_loader.trainable import ceiling_task, measure_task, trial_fn
 
 log = logging.getLogger(__name__)
+NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,6 @@ class RayCluster:
         if self.node_type:
             bundle[self.node_type] = NODE_TYPE_SHARE
         return bundle
-
-
-NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
 
 
 @dataclass(frozen=True)
@@ -134,66 +134,9 @@ def start_ray(
     )
 
 
-def node_resources() -> dict[str, dict[str, float]]:
-    """Ray's resources of every alive node, by node id."""
-    return {n["NodeID"]: n["Resources"] for n in ray.nodes() if n.get("Alive")}
-
-
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
-
-
-class _LoaderSearch(OptunaSearch):
-    """OptunaSearch that stops at the time budget and does not measure a config twice.
-
-    Tune's own ``time_budget_s`` kills running trials; the contract is only to stop
-    starting new ones. The space is small on small machines (17 configurations on
-    two cores), so TPE often proposes a configuration already measured: its known
-    result is told to Optuna and another is asked for, up to ``max_retries`` times.
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        deadline: float | None = None,
-        max_retries: int = 20,
-        cold: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self._cold = cold
-        self._slots = 0
-        self._deadline = deadline
-        self._max_retries = max_retries
-        self._measured: dict[tuple[tuple[str, Any], ...], float] = {}
-        self._running: dict[str, tuple[tuple[str, Any], ...]] = {}
-
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-        if self._deadline is not None and time.time() > self._deadline:
-            return Searcher.FINISHED
-        config = super().suggest(trial_id)
-        for _ in range(self._max_retries):
-            key = tuple(sorted((config or {}).items()))
-            if key not in self._measured:
-                break
-            # OptunaSearch keeps its asked trials in _ot_trials; tell Optuna the known
-            # value so TPE learns from it, then ask again for the same Tune trial.
-            self._ot_study.tell(self._ot_trials.pop(trial_id), self._measured[key])
-            config = super().suggest(trial_id)
-        self._running[trial_id] = tuple(sorted((config or {}).items()))
-        if self._cold and isinstance(config, dict):
-            config = {**config, DATA_SLOT: self._slots}  # a subset no earlier trial read
-            self._slots += 1
-        return config
-
-    def on_trial_complete(
-        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
-    ) -> None:
-        key = self._running.pop(trial_id, None)
-        if key is not None and result and self.metric in result:
-            self._measured[key] = float(result[self.metric])
-        super().on_trial_complete(trial_id, result, error)
 
 
 class _ProgressCallback(tune.Callback):
@@ -215,7 +158,9 @@ class _ProgressCallback(tune.Callback):
         self._emit("error", trial, trial.last_result)
 
 
-def _trainable(job: TrialJob, gpus_per_trial: float, cluster: RayCluster) -> Any:
+def trainable(job: TrialJob, gpus_per_trial: float, cluster: RayCluster) -> Any:
+    """The Tune trainable: :func:`trial_fn` with the job and a bundle per configuration."""
+
     def resources(config: dict[str, Any]) -> dict[str, float]:
         workers = config.get("num_workers", 0)
         cpus = reserved_cpus(workers, job.cpus_per_worker, cluster.node_cpus)
@@ -224,13 +169,35 @@ def _trainable(job: TrialJob, gpus_per_trial: float, cluster: RayCluster) -> Any
     return tune.with_resources(tune.with_parameters(trial_fn, job=job), resources=resources)
 
 
-def run_search(
+def _experiment_path(storage: str, name: str) -> str:
+    return f"{storage.rstrip('/')}/{name}"
+
+
+def can_resume(storage: str, name: str) -> bool:
+    """Whether Tune saved the experiment ``name`` under ``storage``."""
+    return tune.Tuner.can_restore(_experiment_path(storage, name))
+
+
+def scheduler_description(job: TrialJob) -> str:
+    """ASHA as ``best_config.json`` records it (the same values :func:`run_tune` uses)."""
+    return f"ASHA(max_t={job.segment.reports}, grace_period=1, reduction_factor=2)"
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    """The trials of a Tune run, and whether Ctrl-C ended it."""
+
+    records: list[TrialRecord]
+    interrupted: bool
+
+
+def run_tune(
     job: TrialJob,
     space: SearchSpace,
     settings: TuneSettings,
     cluster: RayCluster,
     on_event: EventFn,
-) -> SearchOutcome:
+) -> TuneRun:
     """Run (or resume) the Tune search; Ctrl-C ends it early with the state saved."""
     import optuna
 
@@ -239,23 +206,30 @@ def run_search(
         # is silent at 0 and our own progress display takes its place.
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-    trainable = _trainable(job, settings.gpus_per_trial, cluster)
-    experiment = f"{settings.storage.rstrip('/')}/{settings.name}"
+    fn = trainable(job, settings.gpus_per_trial, cluster)
     if settings.resume:
-        if not tune.Tuner.can_restore(experiment):
-            raise ConfigError(f"no search to resume in {experiment}; run without --resume")
-        restored = tune.Tuner.restore(experiment, trainable=trainable, resume_errored=False)
-        return _outcome(_fit(restored), settings, deadline=None)
-    deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
+        experiment = _experiment_path(settings.storage, settings.name)
+        tuner = tune.Tuner.restore(experiment, trainable=fn, resume_errored=False)
+        deadline = None
+    else:
+        deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
+        tuner = _new_tuner(fn, job, space, settings, deadline, on_event)
+    grid, interrupted = _fit(tuner)
+    records = [_record(result, space) for result in grid]
+    records.sort(key=lambda record: record.finished_at or 0)
+    return TuneRun(records, interrupted or _short(records, settings, deadline))
 
-    searcher = _LoaderSearch(
-        space=space.define_by_run,
-        metric=settings.objective,
-        mode="max",
-        sampler=optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4),
-        points_to_evaluate=[space.as_point(cfg) for cfg in space.baselines().values()],
-        deadline=deadline,
-        cold=job.cold,
+
+def _new_tuner(
+    fn: Any,
+    job: TrialJob,
+    space: SearchSpace,
+    settings: TuneSettings,
+    deadline: float | None,
+    on_event: EventFn,
+) -> tune.Tuner:
+    searcher = LoaderSearcher(
+        space, settings.objective, settings.seed, deadline=deadline, cold=job.cold
     )
     scheduler = ASHAScheduler(
         time_attr="training_iteration",
@@ -263,8 +237,8 @@ def run_search(
         grace_period=1,
         reduction_factor=2,
     )
-    tuner = tune.Tuner(
-        trainable,
+    return tune.Tuner(
+        fn,
         tune_config=tune.TuneConfig(
             metric=settings.objective,
             mode="max",
@@ -281,91 +255,106 @@ def run_search(
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )
-    return _outcome(_fit(tuner), settings, deadline)
 
 
-def _fit(tuner: tune.Tuner) -> tune.ResultGrid:
-    """``tuner.fit()``, then Ctrl-C means KeyboardInterrupt again.
+class _InterruptMarker:
+    """The SIGINT handler in place while Tune runs: Tune keeps it as the one to restore.
 
-    Tune installs its own SIGINT handler (first Ctrl-C: end the run gracefully) and
-    leaves it installed after a normal end, so a Ctrl-C during verification only
-    printed Tune's warning.
+    Tune's own handler (installed by ``fit``) ends the run gracefully on the first
+    Ctrl-C, saving its state, then puts this one back; so after ``fit`` this marker
+    being installed again means Ctrl-C arrived, whichever trial was running. A second
+    Ctrl-C reaches this marker and interrupts at once.
+    """
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+
+def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
+    """``tuner.fit()`` and whether Ctrl-C ended it; afterwards Ctrl-C interrupts again.
+
+    Tune leaves its handler installed after a normal end, which made a Ctrl-C during
+    verification only print Tune's warning: the handlers from before are restored.
     """
     if threading.current_thread() is not threading.main_thread():
-        return tuner.fit()  # Tune installs no handler outside the main thread
+        return tuner.fit(), False  # Tune installs no handler outside the main thread
     caught = [signal.SIGINT, *([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])]
     previous = {sig: signal.getsignal(sig) for sig in caught}
+    marker = _InterruptMarker()
+    signal.signal(signal.SIGINT, marker)
+    tune_handles_sigint = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0"
     try:
-        return tuner.fit()
+        grid = tuner.fit()
+        return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
     finally:
         for sig, handler in previous.items():
             if handler is not None:  # None: installed outside Python, cannot be restored
                 signal.signal(sig, handler)
 
 
-@dataclass(frozen=True)
-class SearchOutcome:
-    grid: tune.ResultGrid
-    interrupted: bool
-
-
-def _outcome(
-    grid: tune.ResultGrid, settings: TuneSettings, deadline: float | None
-) -> SearchOutcome:
-    """Tune returns normally after Ctrl-C; unfinished trials tell that it was interrupted."""
-    unfinished = len(grid) - grid.num_terminated - grid.num_errors
+def _short(records: list[TrialRecord], settings: TuneSettings, deadline: float | None) -> bool:
+    """Unfinished trials, or fewer trials than asked without a budget that ran out."""
+    if any(record.status == "interrupted" for record in records):
+        return True
     budget_spent = deadline is not None and time.time() > deadline
     # a resumed search does not know its original deadline: only a search without a
     # budget is unfinished merely for having fewer trials than asked
-    short = len(grid) < settings.num_samples and not budget_spent and not settings.time_budget_s
-    return SearchOutcome(grid, interrupted=unfinished > 0 or short)
+    return len(records) < settings.num_samples and not budget_spent and not settings.time_budget_s
 
 
-def space_constants(space: SearchSpace) -> dict[str, Any]:
-    """Values the space fixes rather than searches (a single batch size)."""
-    return {"batch_size": space.batch_sizes[0]} if len(space.batch_sizes) == 1 else {}
+def _record(result: Any, space: SearchSpace) -> TrialRecord:
+    error = last_line(result.error) if result.error is not None else None
+    fallback_id = "_".join(Path(result.path).name.split("_")[2:4])
+    return record_from_report(
+        fallback_id, dict(result.config or {}), dict(result.metrics or {}), error, space
+    )
 
 
-TRIAL_COLUMNS = [
-    "trial_id", "status", "reason", "baseline",
-    "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size",
-    "effective_batch_size", "oom_backoffs", "cpus_reserved", "host_bytes_in_flight",
-    "samples_per_s", "data_wait_frac", "util", "util_source", "device_util",
-    "ceiling_samples_per_s", "efficiency", "training_iteration", "time_total_s",
-    "finished_at", "node_id", "hostname", "hardware_class", "cpu_model", "node_cpus",
-    "gpu_name", "node_gpus", "ram_bytes", "cuda_visible_devices",
-]  # fmt: skip
+def _task_options(bundle: dict[str, float], node_id: str | None) -> dict[str, Any]:
+    """Ray task options for one bundle, pinned to ``node_id`` when given."""
+    options: dict[str, Any] = {
+        "num_cpus": bundle.get("CPU", 1),
+        "num_gpus": bundle.get("GPU", 0),
+        "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+    }
+    if node_id:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return options
 
 
-def trial_rows(grid: tune.ResultGrid, space: SearchSpace) -> list[dict[str, Any]]:
-    """One plain row per trial: config, last metrics, status and failure reason."""
-    rows = []
-    for result in grid:
-        metrics = dict(result.metrics or {})
+@dataclass(frozen=True)
+class RayMeasurer:
+    """Measurements as Ray tasks, each with its own bundle: the ceiling and verification
+    runs of a search (a :class:`~raytune_loader.verify.Measurer`)."""
+
+    cluster: RayCluster
+    gpus: float  # the GPU (fraction) each task reserves
+    node_cpus: float  # CPUs of the node the tasks run on (reservations are capped there)
+    node_id: str | None = None
+
+    def _bundle(self, cpus: float) -> dict[str, Any]:
+        return _task_options(self.cluster.bundle(cpus, self.gpus), self.node_id)
+
+    def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
+        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus)
+        ref = measure_task.options(**self._bundle(cpus)).remote(job, config, slot)
+        limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
         try:
-            config: LoaderConfig | None = LoaderConfig.from_trial_config(
-                {**space_constants(space), **result.config}
-            )
-        except (ConfigError, TypeError):  # a trial interrupted before Tune saved its config
-            config = None
-        if result.error is not None:
-            status, reason = "error", last_line(result.error)[:300]
-        elif metrics.get("failure"):
-            status, reason = "failed", f"{metrics['failure']}: {metrics.get('detail', '')}"
-        elif metrics.get("final"):
-            status, reason = "ok", ""
-        elif metrics.get("done"):  # Tune marks a trial done when ASHA stops it
-            status, reason = "stopped_early", "ASHA"
-        else:
-            status, reason = "interrupted", "the search was interrupted; --resume re-runs it"
-        row = {column: metrics.get(column) for column in TRIAL_COLUMNS}
-        row.update(config.kwargs() if config else {})
-        row.update(
-            trial_id=metrics.get("trial_id") or "_".join(Path(result.path).name.split("_")[2:4]),
-            status=status,
-            reason=reason,
-            baseline=(space.baseline_name(config) if config else None) or "",
-            finished_at=metrics.get("timestamp"),
-        )
-        rows.append(row)
-    return sorted(rows, key=lambda row: row["finished_at"] or 0)
+            return ray.get(ref, timeout=limit)
+        except ray.exceptions.GetTimeoutError:  # a sample that never returns, workers=0
+            ray.cancel(ref, force=True)
+            detail = f"no result after {limit:.0f}s (--trial-timeout)"
+            return TrialOutcome(config, cpus, 0, failure="timeout", detail=detail)
+        except ray.exceptions.RayError as exc:  # the task crashed or its worker died
+            return TrialOutcome(config, cpus, 0, failure="error", detail=last_line(exc))
+
+    def ceiling(
+        self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
+    ) -> tuple[int, float]:
+        ref = ceiling_task.options(**self._bundle(1)).remote(job, batch_size, windows)
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.cause from None  # the task's own exception, with its one-line message

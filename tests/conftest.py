@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,32 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | N
         timeout=timeout,
         env=full_env,
     )
+
+
+TINY_SEARCH = (
+    "--dataset", "synthetic-imagenet", "--synthetic-images", "96",
+    "--batch-size", "8", "--steps", "6", "--warmup-steps", "1", "--report-every", "3",
+    "--samples-per-trial", "64", "--verify-top", "1", "--verify-repeats", "2",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Searched:
+    """One real search, run once per test session and read by many tests."""
+
+    result: subprocess.CompletedProcess[str]
+    folder: Path  # results/synthetic-imagenet
+    ray_before: set[int]  # Ray daemons that ran before it
+
+
+@pytest.fixture(scope="session")
+def searched(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> Searched:
+    """``python -m raytune_loader.search`` end to end: 4 trials on 96 real JPEG files."""
+    tmp = tmp_path_factory.mktemp("search")
+    before = ray_processes()
+    result = run_cli(
+        *TINY_SEARCH, "--data-root", str(tiny_imagenet), "--num-samples", "4",
+        "--out", str(tmp / "results"), cwd=tmp,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Searched(result, tmp / "results" / "synthetic-imagenet", before)

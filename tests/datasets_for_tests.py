@@ -104,3 +104,12 @@ class ReaderPids(TensorImages):
         with open(self.log, "a") as handle:
             handle.write(f"{os.getpid()}\n")
         return super().__getitem__(index)
+
+
+def linear_model(num_classes: int = 10) -> torch.nn.Module:
+    """A model factory that takes ``num_classes=``."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))
+
+
+def not_a_model() -> object:
+    return "a string"

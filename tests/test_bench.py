@@ -17,7 +17,7 @@ from conftest import REPO, TESTS
 from raytune_loader import LoaderConfig, load_best_config
 from raytune_loader.bench import main, plan_from_config
 from raytune_loader.datasets import DatasetSpec
-from raytune_loader.measure import SegmentSpec
+from raytune_loader.job import SegmentSpec
 
 TINY_SEGMENT = {"warmup_steps": 1, "steps": 4, "report_every": 2, "compute_threads": 1}
 NAMES = ("tuned", "pytorch-default", "heuristic")

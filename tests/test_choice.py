@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import ray_processes, run_cli
+
+pytestmark = pytest.mark.slow  # real searches: pytest -m slow
 
 COMMON = (
     "--num-samples", "4", "--batch-size", "16", "--steps", "12", "--warmup-steps", "2",

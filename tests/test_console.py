@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from raytune_loader.search import TerminalProgress
+from raytune_loader.console import TerminalProgress
 from raytune_loader.tuner import TrialEvent
 
 BASELINE = {"num_workers": 0, "batch_size": 32}

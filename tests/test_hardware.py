@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.api import SearchOptions, _space
+from raytune_loader.api import search_space
 from raytune_loader.hardware import cgroup_cpu_limit, hardware_info, usable_cpus
+from raytune_loader.options import SearchOptions
 
 
 def test_cgroup_v2_quota(tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ def test_usable_cpus_follows_the_affinity_set(tmp_path: Path) -> None:
         os.sched_setaffinity(0, {min(before)})
         assert usable_cpus(tmp_path) == 1
         assert hardware_info()["usable_cpus"] == 1
-        space = _space(SearchOptions(), usable_cpus(), cuda=False, progress=None)  # type: ignore[arg-type]
+        space = search_space(SearchOptions(), usable_cpus(), cuda=False, progress=None)  # type: ignore[arg-type]
         assert space.max_workers == 1  # the space follows the CPUs we may use
         assert space.baselines()["heuristic"].num_workers == 1
     finally:

@@ -10,18 +10,9 @@ from torch import nn
 
 from datasets_for_tests import TensorImages
 from raytune_loader.datasets import DatasetSpec
-from raytune_loader.errors import DataPipelineError, TrialRefusedError
-from raytune_loader.measure import (
-    SegmentSpec,
-    TrialJob,
-    _Trainer,
-    bytes_in_flight,
-    cap_gpu_memory,
-    check_memory,
-    run_trial,
-    sample_nbytes,
-    train_segment,
-)
+from raytune_loader.errors import DataPipelineError
+from raytune_loader.job import SegmentSpec, TrialJob
+from raytune_loader.measure import _Trainer, run_trial, train_segment
 from raytune_loader.space import LoaderConfig
 
 SPEC = SegmentSpec(warmup_steps=2, steps=12, report_every=4)
@@ -100,27 +91,6 @@ def test_reports_every_interval_with_partial_metrics() -> None:
     assert all(r["final"] is False and r["samples_per_s"] > 0 for r in reports)
 
 
-def test_bytes_in_flight_counts_prefetched_and_pinned_batches() -> None:
-    sample = sample_nbytes((torch.zeros(3, 224, 224), torch.tensor(1)))
-    assert sample == 3 * 224 * 224 * 4 + 8
-    host, shm = bytes_in_flight(LoaderConfig(32, 4, 2, True, True), sample)
-    assert shm == 4 * 2 * 32 * sample
-    assert host == 2 * shm
-    assert bytes_in_flight(LoaderConfig(32), sample) == (32 * sample, 0)
-
-
-def test_refuses_what_would_not_fit_in_shm_or_ram() -> None:
-    config = LoaderConfig(256, 8, 8, False, True)
-    sample = 3 * 224 * 224 * 4
-    with pytest.raises(TrialRefusedError) as shm:
-        check_memory(config, sample, available_ram=64 << 30, free_shm=64 << 20)
-    assert shm.value.reason == "shm" and "--shm-size" in str(shm.value)
-    with pytest.raises(TrialRefusedError) as ram:
-        check_memory(config, sample, available_ram=1 << 30, free_shm=None)
-    assert ram.value.reason == "host_memory"
-    assert check_memory(LoaderConfig(8), sample, 64 << 30, 64 << 20) == 8 * sample
-
-
 def _job(dataset: str, data_root: str | None = None) -> TrialJob:
     return TrialJob(
         dataset=DatasetSpec(dataset, data_root),
@@ -185,16 +155,6 @@ def test_a_stalled_loader_times_out_and_leaves_no_process() -> None:
     assert _children() <= before
 
 
-def test_cold_slots_read_disjoint_samples_warm_ones_the_same() -> None:
-    from raytune_loader.measure import subset_indices
-
-    blocks = [set(subset_indices(1000, 100, seed=3, slot=k)) for k in range(10)]
-    assert all(len(b) == 100 for b in blocks)
-    assert len(set().union(*blocks)) == 1000  # ten trials, no sample read twice
-    assert subset_indices(1000, 100, 3) == subset_indices(1000, 100, 3, 0)
-    assert subset_indices(1000, 100, 3) != subset_indices(1000, 100, 4)
-
-
 def test_a_trial_past_its_time_limit_ends_with_reason_timeout() -> None:
     job = _job("datasets_for_tests:slow")  # 4 ms a sample: 32 ms a batch of 8
     job = TrialJob(**{**vars(job), "segment": SegmentSpec(1, 200, 100, time_limit_s=0.5)})
@@ -210,23 +170,8 @@ def test_with_a_ceiling_cpu_util_is_useful_work_over_the_window() -> None:
     ceiling = 1000.0
     metrics = train_segment(TensorImages(64, delay_s=0.01), _trainer(), config, SPEC,
                             ceiling=ceiling)  # fmt: skip
-    assert metrics.util == pytest.approx(min(1.0, metrics.samples_per_s / ceiling))
+    assert metrics.util == pytest.approx(metrics.samples_per_s / ceiling)
     assert metrics.util < 0.5  # 10 ms a sample: far below 1000 samples/s
-
-
-@pytest.mark.parametrize(("share", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, None), (0, None)])
-def test_a_fractional_gpu_share_caps_the_allocator(
-    monkeypatch: pytest.MonkeyPatch, share: float, expected: float | None
-) -> None:
-    """The CUDA boundary: --gpus-per-trial below 1 becomes the allocator's memory cap."""
-    applied: list[tuple[float, torch.device]] = []
-    monkeypatch.setattr(
-        torch.cuda, "set_per_process_memory_fraction", lambda f, d: applied.append((f, d))
-    )
-    cuda = torch.device("cuda")
-    assert cap_gpu_memory(share, cuda) == expected
-    assert applied == ([] if expected is None else [(expected, cuda)])
-    assert cap_gpu_memory(share, torch.device("cpu")) is None
 
 
 def test_every_measurement_applies_the_jobs_memory_share(
@@ -234,7 +179,7 @@ def test_every_measurement_applies_the_jobs_memory_share(
 ) -> None:
     from raytune_loader import measure
 
-    seen: list[float] = []
+    seen: list[float | None] = []
     monkeypatch.setattr(measure, "cap_gpu_memory", lambda share, device: seen.append(share))
     job = replace(_job("datasets_for_tests:fast"), gpu_memory_share=0.5)
     assert run_trial(job, LoaderConfig(batch_size=8)).failure is None

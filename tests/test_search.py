@@ -9,21 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ray_processes, run_cli
+from conftest import Searched, ray_processes, run_cli
 from raytune_loader import load_best_config
-from raytune_loader.api import SearchOptions, _prepare_data, _space
 from raytune_loader.search import main
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-
-    def warn(self, text: str) -> None:
-        self.warnings.append(text)
-
-    def stage(self, text: str) -> None:
-        pass
 
 
 @pytest.fixture
@@ -89,45 +77,13 @@ def test_bad_input_is_one_line_and_exit_2(
     assert ray_processes() <= before  # rejected before Ray starts
 
 
-def test_max_workers_above_usable_cpus_is_clipped_with_a_warning() -> None:
-    progress = _Recorder()
-    space = _space(SearchOptions(max_workers=64), usable=2, cuda=False, progress=progress)
-    assert space.max_workers == 2
-    assert "using 2" in progress.warnings[0]
-
-
-@pytest.mark.parametrize(("cold", "samples", "warned"), [(True, 64, True), (True, 208, False),
-                                                        (False, 64, False)])  # fmt: skip
-def test_cold_warns_when_a_trial_would_read_its_block_twice(
-    cold: bool, samples: int, warned: bool
-) -> None:
-    """Batches of 16 x (1 warm-up + 12 steps) = 208 samples a trial reads."""
-    progress = _Recorder()
-    opts = SearchOptions(dataset="datasets_for_tests:fast", cold=cold, batch_sizes=(8, 16),
-                         samples_per_trial=samples, steps=12, warmup_steps=1)  # fmt: skip
-    _prepare_data(opts, progress)
-    assert bool(progress.warnings) == warned
-    if warned:
-        assert "raise --samples-per-trial to 208" in progress.warnings[0]
-
-
-def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
-    before = ray_processes()
-    result = run_cli(
-        "--dataset", "synthetic-imagenet", "--data-root", str(tiny_imagenet),
-        "--synthetic-images", "96",
-        "--num-samples", "4", "--batch-size", "8", "--steps", "6", "--warmup-steps", "1",
-        "--report-every", "3", "--samples-per-trial", "64", "--verify-top", "1",
-        "--verify-repeats", "2", "--out", str(tmp_path / "results"),
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+def test_search_end_to_end(searched: Searched) -> None:
+    out = searched.result.stdout
     dashboard = out.index("Ray dashboard: http://127.0.0.1:")
     assert dashboard < out.index("[1/4]")  # URL printed before the first trial ends
     assert re.search(r"^tuned\s+\d", out, re.M) and re.search(r"^pytorch-default\s+0", out, re.M)
 
-    folder = tmp_path / "results" / "synthetic-imagenet"
+    folder = searched.folder
     best = json.loads((folder / "best_config.json").read_text())
     for key in ("schema_version", "dataset", "model", "objective", "loader", "metrics",
                 "baselines", "speedup", "hardware", "search", "created"):  # fmt: skip
@@ -139,7 +95,8 @@ def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
     assert metrics["util_source"] == "step-timing"
     assert len(metrics["samples_per_s"]["values"]) == 2
     assert metrics["samples_per_s"]["min"] <= metrics["samples_per_s"]["median"] > 0
-    assert metrics["ceiling_samples_per_s"] > 0 and 0 < metrics["efficiency"]["median"] < 1.5
+    assert metrics["ceiling_samples_per_s"] > 0
+    assert 0 < metrics["efficiency"]["median"] <= 1 or "too low" in metrics["ceiling_note"]
     assert best["speedup"]["vs_pytorch_default"] > 0
     assert best["hardware"]["usable_cpus"] >= 1 and best["search"]["trials"] == 4
 
@@ -163,9 +120,10 @@ def test_search_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
 
     loaded = load_best_config(folder / "best_config.json")
     assert loaded.loader.kwargs() == best["loader"]
-    assert ray_processes() <= before  # Ray shut down, nothing left behind
+    assert ray_processes() <= searched.ray_before  # Ray shut down, nothing left behind
 
 
+@pytest.mark.slow
 def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(tmp_path: Path) -> None:
     before = ray_processes()
     result = run_cli(

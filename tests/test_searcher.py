@@ -1,20 +1,19 @@
+"""The Tune searcher over Optuna's public ask-and-tell API."""
+
 from __future__ import annotations
 
-import optuna
+from pathlib import Path
 
+from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import SearchSpace
-from raytune_loader.tuner import _LoaderSearch
 
 
-def _searcher(space: SearchSpace, **kwargs) -> _LoaderSearch:
-    return _LoaderSearch(
-        space=space.define_by_run,
-        metric="util",
-        mode="max",
-        sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=2),
-        points_to_evaluate=[space.as_point(c) for c in space.baselines().values()],
-        **kwargs,
-    )
+def _searcher(space: SearchSpace, **kwargs) -> LoaderSearcher:
+    return LoaderSearcher(space, "util", seed=0, n_startup_trials=2, **kwargs)
+
+
+def _util(config: dict) -> float:
+    return 0.3 if config["num_workers"] == 0 else 0.5 + 0.01 * config["prefetch_factor"]
 
 
 def test_the_search_does_not_measure_a_configuration_twice() -> None:
@@ -24,8 +23,7 @@ def test_the_search_does_not_measure_a_configuration_twice() -> None:
     for i in range(9):  # the space holds 1 + 4 x 2 = 9 configurations
         config = searcher.suggest(f"t{i}")
         seen.append(tuple(sorted(config.items())))
-        util = 0.3 if config["num_workers"] == 0 else 0.5 + 0.01 * config["prefetch_factor"]
-        searcher.on_trial_complete(f"t{i}", {"util": util})
+        searcher.on_trial_complete(f"t{i}", {"util": _util(config)})
     assert len(set(seen)) == 9
     assert dict(seen[0])["num_workers"] == 0  # pytorch-default first
     assert dict(seen[1]) == {"num_workers": 1, "prefetch_factor": 2, "persistent_workers": True,
@@ -47,3 +45,26 @@ def test_cold_searches_give_every_trial_its_own_data_slot() -> None:
         slots.append(cold.suggest(f"c{i}")["data_slot"])
         cold.on_trial_complete(f"c{i}", {"util": 0.1 * i})
     assert slots == [0, 1, 2, 3]
+
+
+def test_saved_and_restored_it_goes_on_where_it_stopped(tmp_path: Path) -> None:
+    """Tune saves the searcher with the experiment; --resume restores it."""
+    space = SearchSpace(max_workers=2, batch_sizes=(8, 16), cuda=False, usable_cpus=2)
+    first = _searcher(space)
+    for i in range(4):
+        config = first.suggest(f"t{i}")
+        first.on_trial_complete(f"t{i}", {"util": _util(config)})
+    first.save(str(tmp_path / "searcher.pkl"))
+    restored = _searcher(space, deadline=0.0)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    # the same next proposal, and the deadline of the interrupted run no longer applies
+    assert restored.suggest("t4") == first.suggest("t4")
+
+
+def test_a_failed_trial_is_told_as_failed_not_as_a_value() -> None:
+    space = SearchSpace(max_workers=1, batch_sizes=(8,), cuda=False, usable_cpus=1)
+    searcher = _searcher(space)
+    searcher.suggest("t0")
+    searcher.on_trial_complete("t0", None, error=True)
+    trial = searcher._study.trials[0]  # noqa: SLF001 - our own study
+    assert trial.state.name == "FAIL"

@@ -1,7 +1,9 @@
+"""Choosing the winner from repeated verification runs."""
+
 from __future__ import annotations
 
 from raytune_loader.measure import SegmentMetrics, TrialOutcome
-from raytune_loader.selection import Candidate, Stats, select
+from raytune_loader.selection import Candidate, Stats, rotated, select
 from raytune_loader.space import LoaderConfig
 
 
@@ -75,37 +77,5 @@ def test_all_failed_gives_none() -> None:
     assert select([failed], "util") is None
 
 
-def test_after_an_oom_back_off_the_json_gives_the_batch_size_that_fits() -> None:
-    from raytune_loader.outcome import _fitting, metrics_of
-
-    config = LoaderConfig(batch_size=4096)
-    ran = TrialOutcome(
-        config, 1, 0, SegmentMetrics(100, 0.1, 0.9, "step-timing", None, 320, 1.0),
-        effective_batch_size=1024, oom_backoffs=2,
-    )  # fmt: skip
-    candidate = Candidate("top-1", config, (ran, ran))
-    assert _fitting(candidate).batch_size == 1024
-    metrics = metrics_of(candidate)
-    assert (metrics["requested_batch_size"], metrics["effective_batch_size"]) == (4096, 1024)
-    assert metrics["oom_backoffs"] == 4
-
-
-def test_trials_without_a_node_join_the_largest_class() -> None:
-    from raytune_loader.api import _rows_by_class
-
-    rows = [{"hardware_class": "a"}, {"hardware_class": "b"}, {"hardware_class": "b"}, {}]
-    groups = _rows_by_class(rows)
-    assert list(groups) == ["b", "a"] and len(groups["b"]) == 3
-
-
-def test_reports_cover_a_last_partial_interval() -> None:
-    from raytune_loader.measure import SegmentSpec
-
-    assert SegmentSpec(steps=50, report_every=20).reports == 3  # at 20, 40 and the final
-    assert SegmentSpec(steps=60, report_every=20).reports == 3
-
-
 def test_rotation_starts_each_round_one_later() -> None:
-    from raytune_loader.selection import rotated
-
     assert [name for _, name in rotated("abc", 3)] == list("abcbcacab")

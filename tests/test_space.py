@@ -77,20 +77,6 @@ def test_baselines_follow_the_contract() -> None:
     assert space.heuristic_note is None and cpu.heuristic_note is None
 
 
-def test_a_heuristic_clipped_by_max_workers_says_so_in_the_json() -> None:
-    from raytune_loader.outcome import _baselines
-    from raytune_loader.selection import Candidate
-
-    space = SearchSpace(max_workers=3, batch_sizes=(32,), cuda=False, usable_cpus=12)
-    assert space.baselines()[HEURISTIC].num_workers == 3
-    by_name = {name: Candidate(name, config, ()) for name, config in space.baselines().items()}
-    out = _baselines(by_name, space.heuristic_note)
-    assert out[HEURISTIC]["note"] == (
-        "num_workers is --max-workers 3, below the rule of thumb min(usable CPUs, 8) = 8"
-    )
-    assert "note" not in out[PYTORCH_DEFAULT]
-
-
 @pytest.mark.parametrize("cuda", [False, True])
 def test_enqueued_baselines_are_reproduced_by_the_space(cuda: bool) -> None:
     space = SearchSpace(max_workers=4, batch_sizes=(16, 32), cuda=cuda, usable_cpus=4)

@@ -1,0 +1,185 @@
+"""What the command lines print: live progress, the summary table, notes.
+
+The library reports through :class:`~raytune_loader.progress.Progress` and
+returns data; only the command-line modules (:mod:`~raytune_loader.search`,
+:mod:`~raytune_loader.bench`, :mod:`~raytune_loader.report`'s ``main``) print,
+and the search and the bench print through this module, so both show the same
+table.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from raytune_loader.errors import RaytuneLoaderError
+from raytune_loader.records import TrialRecord, trial_status
+from raytune_loader.report import summary_rows
+from raytune_loader.space import LoaderConfig
+
+WORDS = {"ok": "done", "stopped_early": "stopped early", "error": "error"}
+
+
+class TerminalProgress:
+    """Progress lines; counters redraw in place on a terminal, print plainly otherwise."""
+
+    def __init__(self, total_trials: int, objective: str, stream: TextIO = sys.stdout) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.total = total_trials
+        self.objective = objective
+        self.started = time.monotonic()
+        self.done: dict[str, str] = {}
+        self.running: set[str] = set()
+        self.best: tuple[float, str] | None = None
+        self._last_count: tuple[str, int] | None = None
+
+    def _line(self, text: str) -> None:
+        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
+        self.stream.flush()
+
+    def stage(self, text: str) -> None:
+        self._line(f"==> {text}")
+
+    def warn(self, text: str) -> None:
+        self._line(f"warning: {text}")
+
+    def count(self, what: str, done: int, total: int) -> None:
+        if self.tty:
+            end = "\n" if done == total else ""
+            self.stream.write(f"\r\033[K    {what}: {done}/{total}{end}")
+            self.stream.flush()
+        elif (what, done * 4 // max(total, 1)) != self._last_count or done == total:
+            self._last_count = (what, done * 4 // max(total, 1))
+            self._line(f"    {what}: {done}/{total}")
+
+    def trial(self, event: Any) -> None:
+        if event.kind == "result" and not event.metrics.get("final"):
+            self.running.add(event.trial_id)
+            return
+        if event.kind == "result":
+            return  # the final result is followed by "complete"
+        self.running.discard(event.trial_id)
+        metrics = event.metrics
+        label = _label(event.config)
+        # a completed trial is done, whether it ran to its end or ASHA stopped it
+        status = trial_status({**metrics, "done": True}, errored=event.kind == "error")
+        word = WORDS.get(status, f"failed ({metrics.get('failure')})")
+        self.done[event.trial_id] = word
+        value = metrics.get(self.objective)
+        if status == "ok" and value is not None and (self.best is None or value > self.best[0]):
+            self.best = (float(value), label)
+        self._line(self._trial_line(word, label, metrics))
+
+    def _trial_line(self, status: str, label: str, metrics: dict[str, Any]) -> str:
+        n = len(self.done)
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / n * (self.total - n) if n else 0.0
+        figures = ""
+        if status in ("done", "stopped early") and "samples_per_s" in metrics:
+            figures = (
+                f" {metrics['samples_per_s']:.0f} samples/s util {metrics.get('util', 0):.2f}"
+                f" wait {metrics.get('data_wait_frac', 0):.2f}"
+            )
+        best = f" | best {self.best[0]:.3g} ({self.best[1]})" if self.best else ""
+        counts = {s: list(self.done.values()).count(s) for s in ("done", "stopped early")}
+        failed = n - counts["done"] - counts["stopped early"]
+        return (
+            f"[{n}/{self.total}] {status}: {label}{figures}{best} | done {counts['done']}, "
+            f"stopped early {counts['stopped early']}, failed {failed} | "
+            f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left"
+        )
+
+
+def _label(config: dict[str, Any]) -> str:
+    try:
+        return LoaderConfig.from_trial_config(config).label()
+    except RaytuneLoaderError:
+        return str(config)
+
+
+HEADER = ("config", "workers", "prefetch", "pin", "persist", "batch", "samples/s", "range",
+          "util", "wait", "eff", "tuned x")  # fmt: skip
+WIDTHS = (16, 8, 9, 5, 8, 6, 11, 12, 6, 6, 6, 8)
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _join(cells: Sequence[str]) -> str:
+    first, *rest = (
+        cell.ljust(width) if i == 0 else cell.rjust(width)
+        for i, (cell, width) in enumerate(zip(cells, WIDTHS, strict=True))
+    )
+    return first + "".join(rest)
+
+
+def summary_table(best: dict[str, Any]) -> list[str]:
+    """Tuned and both baselines side by side; ``tuned x`` is the tuned speed over that
+    row's. ``best`` is ``best_config.json`` or the bench's figures, in the same shape."""
+    sections = {"tuned": best, **best["baselines"]}
+    lines = [_join(HEADER)]
+    for row in summary_rows(best):
+        efficiency = sections[row["config"]]["metrics"].get("efficiency")
+        cells = [
+            row["config"], str(row["num_workers"]), str(row["prefetch_factor"] or "-"),
+            "y" if row["pin_memory"] else "n", "y" if row["persistent_workers"] else "n",
+            str(row["batch_size"]), _number(row["samples_per_s"], ".0f"),
+            row["samples_per_s_range"] or "-", _number(row["util"], ".2f"),
+            _number(row["data_wait_frac"], ".2f"),
+            _number(efficiency["median"] if efficiency else None, ".2f"),
+            _number(row["tuned_speedup"], ".2f"),
+        ]  # fmt: skip
+        lines.append(_join(cells))
+    return lines
+
+
+def ceiling_line(metrics: dict[str, Any]) -> str | None:
+    """How close the tuned loader comes to a perfect one, or why that is unknown."""
+    if metrics.get("ceiling_note"):
+        return f"Note: {metrics['ceiling_note']}."
+    efficiency = (metrics.get("efficiency") or {}).get("median")
+    ceiling = metrics.get("ceiling_samples_per_s")
+    if efficiency and ceiling:
+        return (
+            f"The tuned loader reaches {efficiency:.0%} of a perfect loader's speed "
+            f"(the model on a batch already on the device: {ceiling:.0f} samples/s)."
+        )
+    return None
+
+
+def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdout) -> None:
+    print("", file=stream)
+    print("\n".join(summary_table(best)), file=stream)
+    line = ceiling_line(best["metrics"])
+    if line:
+        print(f"\n{line}", file=stream)
+    selection = best.get("selection", {})
+    if selection.get("decided_by_cost"):
+        print(
+            f"(chosen as the cheapest within noise of {selection['best_by_objective']})",
+            file=stream,
+        )
+    print(f"\nbest config: {out_dir}/best_config.json   report: {out_dir}/report.md", file=stream)
+    print(
+        f"use it: loader = load_best_config('{out_dir}/best_config.json').dataloader(dataset)",
+        file=stream,
+    )
+
+
+def notes(trials: Sequence[TrialRecord]) -> list[str]:
+    """What the user should know about trials that were refused or failed."""
+    out = []
+    refused = [r for r in trials if r.reason.startswith("shm")]
+    if refused:
+        out.append(
+            f"{len(refused)} configuration(s) did not fit in /dev/shm, which limited the search; "
+            "raise it (docker run --shm-size=8g, or a larger tmpfs) and search again"
+        )
+    failed = [r for r in trials if r.status in ("failed", "error")]
+    if failed:
+        out.append(f"{len(failed)} trial(s) failed; reasons are in trials.csv")
+    return out

@@ -1,0 +1,146 @@
+"""The job every measurement of a search repeats: :class:`TrialJob`, built in one place.
+
+A trial, the ceiling, a verification run, the bench and the experiments all
+train the same model on the same subset for the same segment; only the loader
+configuration changes. :func:`job_from_options` builds that job from
+:class:`~raytune_loader.options.SearchOptions` (the search's, or the ones the
+bench rebuilds from ``best_config.json``), and :func:`prepare_data` makes the
+data ready (generates the default dataset, checks it, pre-warms the subset).
+A new knob of the job is a field here, an option there, and one line in
+:func:`job_from_options`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from raytune_loader import datasets, hardware, synthetic
+from raytune_loader.errors import DatasetError
+from raytune_loader.options import SearchOptions
+from raytune_loader.progress import LogProgress, Progress
+
+log = logging.getLogger(__name__)
+DATA_SLOT = "data_slot"  # Tune config key: which disjoint subset a --cold trial reads
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """Length and fixed settings of the measured training segment (same for every trial)."""
+
+    warmup_steps: int = 5
+    steps: int = 60
+    report_every: int = 20
+    compute_threads: int = 1
+    loader_timeout_s: float = 120.0
+    time_limit_s: float = 600.0  # a trial slower than this ends with reason "timeout"
+
+    @property
+    def reports(self) -> int:
+        """Interim reports plus the final one: ASHA's ``max_t``."""
+        return max(1, -(-self.steps // self.report_every))
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Everything a measurement needs besides its candidate configuration."""
+
+    dataset: datasets.DatasetSpec
+    model: str
+    segment: SegmentSpec
+    device: str = "cpu"
+    samples_per_trial: int = 1024
+    seed: int = 0
+    min_batch_size: int = 1
+    cpus_per_worker: float = 1.0
+    node_cpus: float = 1.0
+    ceilings: dict[int, float] = field(default_factory=dict)
+    cold: bool = False
+    gpu_memory_share: float = 1.0  # of the GPU's memory each measurement may use
+
+
+def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
+    return datasets.DatasetSpec(opts.dataset, opts.data_root, opts.download, opts.synthetic_images)
+
+
+def job_from_options(
+    opts: SearchOptions,
+    model: str,
+    *,
+    device: str,
+    node_cpus: float,
+    gpu_memory_share: float = 1.0,
+) -> TrialJob:
+    """The one constructor of a :class:`TrialJob` (search, bench and experiments)."""
+    return TrialJob(
+        dataset=dataset_spec(opts),
+        model=model,
+        segment=SegmentSpec(
+            opts.warmup_steps,
+            opts.steps,
+            opts.report_every,
+            opts.compute_threads,
+            time_limit_s=opts.trial_timeout_s,
+        ),
+        device=device,
+        samples_per_trial=opts.samples_per_trial,
+        seed=opts.seed,
+        min_batch_size=opts.min_batch_size,
+        cpus_per_worker=opts.cpus_per_worker,
+        node_cpus=node_cpus,
+        cold=opts.cold,
+        gpu_memory_share=gpu_memory_share,
+    )
+
+
+def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[int]:
+    """The samples a trial reads: slot 0 is the fixed, pre-warmed subset every trial
+    shares; with ``--cold``, slot k is the k-th disjoint block of one permutation, so no
+    trial reads what an earlier one read (until the dataset is used up and wraps)."""
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(length, generator=generator)
+    count = min(count, length)
+    start = (slot * count) % length
+    return order.roll(-start)[:count].tolist()
+
+
+def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = None) -> int:
+    """Generate the default dataset if needed, check the data, pre-warm the subset.
+
+    Returns the dataset's length. Without ``--cold`` every measurement then starts
+    from the same page-cache state.
+    """
+    progress = progress or LogProgress()
+    spec = job.dataset
+    if spec.name == datasets.SYNTHETIC:
+        root = spec.resolved_root()
+        assert root is not None  # a synthetic spec always resolves to a folder
+        progress.stage(f"Synthetic ImageNet: {spec.synthetic_images} JPEG files in {root}")
+        synthetic.ensure_synthetic_imagenet(
+            root,
+            spec.synthetic_images,
+            processes=hardware.usable_cpus(),
+            progress=lambda done, total: progress.count("generating JPEG files", done, total),
+        )
+    full = datasets.build_dataset(spec)
+    length = len(full)  # type: ignore[arg-type]
+    if min(length, job.samples_per_trial) < largest_batch:
+        raise DatasetError(
+            f"{spec.name} has {length} samples, fewer than one batch of {largest_batch}; "
+            "use a smaller --batch-size or more data"
+        )
+    datasets.check_sample(full)
+    read = largest_batch * (job.segment.warmup_steps + job.segment.steps)
+    if job.cold and job.samples_per_trial < read:
+        progress.warn(
+            f"--cold: a trial reads up to {read} samples but its block holds "
+            f"{job.samples_per_trial}, so it reads some twice, from the page cache; "
+            f"raise --samples-per-trial to {read} for every read to be cold"
+        )
+    files = datasets.sample_files(full, subset_indices(length, job.samples_per_trial, job.seed))
+    if files and not job.cold:
+        progress.stage(f"Pre-warming {len(files)} files of the trial subset")
+        log.info("pre-warmed %.1f MB", datasets.prewarm(files) / 1e6)
+    return length

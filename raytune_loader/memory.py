@@ -1,0 +1,78 @@
+"""Memory a candidate configuration needs, checked before it starts.
+
+A DataLoader holds ``num_workers x prefetch_factor`` batches in flight, in shared
+memory (``/dev/shm``) and, when pinned, twice in host memory. :func:`check_memory`
+refuses a configuration whose batches would not fit, with the reason that
+``trials.csv`` records (``host_memory``, ``shm``). :func:`cap_gpu_memory` holds a
+measurement to its share of a GPU's memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from raytune_loader.errors import TrialRefusedError
+from raytune_loader.space import LoaderConfig
+
+log = logging.getLogger(__name__)
+SHM_SHARE = 0.5  # of free /dev/shm a trial may fill; Ray's object store lives there too
+RAM_SHARE = 0.5  # of available RAM
+
+
+def sample_nbytes(sample: Any) -> int:
+    """Bytes of the tensors in one collated-to-be sample."""
+    if isinstance(sample, torch.Tensor):
+        return sample.element_size() * sample.numel()
+    if isinstance(sample, (tuple, list)):
+        return sum(sample_nbytes(item) for item in sample)
+    if isinstance(sample, dict):
+        return sum(sample_nbytes(item) for item in sample.values())
+    return 8  # a Python number becomes one int64/float64
+
+
+def bytes_in_flight(config: LoaderConfig, sample_bytes: int) -> tuple[int, int]:
+    """(host bytes, /dev/shm bytes) held by batches the loader has prepared ahead."""
+    batch = sample_bytes * config.batch_size
+    batches = config.num_workers * (config.prefetch_factor or 0) if config.num_workers else 1
+    host = batch * batches * (2 if config.pin_memory else 1)
+    shm = batch * batches if config.num_workers else 0
+    return host, shm
+
+
+def check_memory(
+    config: LoaderConfig, sample_bytes: int, available_ram: int, free_shm: int | None
+) -> int:
+    """Refuse a configuration that would not fit; returns its host bytes in flight."""
+    host, shm = bytes_in_flight(config, sample_bytes)
+    if host > RAM_SHARE * available_ram:
+        raise TrialRefusedError(
+            "host_memory",
+            f"{config.label()} would hold {host / 2**20:.0f} MiB of batches in host memory, "
+            f"more than half of the {available_ram / 2**20:.0f} MiB available",
+        )
+    if free_shm is not None and shm > SHM_SHARE * free_shm:
+        raise TrialRefusedError(
+            "shm",
+            f"{config.label()} would put {shm / 2**20:.0f} MiB of batches in /dev/shm, which has "
+            f"{free_shm / 2**20:.0f} MiB free; raise it (docker run --shm-size=8g) or use "
+            "fewer workers or a smaller prefetch_factor",
+        )
+    return host
+
+
+def cap_gpu_memory(share: float, device: torch.device) -> float | None:
+    """Hold this process to ``share`` of the GPU's memory (``--gpus-per-trial`` below 1).
+
+    Two trials at ``--gpus-per-trial 0.5`` would otherwise take memory first come,
+    first served, and one of them would back off (or fail) depending on timing.
+    The ceiling and the verification runs get the same cap, so every measurement
+    of a search backs off at the same batch size. Returns the cap applied, or None.
+    """
+    if device.type != "cuda" or not 0 < share < 1:
+        return None
+    torch.cuda.set_per_process_memory_fraction(share, device)
+    log.info("GPU memory capped at %.0f%% (--gpus-per-trial)", share * 100)
+    return share

@@ -1,0 +1,122 @@
+"""What a search is asked to do: :class:`SearchOptions`, validated in one place.
+
+The command line fills these from its flags (``python -m raytune_loader.search``),
+the Python API takes them directly, and the bench rebuilds them from a
+``best_config.json``. :meth:`SearchOptions.validate` turns every impossible value
+into a :class:`~raytune_loader.errors.ConfigError` that names the flag.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from raytune_loader import synthetic
+from raytune_loader.datasets import SYNTHETIC
+from raytune_loader.errors import ConfigError
+
+OBJECTIVES = ("util", "samples_per_s")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Every knob of a search; defaults are the command line's."""
+
+    dataset: str = SYNTHETIC
+    data_root: str | None = None
+    download: bool = False
+    synthetic_images: int = synthetic.DEFAULT_IMAGES
+    model: str | None = None
+    num_samples: int = 12
+    time_budget_s: float | None = None
+    max_concurrent: int | None = None
+    gpus_per_trial: float | None = None
+    cpus_per_worker: float = 1.0
+    batch_sizes: tuple[int, ...] = (32,)
+    min_batch_size: int = 1
+    max_workers: int | None = None
+    objective: str = "util"
+    steps: int = 60
+    warmup_steps: int = 5
+    report_every: int = 20
+    samples_per_trial: int = 1024
+    compute_threads: int = 1
+    trial_timeout_s: float = 600.0
+    verify_top: int = 3
+    verify_repeats: int = 3
+    out: str = "results"
+    address: str | None = None
+    node_type: str | None = None
+    storage: str | None = None
+    dashboard_host: str = "127.0.0.1"
+    expose_dashboard: bool = False
+    resume: bool = False
+    seed: int = 0
+    cold: bool = False
+    verbose: bool = False
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first impossible value."""
+        self._check_counts()
+        self._check_batch_sizes()
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+        if not is_loopback(self.dashboard_host) and not self.expose_dashboard:
+            raise ConfigError(
+                f"--dashboard-host {self.dashboard_host} would expose the Ray dashboard beyond "
+                "this machine; add --expose-dashboard to confirm, or keep 127.0.0.1"
+            )
+
+    def _check_counts(self) -> None:
+        positive = {
+            "--num-samples": self.num_samples, "--steps": self.steps,
+            "--samples-per-trial": self.samples_per_trial, "--verify-repeats": self.verify_repeats,
+            "--compute-threads": self.compute_threads, "--report-every": self.report_every,
+            "--min-batch-size": self.min_batch_size, "--synthetic-images": self.synthetic_images,
+            "--max-concurrent": 1 if self.max_concurrent is None else self.max_concurrent,
+        }  # fmt: skip
+        for flag, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {value}")
+        non_negative = {
+            "--warmup-steps": self.warmup_steps, "--verify-top": self.verify_top,
+            "--max-workers": self.max_workers or 0, "--gpus-per-trial": self.gpus_per_trial or 0,
+        }  # fmt: skip
+        for flag, value in non_negative.items():
+            if value < 0:
+                raise ConfigError(f"{flag} must be 0 or more, got {value}")
+        strictly_positive = {
+            "--trial-timeout": self.trial_timeout_s, "--cpus-per-worker": self.cpus_per_worker,
+            "--time-budget": 1 if self.time_budget_s is None else self.time_budget_s,
+        }  # fmt: skip
+        for flag, value in strictly_positive.items():
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive, got {value}")
+        gpus = self.gpus_per_trial or 0
+        if gpus > 1 and not float(gpus).is_integer():
+            raise ConfigError(f"--gpus-per-trial above 1 must be a whole number, got {gpus}")
+
+    def _check_batch_sizes(self) -> None:
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise ConfigError(
+                f"batch sizes must be positive integers, got {list(self.batch_sizes)}"
+            )
+        if self.min_batch_size > min(self.batch_sizes):
+            raise ConfigError(
+                f"--min-batch-size ({self.min_batch_size}) must not exceed the smallest batch "
+                f"size ({min(self.batch_sizes)}); lower it or raise --batch-sizes"
+            )
+        if self.samples_per_trial < max(self.batch_sizes):
+            raise ConfigError(
+                f"--samples-per-trial ({self.samples_per_trial}) must hold at least one batch "
+                f"of the largest batch size ({max(self.batch_sizes)})"
+            )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,164 @@
+"""Measurements after (and before) the search: the ceiling and the verification rounds.
+
+The search, the bench and the experiments measure through one piece: a
+:class:`Measurer` runs one configuration, or the ceiling, on the job. The
+search's measurer starts Ray tasks with their own bundles
+(:class:`raytune_loader.tuner.RayMeasurer`); :class:`LocalMeasurer` runs in this
+process (the bench, the experiments). :func:`measure_ceilings` measures the
+model on a resident batch per batch size; :func:`verify` re-measures
+configurations one at a time, in rotated rounds so drift hits all alike, and
+re-measures the ceiling in every round beside them (one window each). A ceiling is a best case,
+which anything running beside it only slows, so the final ceiling is the
+highest of all its measurements, and every run's efficiency is taken against it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from raytune_loader.errors import SearchFailedError, UserInputError
+from raytune_loader.job import TrialJob
+from raytune_loader.measure import (
+    CEILING_WINDOWS,
+    TrialOutcome,
+    last_line,
+    measure_ceiling,
+    run_trial,
+)
+from raytune_loader.progress import Progress
+from raytune_loader.records import MEASURED, TrialRecord
+from raytune_loader.selection import Candidate, rotated
+from raytune_loader.space import LoaderConfig, SearchSpace
+
+log = logging.getLogger(__name__)
+CEILING = "ceiling"  # the ceiling's place in a verification round
+MeasuredFn = Callable[[int, int, str, int, TrialOutcome], None]
+
+
+class Measurer(Protocol):
+    def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome: ...
+    def ceiling(
+        self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
+    ) -> tuple[int, float]: ...
+
+
+class LocalMeasurer:
+    """Measurements in this process, one at a time, with the whole machine."""
+
+    def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
+        return run_trial(job, config, slot=slot)
+
+    def ceiling(
+        self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
+    ) -> tuple[int, float]:
+        return measure_ceiling(job, batch_size, windows)
+
+
+def measure_ceilings(
+    job: TrialJob,
+    batch_sizes: Sequence[int],
+    measurer: Measurer,
+    progress: Progress,
+    required: bool = True,
+) -> dict[int, float]:
+    """Samples/s on a resident batch, by the batch size that fit.
+
+    ``required``: a failure ends the search (SearchFailedError); otherwise it is
+    warned about and that batch size has no ceiling (the bench).
+    """
+    what = "measuring the ceiling (model on a resident batch)"
+    ceilings: dict[int, float] = {}
+    for i, batch_size in enumerate(batch_sizes):
+        progress.count(what, i, len(batch_sizes))
+        try:
+            effective, speed = measurer.ceiling(job, batch_size)
+        except UserInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever failed, there is no ceiling
+            if required:
+                raise SearchFailedError(
+                    f"cannot measure the model's ceiling: {last_line(exc)}"
+                ) from None
+            progress.warn(f"cannot measure the ceiling at batch size {batch_size}: {exc}")
+            continue
+        ceilings[effective] = max(speed, ceilings.get(effective, 0.0))
+        if effective != batch_size:
+            progress.warn(f"ceiling: batch size {batch_size} ran out of memory; {effective} fits")
+    progress.count(what, len(batch_sizes), len(batch_sizes))
+    return ceilings
+
+
+def verification_configs(
+    records: Sequence[TrialRecord], space: SearchSpace, top: int, objective: str
+) -> dict[str, LoaderConfig]:
+    """Both baselines, then the ``top`` best distinct configurations of the search
+    (finished trials before those ASHA stopped)."""
+    named: dict[str, LoaderConfig] = dict(space.baselines())
+    ranked = sorted(
+        (r for r in records if r.status in MEASURED and r.objective(objective) and r.config),
+        key=lambda r: (r.status == "ok", r.objective(objective) or 0.0),
+        reverse=True,
+    )
+    for record in ranked:
+        if len(named) >= 2 + top:
+            break
+        if record.config not in named.values():
+            named[f"top-{len(named) - 1}"] = record.config  # type: ignore[assignment]
+    return named
+
+
+@dataclass(frozen=True)
+class Verified:
+    """Each configuration's repeated runs, against the final ceiling of each batch size."""
+
+    candidates: list[Candidate]
+    ceilings: dict[int, float]
+
+
+def verify(
+    job: TrialJob,
+    configs: dict[str, LoaderConfig],
+    repeats: int,
+    measurer: Measurer,
+    on_measured: MeasuredFn | None = None,
+    slot_base: int = 0,
+) -> Verified:
+    """Each configuration ``repeats`` times, one at a time, the order rotated every round,
+    with the ceiling re-measured in each round at every batch size that has one."""
+    order = list(configs) + ([CEILING] if job.ceilings else [])
+    outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in configs}
+    ceilings = dict(job.ceilings)
+    total = len(configs) * repeats
+    done = 0
+    for repeat, name in rotated(order, repeats):
+        if name == CEILING:
+            _remeasure(job, measurer, ceilings)
+            continue
+        done += 1
+        # --cold: verification reads samples no trial read either
+        outcome = measurer.measure(job, configs[name], slot_base + done)
+        outcomes[name].append(outcome)
+        if on_measured is not None:
+            on_measured(done, total, name, repeat + 1, outcome)
+    candidates = [
+        Candidate(name, configs[name], tuple(_rebased(o, ceilings) for o in outcomes[name]))
+        for name in configs
+    ]
+    return Verified(candidates, ceilings)
+
+
+def _remeasure(job: TrialJob, measurer: Measurer, ceilings: dict[int, float]) -> None:
+    for batch_size in sorted(job.ceilings):
+        try:
+            effective, speed = measurer.ceiling(job, batch_size, windows=1)
+        except Exception as exc:  # noqa: BLE001 - the earlier ceiling still stands
+            log.warning("re-measuring the ceiling at %d failed: %s", batch_size, last_line(exc))
+            continue
+        ceilings[effective] = max(speed, ceilings.get(effective, 0.0))
+
+
+def _rebased(outcome: TrialOutcome, ceilings: dict[int, float]) -> TrialOutcome:
+    return outcome.rebased(ceilings.get(outcome.effective_batch_size or 0))

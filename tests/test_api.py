@@ -1,0 +1,70 @@
+"""The search as a Python API: the space it builds, the data it prepares, what it writes."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from conftest import Searched
+from raytune_loader import SearchOptions
+from raytune_loader.api import search_space
+from raytune_loader.job import job_from_options, prepare_data
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+    def stage(self, text: str) -> None:
+        pass
+
+    def count(self, what: str, done: int, total: int) -> None:
+        pass
+
+
+def test_max_workers_above_usable_cpus_is_clipped_with_a_warning() -> None:
+    progress = _Recorder()
+    space = search_space(SearchOptions(max_workers=64), usable=2, cuda=False, progress=progress)
+    assert space.max_workers == 2
+    assert "using 2" in progress.warnings[0]
+
+
+@pytest.mark.parametrize(("cold", "samples", "warned"), [(True, 64, True), (True, 208, False),
+                                                        (False, 64, False)])  # fmt: skip
+def test_cold_warns_when_a_trial_would_read_its_block_twice(
+    cold: bool, samples: int, warned: bool
+) -> None:
+    """Batches of 16 x (1 warm-up + 12 steps) = 208 samples a trial reads."""
+    progress = _Recorder()
+    opts = SearchOptions(dataset="datasets_for_tests:fast", cold=cold, batch_sizes=(8, 16),
+                         samples_per_trial=samples, steps=12, warmup_steps=1)  # fmt: skip
+    prepare_data(job_from_options(opts, "small-cnn", device="cpu", node_cpus=2), 16, progress)
+    assert bool(progress.warnings) == warned
+    if warned:
+        assert "raise --samples-per-trial to 208" in progress.warnings[0]
+
+
+def test_every_figure_is_against_one_final_ceiling(searched: Searched) -> None:
+    """The ceiling is re-measured beside verification; trials.csv and the JSON use the
+    highest measurement, so efficiency and CPU util are shares of the same number."""
+    best = json.loads((searched.folder / "best_config.json").read_text())
+    ceiling = best["metrics"]["ceiling_samples_per_s"]
+    with open(searched.folder / "trials.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["samples_per_s"]]
+    assert rows and {float(r["ceiling_samples_per_s"]) for r in rows} == {ceiling}
+    for row in rows:
+        speed = float(row["samples_per_s"])
+        assert float(row["efficiency"]) == pytest.approx(speed / ceiling)
+        assert float(row["util"]) == pytest.approx(speed / ceiling)  # step-timing on a CPU
+
+
+def test_the_record_says_how_the_search_ran(searched: Searched) -> None:
+    search = json.loads((searched.folder / "best_config.json").read_text())["search"]
+    assert search["sampler"] == "optuna TPESampler(seed=0, n_startup_trials=4)"
+    assert search["scheduler"] == "ASHA(max_t=2, grace_period=1, reduction_factor=2)"
+    assert search["trials"] == 4 and search["ok"] + search["stopped_early"] == 4

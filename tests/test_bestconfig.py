@@ -1,0 +1,49 @@
+"""The content of best_config.json, from verification candidates and trial records."""
+
+from __future__ import annotations
+
+from raytune_loader.bestconfig import _baselines, _fitting, metrics_of
+from raytune_loader.measure import SegmentMetrics, TrialOutcome
+from raytune_loader.selection import Candidate
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
+
+
+def _run(config: LoaderConfig, speed: float, ceiling: float | None = None, **extra) -> TrialOutcome:
+    metrics = SegmentMetrics(speed, 0.1, 0.9, "step-timing", None, 320, 1.0)
+    return TrialOutcome(config, 1, 0, metrics, ceiling_samples_per_s=ceiling, **extra)
+
+
+def test_after_an_oom_back_off_the_json_gives_the_batch_size_that_fits() -> None:
+    config = LoaderConfig(batch_size=4096)
+    ran = _run(config, 100, effective_batch_size=1024, oom_backoffs=2)
+    candidate = Candidate("top-1", config, (ran, ran))
+    assert _fitting(candidate).batch_size == 1024
+    metrics = metrics_of(candidate)
+    assert (metrics["requested_batch_size"], metrics["effective_batch_size"]) == (4096, 1024)
+    assert metrics["oom_backoffs"] == 4
+
+
+def test_a_heuristic_clipped_by_max_workers_says_so_in_the_json() -> None:
+    space = SearchSpace(max_workers=3, batch_sizes=(32,), cuda=False, usable_cpus=12)
+    assert space.baselines()[HEURISTIC].num_workers == 3
+    by_name = {name: Candidate(name, config, ()) for name, config in space.baselines().items()}
+    out = _baselines(by_name, space.heuristic_note)
+    assert out[HEURISTIC]["note"] == (
+        "num_workers is --max-workers 3, below the rule of thumb min(usable CPUs, 8) = 8"
+    )
+    assert "note" not in out[PYTORCH_DEFAULT]
+
+
+def test_efficiency_is_the_median_share_of_the_ceiling() -> None:
+    config = LoaderConfig(batch_size=32)
+    candidate = Candidate("tuned", config, tuple(_run(config, s, 400.0) for s in (200, 300, 320)))
+    metrics = metrics_of(candidate)
+    assert metrics["efficiency"]["median"] == 0.75 and "ceiling_note" not in metrics
+
+
+def test_an_efficiency_above_one_is_reported_as_a_ceiling_too_low() -> None:
+    config = LoaderConfig(batch_size=32)
+    candidate = Candidate("tuned", config, tuple(_run(config, s, 300.0) for s in (330, 360)))
+    metrics = metrics_of(candidate)
+    assert metrics["efficiency"] is None
+    assert "measured too low" in metrics["ceiling_note"] and "1.15" in metrics["ceiling_note"]

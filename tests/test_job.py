@@ -1,0 +1,35 @@
+"""The job every measurement repeats, and the data it reads."""
+
+from __future__ import annotations
+
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.job import SegmentSpec, job_from_options, subset_indices
+from raytune_loader.options import SearchOptions
+
+
+def test_cold_slots_read_disjoint_samples_warm_ones_the_same() -> None:
+    blocks = [set(subset_indices(1000, 100, seed=3, slot=k)) for k in range(10)]
+    assert all(len(b) == 100 for b in blocks)
+    assert len(set().union(*blocks)) == 1000  # ten trials, no sample read twice
+    assert subset_indices(1000, 100, 3) == subset_indices(1000, 100, 3, 0)
+    assert subset_indices(1000, 100, 3) != subset_indices(1000, 100, 4)
+
+
+def test_reports_cover_a_last_partial_interval() -> None:
+    assert SegmentSpec(steps=50, report_every=20).reports == 3  # at 20, 40 and the final
+    assert SegmentSpec(steps=60, report_every=20).reports == 3
+
+
+def test_the_job_takes_every_knob_from_the_options() -> None:
+    opts = SearchOptions(
+        dataset="imagefolder", data_root="/data", steps=7, warmup_steps=2, report_every=3,
+        compute_threads=2, trial_timeout_s=30, samples_per_trial=99, seed=5, min_batch_size=4,
+        cpus_per_worker=0.5, cold=True,
+    )  # fmt: skip
+    job = job_from_options(opts, "resnet18", device="cuda", node_cpus=16, gpu_memory_share=0.5)
+    assert job.dataset == DatasetSpec("imagefolder", "/data", False, opts.synthetic_images)
+    assert job.segment == SegmentSpec(2, 7, 3, 2, time_limit_s=30)
+    assert (job.model, job.device, job.node_cpus, job.gpu_memory_share) == (
+        "resnet18", "cuda", 16, 0.5)  # fmt: skip
+    assert (job.samples_per_trial, job.seed, job.min_batch_size) == (99, 5, 4)
+    assert (job.cpus_per_worker, job.cold, job.ceilings) == (0.5, True, {})

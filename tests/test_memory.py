@@ -1,0 +1,46 @@
+"""Memory a configuration needs: refused before it starts when it would not fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raytune_loader.errors import TrialRefusedError
+from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
+from raytune_loader.space import LoaderConfig
+
+
+def test_bytes_in_flight_counts_prefetched_and_pinned_batches() -> None:
+    sample = sample_nbytes((torch.zeros(3, 224, 224), torch.tensor(1)))
+    assert sample == 3 * 224 * 224 * 4 + 8
+    host, shm = bytes_in_flight(LoaderConfig(32, 4, 2, True, True), sample)
+    assert shm == 4 * 2 * 32 * sample
+    assert host == 2 * shm
+    assert bytes_in_flight(LoaderConfig(32), sample) == (32 * sample, 0)
+
+
+def test_refuses_what_would_not_fit_in_shm_or_ram() -> None:
+    config = LoaderConfig(256, 8, 8, False, True)
+    sample = 3 * 224 * 224 * 4
+    with pytest.raises(TrialRefusedError) as shm:
+        check_memory(config, sample, available_ram=64 << 30, free_shm=64 << 20)
+    assert shm.value.reason == "shm" and "--shm-size" in str(shm.value)
+    with pytest.raises(TrialRefusedError) as ram:
+        check_memory(config, sample, available_ram=1 << 30, free_shm=None)
+    assert ram.value.reason == "host_memory"
+    assert check_memory(LoaderConfig(8), sample, 64 << 30, 64 << 20) == 8 * sample
+
+
+@pytest.mark.parametrize(("share", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, None), (0, None)])
+def test_a_fractional_gpu_share_caps_the_allocator(
+    monkeypatch: pytest.MonkeyPatch, share: float, expected: float | None
+) -> None:
+    """The CUDA boundary: --gpus-per-trial below 1 becomes the allocator's memory cap."""
+    applied: list[tuple[float, torch.device]] = []
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, d: applied.append((f, d))
+    )
+    cuda = torch.device("cuda")
+    assert cap_gpu_memory(share, cuda) == expected
+    assert applied == ([] if expected is None else [(expected, cuda)])
+    assert cap_gpu_memory(share, torch.device("cpu")) is None

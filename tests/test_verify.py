@@ -1,0 +1,102 @@
+"""Verification: rotated rounds, the ceiling re-measured beside them, one final ceiling."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.errors import SearchFailedError
+from raytune_loader.job import SegmentSpec, TrialJob
+from raytune_loader.measure import TrialOutcome
+from raytune_loader.records import TrialRecord
+from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.verify import LocalMeasurer, measure_ceilings, verification_configs, verify
+
+JOB = TrialJob(
+    dataset=DatasetSpec("datasets_for_tests:fast"),
+    model="small-cnn",
+    segment=SegmentSpec(warmup_steps=1, steps=4, report_every=4),
+    samples_per_trial=64,
+    node_cpus=2,
+)
+
+
+class ScriptedCeilings(LocalMeasurer):
+    """Real measurements in this process; the ceiling's readings come from a script, and
+    every call is logged, so the order and the arithmetic can be checked exactly."""
+
+    def __init__(self, ceilings: list[float]) -> None:
+        self.ceilings = ceilings
+        self.calls: list[str] = []
+
+    def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
+        self.calls.append(f"w{config.num_workers}@{slot}")
+        return super().measure(job, config, slot)
+
+    def ceiling(self, job: TrialJob, batch_size: int, windows: int = 3) -> tuple[int, float]:
+        self.calls.append(f"ceiling x{windows}")
+        return batch_size, self.ceilings.pop(0)
+
+
+class _Quiet:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def count(self, what: str, done: int, total: int) -> None:
+        pass
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+def test_rounds_rotate_with_the_ceiling_and_every_run_uses_the_highest_ceiling() -> None:
+    configs = {"a": LoaderConfig(8), "b": LoaderConfig(8, 1, 2, False, True)}
+    measurer = ScriptedCeilings([5000.0, 9000.0])
+    seen: list[tuple[int, int, str, int]] = []
+    verified = verify(
+        replace(JOB, ceilings={8: 4000.0}), configs, 2, measurer,
+        on_measured=lambda done, total, name, repeat, _: seen.append((done, total, name, repeat)),
+        slot_base=10,
+    )  # fmt: skip
+    assert measurer.calls == ["w0@11", "w1@12", "ceiling x1", "w1@13", "ceiling x1", "w0@14"]
+    assert seen == [(1, 4, "a", 1), (2, 4, "b", 1), (3, 4, "b", 2), (4, 4, "a", 2)]
+    assert verified.ceilings == {8: 9000.0}
+    for candidate in verified.candidates:
+        for outcome in candidate.outcomes:
+            assert outcome.metrics is not None and outcome.ceiling_samples_per_s == 9000.0
+            assert outcome.efficiency == pytest.approx(outcome.metrics.samples_per_s / 9000.0)
+            assert outcome.metrics.util == pytest.approx(outcome.efficiency)  # CPU util
+
+
+def test_a_ceiling_that_fails_ends_a_search_but_only_warns_the_bench() -> None:
+    class Failing(LocalMeasurer):
+        def ceiling(self, job: TrialJob, batch_size: int, windows: int = 3) -> tuple[int, float]:
+            raise RuntimeError("the model raised")
+
+    with pytest.raises(SearchFailedError, match="RuntimeError: the model raised"):
+        measure_ceilings(JOB, [8], Failing(), _Quiet())
+    quiet = _Quiet()
+    assert measure_ceilings(JOB, [8], Failing(), quiet, required=False) == {}
+    assert "batch size 8" in quiet.warnings[0]
+
+
+def test_the_real_ceiling_is_measured_in_this_process() -> None:
+    ((batch, speed),) = measure_ceilings(JOB, [8], LocalMeasurer(), _Quiet()).items()
+    assert batch == 8 and speed > 0
+
+
+def test_verification_takes_both_baselines_and_the_best_distinct_trials() -> None:
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2)
+    two = LoaderConfig(8, 2, 4, False, True)
+    one = LoaderConfig(8, 1, 2, False, False)
+    records = [
+        TrialRecord("t1", "ok", config=space.baselines()["heuristic"], util=0.9),
+        TrialRecord("t2", "stopped_early", config=one, util=0.95),  # stopped: ranked after ok
+        TrialRecord("t3", "ok", config=two, util=0.8),
+        TrialRecord("t4", "failed", config=LoaderConfig(8, 2, 8, False, True), util=0.99),
+    ]
+    configs = verification_configs(records, space, top=2, objective="util")
+    assert list(configs) == ["pytorch-default", "heuristic", "top-1", "top-2"]
+    assert (configs["top-1"], configs["top-2"]) == (two, one)
