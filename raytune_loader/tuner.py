@@ -246,6 +246,9 @@ def _new_tuner(
             scheduler=scheduler,
             num_samples=settings.num_samples,
             max_concurrent_trials=settings.max_concurrent,
+            # a trial with the same bundle runs in the last one's process: no new
+            # interpreter, imports or dataset listing (measure.py keeps nothing else)
+            reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             name=settings.name,
