@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU path for real, on a machine with one NVIDIA GPU and ~16 cores, in about
-# 7 minutes (the stage limits add up to 8): the search on synthetic-imagenet with resnet50 on CUDA (NVML per-process
-# utilization, two trials sharing the GPU at 0.5 each, every measurement capped at
-# half its memory), the OOM back-off forced by a batch size that cannot fit in that half,
-# then the baselines and limits benchmarks. Everything lands in results/gpu/.
+# 7 minutes (the stage limits add up to 8): the ceilings of resnet50 in fp32, TF32, bf16
+# and bf16 + channels-last side by side; the search on synthetic-imagenet with resnet50
+# as people train it on such a card (bf16 autocast, channels-last, batch 256; NVML
+# per-process utilization, two trials sharing the GPU at 0.5 each, every measurement
+# capped at half its memory, the OOM back-off forced by a batch size that cannot fit in
+# that half); then the baselines and limits benchmarks. Everything lands in results/gpu/.
 #
 #   bash experiments/gpu_check.sh          (PYTHON=python3.12 to pick the interpreter)
 #
@@ -40,11 +42,15 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run, log to $out/NAME.log, keep the 
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
-# 1. The search. Batch 1024 of resnet50 in fp32 needs more than half of an H200 (the
-#    cap of a 0.5-GPU trial), so it backs off to 512; 256 fits. The benchmarks below
-#    read the same embedded dataset.
-stage search 280 "$py" -m raytune_loader.search --samples-per-trial 1024 \
-    --batch-sizes 256,1024 --min-batch-size 128 --gpus-per-trial 0.5 --num-samples 8 \
+# 0. The step the loader must feed: resnet50's ceiling at batch 256 in each precision
+#    (results/gpu/precision.json), one window of 20 steps, 2 rounds.
+stage precision 60 env BENCH_DIR="$out" "$py" experiments/precision.py --rounds 2 --steps 20
+
+# 1. The search, in the defaults a GPU gets (bf16, channels-last). Batch 2048 of
+#    resnet50 needs more than half of an H200 (the cap of a 0.5-GPU trial), so it backs
+#    off; 256 fits. The benchmarks below read the same embedded dataset.
+stage search 250 "$py" -m raytune_loader.search --samples-per-trial 2048 \
+    --batch-sizes 256,2048 --min-batch-size 128 --gpus-per-trial 0.5 --num-samples 8 \
     --time-budget 60 --steps 20 --report-every 10 --warmup-steps 3 --verify-top 1 \
     --verify-repeats 1 --out "$out/search"
 found=$out/search/synthetic-imagenet
@@ -52,9 +58,9 @@ rm -rf "$found/tune"  # Tune's own folder is large; the CSV, JSON and report sta
 
 # 2. Benchmarks 1 (tuned vs the usual choices) and 4 (the physical limit) on the GPU.
 if [ -f "$found/best_config.json" ]; then
-    stage baselines 140 env BENCH_DIR="$out" "$py" experiments/baselines.py \
+    stage baselines 110 env BENCH_DIR="$out" "$py" experiments/baselines.py \
         --config "$found/best_config.json" --repeats 2 --steps 20
-    stage limits 60 env BENCH_DIR="$out" "$py" experiments/limits.py \
+    stage limits 50 env BENCH_DIR="$out" "$py" experiments/limits.py \
         --config "$found/best_config.json" --steps 20
 else
     echo "no best_config.json: benchmarks skipped" | tee -a "$out/stages.txt"

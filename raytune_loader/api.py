@@ -21,7 +21,8 @@ from typing import Any
 
 from raytune_loader import hardware, records
 from raytune_loader.bestconfig import SearchContext, best_config
-from raytune_loader.errors import ConfigError, SearchInterruptedError
+from raytune_loader.errors import ConfigError, ModelError, SearchInterruptedError
+from raytune_loader.factories import import_factory
 from raytune_loader.job import TrialJob, dataset_spec, job_from_options, prepare_data
 from raytune_loader.models import default_model, validate_model
 from raytune_loader.options import SearchOptions, is_loopback
@@ -53,8 +54,9 @@ def search_space(
                 f"--max-workers {max_workers} is more than the {usable} usable CPUs; using {usable}"
             )
         max_workers = usable
+    batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
     return SearchSpace(
-        max_workers=max_workers, batch_sizes=tuple(opts.batch_sizes), cuda=cuda, usable_cpus=usable
+        max_workers=max_workers, batch_sizes=batch_sizes, cuda=cuda, usable_cpus=usable
     )
 
 
@@ -70,13 +72,19 @@ def _gpus_per_trial(opts: SearchOptions, cuda: bool) -> float:
     return opts.gpus_per_trial
 
 
-def _job(opts: SearchOptions, progress: Progress) -> tuple[TrialJob, float, Path]:
-    """Check everything that can be checked before Ray starts: (job, GPUs per trial, out)."""
-    opts.validate()
+def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJob, float, Path]:
+    """Check all that can be checked before Ray starts: (the options with the device's
+    defaults filled in, the job, GPUs per trial, the results folder)."""
     cuda = hardware.cuda_available()
+    opts = opts.for_device(cuda and opts.gpus_per_trial != 0)
+    opts.validate()
     gpus_per_trial = _gpus_per_trial(opts, cuda)
     model = opts.model or default_model(cuda)
-    validate_model(model)
+    if opts.train_step:
+        import_factory(opts.train_step, kind="train step", error=ModelError)
+        model = opts.train_step
+    else:
+        validate_model(model)
     if not opts.address:  # on a cluster the bounds follow its nodes, known once joined
         search_space(opts, hardware.usable_cpus(), cuda and gpus_per_trial > 0, progress)
     out_dir = Path(opts.out) / dataset_spec(opts).slug
@@ -88,7 +96,17 @@ def _job(opts: SearchOptions, progress: Progress) -> tuple[TrialJob, float, Path
         node_cpus=hardware.usable_cpus(),
         gpu_memory_share=gpus_per_trial if 0 < gpus_per_trial < 1 else 1.0,
     )
-    return job, gpus_per_trial, out_dir
+    return opts, job, gpus_per_trial, out_dir
+
+
+def describe_step(job: TrialJob) -> str:
+    """How the job trains, for the banner: ``resnet50, bf16, channels-last, compiled``."""
+    if job.train_step:
+        return f"--train-step {job.train_step}"
+    parts = [job.model, job.precision]
+    parts += ["channels-last"] if job.channels_last else []
+    parts += ["compiled"] if job.compile else []
+    return ", ".join(parts)
 
 
 def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchResult:
@@ -98,7 +116,8 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
 
     progress = progress or LogProgress()
     started = time.time()
-    job, gpus_per_trial, out_dir = _job(opts, progress)
+    opts, job, gpus_per_trial, out_dir = _job(opts, progress)
+    assert opts.batch_sizes is not None  # filled in for the device
     prepare_data(job, max(opts.batch_sizes), progress)
     if not is_loopback(opts.dashboard_host):
         progress.warn(
@@ -123,7 +142,8 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             storage=storage, name=name, resume=resume, verbose=opts.verbose,
         )  # fmt: skip
         progress.stage(
-            f"Searching {opts.num_samples} configurations of {job.model} on {job.dataset.name} "
+            f"Searching {opts.num_samples} configurations of {describe_step(job)} on "
+            f"{job.dataset.name}, batch {'/'.join(map(str, space.batch_sizes))} on {job.device} "
             f"({max_concurrent} at a time, objective {opts.objective})"
         )
         run = tuner.run_tune(job, space, settings, cluster, progress.trial)

@@ -29,11 +29,13 @@ from raytune_loader.bestconfig import metrics_of
 from raytune_loader.console import ceiling_line, summary_table
 from raytune_loader.errors import (
     ConfigError,
+    ModelError,
     OutputError,
     RaytuneLoaderError,
     SearchFailedError,
     UserInputError,
 )
+from raytune_loader.factories import import_factory
 from raytune_loader.job import SegmentSpec, TrialJob, job_from_options, prepare_data
 from raytune_loader.measure import TrialOutcome
 from raytune_loader.models import validate_model
@@ -108,7 +110,7 @@ def options_from_file(
     search = _search_section(best)
     try:
         spec, segment = dict(search["dataset_spec"]), SegmentSpec(**search["segment"])
-        return SearchOptions(
+        values: dict[str, Any] = dict(
             dataset=str(spec["name"]),
             data_root=data_root or spec.get("data_root"),
             download=bool(spec.get("download", False)),
@@ -123,10 +125,28 @@ def options_from_file(
             seed=int(search["seed"]),
             cpus_per_worker=float(search.get("cpus_per_worker", 1.0)),
         )
+        values.update(_job_options(best, str(search["device"])))
+        return SearchOptions(**values)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
             f"{best.path}: invalid search section ({exc!r}); re-run the search"
         ) from None
+
+
+def _job_options(best: BestConfig, device: str) -> dict[str, Any]:
+    """How the search trained (the ``job`` section); files written before it existed
+    trained in PyTorch's default precision (cuDNN in TF32 on a GPU), fp32 format."""
+    job = best.data.get("job")
+    if not isinstance(job, dict):
+        return {"precision": "fp32" if device == "cpu" else "tf32", "channels_last": False}
+    train_step = job.get("train_step") or None
+    return {
+        "precision": str(job["precision"]),
+        "channels_last": bool(job["channels_last"]),
+        "compile": bool(job.get("compile", False)),
+        "train_step": train_step,
+        **({"model": None} if train_step else {}),
+    }
 
 
 def plan_from_config(
@@ -134,8 +154,12 @@ def plan_from_config(
 ) -> BenchPlan:
     """What to measure, from a validated ``best_config.json``, on this machine."""
     opts = options_from_file(best, steps, data_root)
-    assert opts.model is not None
-    validate_model(opts.model)
+    model = opts.train_step or opts.model
+    assert model is not None
+    if opts.train_step:
+        import_factory(opts.train_step, kind="train step", error=ModelError)
+    else:
+        validate_model(model)
     device, note = _device(str(_search_section(best)["device"]))
     configs = _configs(best)
     largest = max(config.batch_size for config in configs.values())
@@ -144,7 +168,7 @@ def plan_from_config(
             f"{best.path}: search.samples_per_trial ({opts.samples_per_trial}) is smaller than "
             f"a batch ({largest})"
         )
-    job = job_from_options(opts, opts.model, device=device, node_cpus=hardware.usable_cpus())
+    job = job_from_options(opts, model, device=device, node_cpus=hardware.usable_cpus())
     return BenchPlan(job, configs, (note,) if note else ())
 
 

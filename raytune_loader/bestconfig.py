@@ -148,6 +148,7 @@ def best_config(
             "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
             "metric": "samples_per_s (median of verification runs)",
         },
+        "job": job_section(ctx.job, ctx.space, _fitting(winner).batch_size),
         "hardware": _hardware(ctx, records),
         "search": {
             "trials": len(records),
@@ -177,6 +178,32 @@ def best_config(
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def job_section(job: TrialJob, space: SearchSpace, chosen_batch_size: int) -> dict[str, Any]:
+    """What was trained and how, so the bench replays it (``load_best_config`` ignores it).
+
+    A batch size changes training dynamics: the user's own (the first asked) stays
+    beside the one that won, and a note says when they differ."""
+    requested = space.batch_sizes[0]
+    out: dict[str, Any] = {
+        "model": job.model,
+        "train_step": job.train_step,
+        "precision": job.precision,
+        "channels_last": job.channels_last,
+        "compile": job.compile,
+        "device": job.device,
+        "compute_threads": job.segment.compute_threads,
+        "batch_sizes_asked": list(space.batch_sizes),
+        "requested_batch_size": requested,
+    }
+    if chosen_batch_size != requested:
+        out["batch_size_note"] = (
+            f"the tuned loader uses batch size {chosen_batch_size}, not your {requested}: a "
+            "candidate, since it changes training dynamics (learning rate, normalization); "
+            f"keep yours with .dataloader(dataset, batch_size={requested})"
+        )
+    return out
 
 
 def _baselines(by_name: dict[str, Candidate], heuristic_note: str | None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from raytune_loader import datasets, hardware, synthetic
 from raytune_loader.errors import DatasetError
 from raytune_loader.options import SearchOptions
 from raytune_loader.progress import LogProgress, Progress
+from raytune_loader.step import default_precision
 
 log = logging.getLogger(__name__)
 DATA_SLOT = "data_slot"  # Tune config key: which disjoint subset a --cold trial reads
@@ -59,6 +60,10 @@ class TrialJob:
     ceilings: dict[int, float] = field(default_factory=dict)
     cold: bool = False
     gpu_memory_share: float = 1.0  # of the GPU's memory each measurement may use
+    precision: str = "fp32"  # fp32, tf32, bf16 or fp16 (autocast)
+    channels_last: bool = False
+    compile: bool = False  # torch.compile the model; compiled during warm-up
+    train_step: str | None = None  # the user's module:function step factory
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
@@ -73,7 +78,9 @@ def job_from_options(
     node_cpus: float,
     gpu_memory_share: float = 1.0,
 ) -> TrialJob:
-    """The one constructor of a :class:`TrialJob` (search, bench and experiments)."""
+    """The one constructor of a :class:`TrialJob` (search, bench and experiments); what
+    the options leave open (precision, memory format) takes the device's default."""
+    cuda = device.startswith("cuda")
     return TrialJob(
         dataset=dataset_spec(opts),
         model=model,
@@ -92,6 +99,10 @@ def job_from_options(
         node_cpus=node_cpus,
         cold=opts.cold,
         gpu_memory_share=gpu_memory_share,
+        precision=opts.precision or default_precision(device),
+        channels_last=opts.channels_last if opts.channels_last is not None else cuda,
+        compile=opts.compile,
+        train_step=opts.train_step,
     )
 
 
@@ -131,7 +142,8 @@ def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = 
             f"{spec.name} has {length} samples, fewer than one batch of {largest_batch}; "
             "use a smaller --batch-size or more data"
         )
-    datasets.check_sample(full)
+    if not job.train_step:  # the user's own step takes batches of any structure
+        datasets.check_sample(full)
     read = largest_batch * (job.segment.warmup_steps + job.segment.steps)
     if job.cold and job.samples_per_trial < read:
         progress.warn(

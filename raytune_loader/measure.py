@@ -21,7 +21,6 @@ from typing import Any
 
 import psutil
 import torch
-from torch import nn
 from torch.utils.data import Dataset, RandomSampler, Subset
 
 from raytune_loader import datasets, hardware, nvml
@@ -37,6 +36,7 @@ from raytune_loader.loader import build_dataloader
 from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
 from raytune_loader.models import build_model
 from raytune_loader.space import LoaderConfig, reserved_cpus
+from raytune_loader.step import Trainer, batch_samples, set_matmul_precision, user_trainer
 
 log = logging.getLogger(__name__)
 ReportFn = Callable[[dict[str, Any]], None]
@@ -133,32 +133,6 @@ def last_line(exc: BaseException) -> str:
     return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
 
 
-class _Trainer:
-    """One model and optimizer, reused across back-off attempts of a trial."""
-
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.model = model.to(device).train()
-        self.device = device
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(self.model(inputs), targets)
-        loss.backward()
-        self.optimizer.step()
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
-def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> tuple[torch.Tensor, ...]:
-    inputs, targets = batch[0], batch[1]
-    return inputs.to(device, non_blocking=non_blocking), targets.to(
-        device, non_blocking=non_blocking
-    )
-
-
 class _Window:
     """Running totals of the measured window.
 
@@ -223,7 +197,7 @@ def _segment_sampler(
 
 def train_segment(
     dataset: Dataset[Any],
-    trainer: _Trainer,
+    trainer: Trainer,
     config: LoaderConfig,
     spec: SegmentSpec,
     report: ReportFn | None = None,
@@ -248,7 +222,7 @@ def train_segment(
     sampler: nvml.UtilizationSampler | None = None
     try:
         for _ in range(spec.warmup_steps):
-            trainer.step(*_to_device(next(batches), trainer.device, non_blocking))
+            trainer.step(trainer.to_device(next(batches), non_blocking))
         trainer.sync()
         sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
         sampler.start()  # stopped in finally on any failure, so no NVML thread is left
@@ -265,11 +239,11 @@ def train_segment(
             window.wait_s += time.perf_counter() - fetch_start
             # the copy to the device is part of the step: a pageable copy waits for
             # the previous step's kernels, which is compute, not waiting for data
-            inputs, targets = _to_device(batch, trainer.device, non_blocking)
+            on_device = trainer.to_device(batch, non_blocking)
             cpu_start = window.cpu_clock()
-            trainer.step(inputs, targets)
+            trainer.step(on_device)
             window.compute_cpu_s += window.cpu_clock() - cpu_start
-            window.samples += inputs.shape[0]
+            window.samples += batch_samples(batch)
             if report is not None and step % spec.report_every == 0 and step < spec.steps:
                 trainer.sync()
                 interim = window.metrics(time.perf_counter() - window.start)
@@ -303,7 +277,7 @@ def _device_uuid(device: torch.device) -> str | None:
 
 def prepare(job: TrialJob, slot: int = 0) -> tuple[Dataset[Any], int]:
     """The trial's subset and the bytes of one of its samples."""
-    full = datasets.build_dataset(job.dataset)
+    full = datasets.dataset_for_trial(job.dataset)
     indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
     subset = Subset(full, indices)
     return subset, sample_nbytes(_first_sample(subset))
@@ -317,6 +291,19 @@ def _first_sample(dataset: Dataset[Any]) -> Any:
         raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
         raise DataPipelineError("data_loader", last_line(exc)) from exc
+
+
+def job_trainer(job: TrialJob, num_classes: int) -> Trainer:
+    """The job's training step on its device, seeded, within its share of GPU memory:
+    the same for a trial, the ceiling, verification and the bench."""
+    torch.manual_seed(job.seed)
+    device = torch.device(job.device)
+    cap_gpu_memory(job.gpu_memory_share, device)
+    set_matmul_precision(job.precision)
+    if job.train_step:
+        return user_trainer(job.train_step, device, num_classes, job.channels_last)
+    model = build_model(job.model, num_classes)
+    return Trainer.for_model(model, device, job.precision, job.channels_last, job.compile)
 
 
 def run_trial(
@@ -335,10 +322,7 @@ def run_trial(
     except TrialRefusedError as exc:
         host = bytes_in_flight(config, sample_bytes)[0]
         return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
-    torch.manual_seed(job.seed)
-    device = torch.device(job.device)
-    cap_gpu_memory(job.gpu_memory_share, device)
-    trainer = _Trainer(build_model(job.model, datasets.num_classes(subset)), device)
+    trainer = job_trainer(job, datasets.num_classes(subset))
 
     def segment(batch_size: int) -> SegmentMetrics:
         config_at = config.with_batch_size(batch_size)
@@ -375,23 +359,20 @@ def measure_ceiling(
     """(effective batch size, samples/s) training on one batch already on the device,
     the best of ``windows`` measured windows."""
     subset, _ = prepare(job)
-    torch.manual_seed(job.seed)
-    device = torch.device(job.device)
-    cap_gpu_memory(job.gpu_memory_share, device)
-    trainer = _Trainer(build_model(job.model, datasets.num_classes(subset)), device)
+    trainer = job_trainer(job, datasets.num_classes(subset))
 
     def resident(bs: int) -> float:
         torch.set_num_threads(job.segment.compute_threads)
         first = next(iter(build_dataloader(subset, LoaderConfig(batch_size=bs), seed=job.seed)))
-        inputs, targets = _to_device(first, device, non_blocking=False)
-        for _ in range(job.segment.warmup_steps):
-            trainer.step(inputs, targets)
+        batch = trainer.to_device(first, non_blocking=False)
+        for _ in range(job.segment.warmup_steps):  # compilation, if any, happens here
+            trainer.step(batch)
         trainer.sync()
         speeds = []
         for _ in range(windows):  # a best case: anything else running only slows it
             start = time.perf_counter()
             for _ in range(job.segment.steps):
-                trainer.step(inputs, targets)
+                trainer.step(batch)
             trainer.sync()
             speeds.append(bs * job.segment.steps / (time.perf_counter() - start))
         return max(speeds)

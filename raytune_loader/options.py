@@ -9,13 +9,16 @@ into a :class:`~raytune_loader.errors.ConfigError` that names the flag.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from raytune_loader import synthetic
 from raytune_loader.datasets import SYNTHETIC
 from raytune_loader.errors import ConfigError
 
 OBJECTIVES = ("util", "samples_per_s")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+GPU_BATCH_SIZE = 256
+CPU_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class SearchOptions:
     max_concurrent: int | None = None
     gpus_per_trial: float | None = None
     cpus_per_worker: float = 1.0
-    batch_sizes: tuple[int, ...] = (32,)
+    batch_sizes: tuple[int, ...] | None = None  # None: the device's default (256 / 32)
     min_batch_size: int = 1
     max_workers: int | None = None
     objective: str = "util"
@@ -54,6 +57,18 @@ class SearchOptions:
     seed: int = 0
     cold: bool = False
     verbose: bool = False
+    precision: str | None = None  # None: bf16 on CUDA, fp32 on a CPU
+    channels_last: bool | None = None  # None: on CUDA
+    compile: bool = False
+    train_step: str | None = None  # module:function building the user's own step
+
+    def for_device(self, cuda: bool) -> SearchOptions:
+        """These options with the device's defaults filled in where none was given: the
+        batch size people train with there (256 for ImageNet-class models on a GPU, a
+        small one on a CPU, where the default model and step are small too)."""
+        if self.batch_sizes is not None:
+            return self
+        return replace(self, batch_sizes=(GPU_BATCH_SIZE,) if cuda else (CPU_BATCH_SIZE,))
 
     def validate(self) -> None:
         """Raise ConfigError naming the first impossible value."""
@@ -61,6 +76,13 @@ class SearchOptions:
         self._check_batch_sizes()
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        if self.train_step and (self.compile or self.model):
+            raise ConfigError(
+                "--train-step builds its own model: drop --model and --compile, or drop "
+                "--train-step to train the built-in step"
+            )
         if not is_loopback(self.dashboard_host) and not self.expose_dashboard:
             raise ConfigError(
                 f"--dashboard-host {self.dashboard_host} would expose the Ray dashboard beyond "
@@ -97,6 +119,8 @@ class SearchOptions:
             raise ConfigError(f"--gpus-per-trial above 1 must be a whole number, got {gpus}")
 
     def _check_batch_sizes(self) -> None:
+        if self.batch_sizes is None:
+            return  # filled in by for_device
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise ConfigError(
                 f"batch sizes must be positive integers, got {list(self.batch_sizes)}"

@@ -19,7 +19,7 @@ from raytune_loader.api import run_search
 from raytune_loader.console import TerminalProgress, notes, print_summary
 from raytune_loader.datasets import KNOWN, SYNTHETIC
 from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
-from raytune_loader.options import SearchOptions
+from raytune_loader.options import PRECISIONS, SearchOptions
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -65,6 +65,27 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="torchvision model name, small-cnn or package.module:function "
         "(default resnet50 on a GPU, small-cnn on a CPU)",
     )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="training precision of every measurement: bf16/fp16 autocast, tf32 or fp32 "
+        "(default bf16 on a GPU, fp32 on a CPU)",
+    )
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        help="model and image batches in channels-last memory format (default: on a GPU)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (compiled during warm-up, never measured)",
+    )
+    p.add_argument(
+        "--train-step",
+        help="package.module:function called with device= (and num_classes=) that builds "
+        "your model and optimizer and returns step(batch): tune for your own training step",
+    )
     p.add_argument("--num-samples", type=int, default=12, help="number of trials (default 12)")
     p.add_argument("--time-budget", type=float, help="stop starting new trials after SECONDS")
     p.add_argument(
@@ -83,7 +104,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(
-        "--batch-size", type=_batch_sizes, dest="batch_sizes", help="fixed batch size"
+        "--batch-size",
+        type=_batch_sizes,
+        dest="batch_sizes",
+        help="fixed batch size (default 256 on a GPU, 32 on a CPU)",
     )
     group.add_argument(
         "--batch-sizes",
@@ -164,7 +188,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         synthetic_images=args.synthetic_images, model=args.model, num_samples=args.num_samples,
         time_budget_s=args.time_budget, max_concurrent=args.max_concurrent,
         gpus_per_trial=args.gpus_per_trial, cpus_per_worker=args.cpus_per_worker,
-        batch_sizes=args.batch_sizes or (32,), min_batch_size=args.min_batch_size,
+        batch_sizes=args.batch_sizes, min_batch_size=args.min_batch_size,
         max_workers=args.max_workers, objective=objective, steps=args.steps,
         warmup_steps=args.warmup_steps, report_every=args.report_every,
         samples_per_trial=args.samples_per_trial, compute_threads=args.compute_threads,
@@ -173,7 +197,8 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         address=args.address, node_type=args.node_type, storage=args.storage,
         dashboard_host=args.dashboard_host,
         expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed, cold=args.cold,
-        verbose=args.verbose,
+        verbose=args.verbose, precision=args.precision, channels_last=args.channels_last,
+        compile=args.compile, train_step=args.train_step,
     )  # fmt: skip
 
 

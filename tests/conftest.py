@@ -50,6 +50,7 @@ TINY_SEARCH = (
     "--dataset", "synthetic-imagenet", "--synthetic-images", "96",
     "--batch-size", "8", "--steps", "6", "--warmup-steps", "1", "--report-every", "3",
     "--samples-per-trial", "64", "--verify-top", "1", "--verify-repeats", "2",
+    "--precision", "bf16",
 )  # fmt: skip
 
 

@@ -113,3 +113,69 @@ def linear_model(num_classes: int = 10) -> torch.nn.Module:
 
 def not_a_model() -> object:
     return "a string"
+
+
+class _Recording(torch.nn.Module):
+    """small-cnn that appends, to the file named by $RECORD_TO, a checksum of its initial
+    weights and of every input batch it trains on."""
+
+    def __init__(self, num_classes: int) -> None:
+        from raytune_loader.models import small_cnn
+
+        super().__init__()
+        self.net = small_cnn(num_classes)
+        weights = sum(float(p.double().sum()) for p in self.net.parameters())
+        self._write(f"init {weights:.10e}")
+
+    def _write(self, line: str) -> None:
+        with open(os.environ["RECORD_TO"], "a") as handle:
+            handle.write(line + "\n")
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        out = self.net(inputs)
+        layouts = (
+            inputs.is_contiguous(memory_format=torch.channels_last),
+            self.net[0][0].weight.is_contiguous(memory_format=torch.channels_last),
+        )
+        self._write(f"batch {float(inputs.double().sum()):.10e} {out.dtype} {layouts}")
+        return out
+
+
+def recording_model(num_classes: int = 10) -> torch.nn.Module:
+    return _Recording(num_classes)
+
+
+def make_step(device: torch.device, num_classes: int) -> object:
+    """A user's --train-step factory: records how it was called and what each batch holds."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, num_classes))
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    log = os.environ["RECORD_TO"]
+    with open(log, "a") as handle:
+        handle.write(f"factory device={device} num_classes={num_classes}\n")
+
+    def step(batch: dict) -> None:
+        with open(log, "a") as handle:
+            handle.write(f"step {batch['image'].device} {batch['label'].device} "
+                         f"{tuple(batch['image'].shape)}\n")  # fmt: skip
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(batch["image"]), batch["label"])
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def step_factory_raises(device: torch.device) -> object:
+    raise RuntimeError("no GPU budget today")
+
+
+def step_factory_returns_a_number(device: torch.device) -> object:
+    return 3
+
+
+def step_that_raises(device: torch.device) -> object:
+    def step(batch: object) -> None:
+        raise ValueError("shapes do not match")
+
+    return step

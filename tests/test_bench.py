@@ -186,3 +186,22 @@ def test_the_job_is_rebuilt_from_the_file_with_the_overrides(tmp_path: Path) -> 
     assert plan.configs["heuristic"] == LoaderConfig(8, 1, 2, False, True)
     if not torch.cuda.is_available():
         assert job.device == "cpu" and "measuring on the CPU" in plan.notes[0]
+
+
+def test_the_bench_replays_the_job_s_precision_and_memory_format(
+    tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = best_config(tiny_imagenet, model="datasets_for_tests:recording_model")
+    data["job"] = {"model": data["model"], "train_step": None, "precision": "bf16",
+                   "channels_last": True, "compile": False}  # fmt: skip
+    monkeypatch.setenv("RECORD_TO", str(tmp_path / "record"))
+    assert main(["--config", str(write_config(tmp_path, data)), "--repeats", "1"]) == 0
+    steps = [s for s in (tmp_path / "record").read_text().splitlines() if s.startswith("batch")]
+    assert steps and all(s.endswith(" torch.bfloat16 (True, True)") for s in steps)
+
+
+def test_a_file_without_a_job_section_is_replayed_in_pytorch_s_default_precision(
+    tmp_path: Path,
+) -> None:
+    plan = plan_from_config(load_best_config(write_config(tmp_path, best_config(tmp_path))))
+    assert (plan.job.precision, plan.job.channels_last) == ("fp32", False)

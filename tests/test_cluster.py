@@ -70,8 +70,9 @@ def test_trials_spread_over_nodes_within_their_size_and_results_per_class(
 def test_fractional_gpus_are_packed_two_per_logical_gpu(
     cluster: Cluster, tiny_imagenet: Path, tmp_path: Path
 ) -> None:
+    # CPUs for four trials per node: only the GPU can hold a node to two at once
     for _ in range(2):
-        cluster.add_node(num_cpus=2, num_gpus=1)
+        cluster.add_node(num_cpus=4, num_gpus=1)
     cluster.wait_for_nodes()
     rows = _search(cluster, tiny_imagenet, tmp_path / "results", "--gpus-per-trial", "0.5",
                    "--max-workers", "0")  # fmt: skip

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,17 +11,18 @@ from torch import nn
 
 from datasets_for_tests import TensorImages
 from raytune_loader.datasets import DatasetSpec
-from raytune_loader.errors import DataPipelineError
+from raytune_loader.errors import DataPipelineError, ModelError
 from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import _Trainer, run_trial, train_segment
+from raytune_loader.measure import measure_ceiling, run_trial, train_segment
 from raytune_loader.space import LoaderConfig
+from raytune_loader.step import Trainer
 
 SPEC = SegmentSpec(warmup_steps=2, steps=12, report_every=4)
 
 
-def _trainer() -> _Trainer:
+def _trainer() -> Trainer:
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
-    return _Trainer(model, torch.device("cpu"))
+    return Trainer.for_model(model, torch.device("cpu"))
 
 
 def test_slow_data_shows_as_waiting_trivial_data_does_not() -> None:
@@ -78,10 +80,10 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def _big_trainer() -> _Trainer:
+def _big_trainer() -> Trainer:
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Flatten(),
                           nn.Linear(32 * 32 * 32, 10))  # fmt: skip
-    return _Trainer(model, torch.device("cpu"))
+    return Trainer.for_model(model, torch.device("cpu"))
 
 
 def test_reports_every_interval_with_partial_metrics() -> None:
@@ -208,14 +210,14 @@ def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -
 
 def test_interim_reports_carry_the_batch_size_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     """At the CUDA boundary: a step over 8 samples raises CUDA's out-of-memory error."""
-    real_step = _Trainer.step
+    real_step = Trainer.step
 
-    def step(self: _Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        if inputs.shape[0] > 8:
+    def step(self: Trainer, batch: list[torch.Tensor]) -> None:
+        if batch[0].shape[0] > 8:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        real_step(self, inputs, targets)
+        real_step(self, batch)
 
-    monkeypatch.setattr(_Trainer, "step", step)
+    monkeypatch.setattr(Trainer, "step", step)
     job = TrialJob(
         dataset=DatasetSpec("datasets_for_tests:fast"),
         model="small-cnn",
@@ -228,3 +230,82 @@ def test_interim_reports_carry_the_batch_size_that_fit(monkeypatch: pytest.Monke
     assert outcome.effective_batch_size == 8 and outcome.oom_backoffs == 2
     assert reports and all(r["final"] is False for r in reports)
     assert all(r["effective_batch_size"] == 8 and r["oom_backoffs"] == 2 for r in reports)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_trial_in_a_reused_process_trains_as_a_fresh_one_would(
+    workers: int, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tune reuses a trial's process for the next trial with the same bundle, and the
+    built-in dataset is kept there: nothing of a trial may reach the next one's
+    measurement: the same initial weights, the same batches in the same order, its
+    worker processes gone, the compute threads set again."""
+    job = replace(
+        _job("synthetic-imagenet", str(tiny_imagenet)), model="datasets_for_tests:recording_model"
+    )
+    config = LoaderConfig.from_dict({"num_workers": workers}, batch_size=8)
+    records, before = [], _children()
+    for run in range(2):
+        monkeypatch.setenv("RECORD_TO", str(tmp_path / f"run{run}"))
+        torch.set_num_threads(2)  # as a previous trial (or Ray's OMP_NUM_THREADS) may leave it
+        assert run_trial(job, config).failure is None
+        assert torch.get_num_threads() == job.segment.compute_threads
+        records.append((tmp_path / f"run{run}").read_text().splitlines())
+        assert _children() <= before
+    assert records[0] == records[1]
+    assert records[0][0].startswith("init ") and len(records[0]) == 1 + 1 + 4  # warm-up, steps
+
+
+@pytest.mark.parametrize(
+    ("precision", "channels_last", "dtype"),
+    [("bf16", True, "torch.bfloat16"), ("fp32", False, "torch.float32")],
+)
+def test_precision_and_memory_format_reach_the_model_in_trial_and_ceiling(
+    precision: str, channels_last: bool, dtype: str, tiny_imagenet: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    job = replace(
+        _job("synthetic-imagenet", str(tiny_imagenet)),
+        model="datasets_for_tests:recording_model", precision=precision,
+        channels_last=channels_last,
+    )  # fmt: skip
+    for run, measure in enumerate((lambda: run_trial(job, LoaderConfig(8)),
+                                   lambda: measure_ceiling(job, 8, windows=1))):  # fmt: skip
+        monkeypatch.setenv("RECORD_TO", str(tmp_path / f"{run}"))
+        measure()
+        steps = (tmp_path / f"{run}").read_text().splitlines()[1:]
+        assert steps and all(f" {dtype} ({channels_last}, {channels_last})" in s for s in steps)
+
+
+def test_a_user_step_gets_its_arguments_and_nested_batches_on_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECORD_TO", str(tmp_path / "log"))
+    job = replace(
+        _job("datasets_for_tests:dict_samples"), train_step="datasets_for_tests:make_step"
+    )
+    outcome = run_trial(job, LoaderConfig(8))
+    assert outcome.failure is None and outcome.metrics is not None
+    assert outcome.metrics.samples == 8 * job.segment.steps  # counted from the nested batch
+    measure_ceiling(job, 8, windows=1)  # the ceiling is the same step on a resident batch
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert lines.count("factory device=cpu num_classes=10") == 2
+    steps = [line for line in lines if line.startswith("step")]
+    assert len(steps) == (1 + 4) + (1 + 4)  # trial and one-window ceiling: warm-up, steps
+    assert set(steps) == {"step cpu cpu (8, 3, 32, 32)"}
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("step_factory_raises", "raised RuntimeError: no GPU budget today; it is called with"),
+        ("step_factory_returns_a_number", "returned int, not a callable step(batch)"),
+        ("step_that_raises", "raised ValueError: shapes do not match"),
+        ("no_such_step", "has no callable 'no_such_step'"),
+    ],
+)
+def test_a_bad_step_factory_is_a_user_error_naming_it(factory: str, message: str) -> None:
+    job = replace(_job("datasets_for_tests:fast"), train_step=f"datasets_for_tests:{factory}")
+    with pytest.raises(ModelError, match=re.escape(message)) as raised:
+        measure_ceiling(job, 8, windows=1)
+    assert f"datasets_for_tests:{factory}" in str(raised.value)

@@ -58,6 +58,9 @@ BAD_INPUT = [
         "fewer than one batch",
     ),  # fmt: skip
     (["--dataset", "datasets_for_tests:dict_samples"], "(input, target) pairs"),
+    (["--precision", "fp8"], "invalid choice: 'fp8'"),
+    (["--train-step", "no_such_module:make"], "cannot import 'no_such_module'"),
+    (["--train-step", "datasets_for_tests:make_step", "--model", "resnet18"], "drop --model"),
 ]
 
 
@@ -89,6 +92,8 @@ def test_search_end_to_end(searched: Searched) -> None:
                 "baselines", "speedup", "hardware", "search", "created"):  # fmt: skip
         assert key in best
     assert best["schema_version"] == 1 and best["model"] == "small-cnn"
+    assert "small-cnn, bf16 on synthetic-imagenet, batch 8 on cpu" in out
+    assert best["job"]["precision"] == "bf16" and best["job"]["requested_batch_size"] == 8
     assert set(best["baselines"]) == {"pytorch-default", "heuristic"}
     assert best["baselines"]["pytorch-default"]["loader"]["num_workers"] == 0
     metrics = best["metrics"]
