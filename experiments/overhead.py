@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6, help="bare runs and Tune runs of each")
     parser.add_argument("--trials", type=int, default=5, help="trials in the longer Tune run")
     args = parser.parse_args()
+    if args.trials < 2:
+        parser.error("--trials must be at least 2: the marginal trial is their difference")
     job = default_job()
     config = LoaderConfig(32, 2, 2, False, True)
     storage = tempfile.mkdtemp(prefix="overhead-")

@@ -33,6 +33,7 @@ from raytune_loader.space import SearchSpace
 from raytune_loader.verify import Verified, measure_ceilings, verification_configs, verify
 
 log = logging.getLogger(__name__)
+RESUME_POINTER = "last_search.json"  # the interrupted search --resume continues
 
 
 @dataclass(frozen=True)
@@ -203,13 +204,17 @@ def _verify(
         space = replace(space, usable_cpus=int(node_cpus))
     configs = verification_configs(class_records, space, opts.verify_top, opts.objective)
     gpus = min(1.0, cluster.max_node_gpus) if gpus_per_trial else 0.0
+    measurer = RayMeasurer(cluster, gpus, node_cpus, node_id)
+    job = replace(job, node_cpus=node_cpus)
+    if node_id:  # this class's own ceiling, not the one of whichever node measured first
+        job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
     what = "verifying (each configuration alone, repeated)"
     progress.count(what, 0, len(configs) * opts.verify_repeats)
     return verify(
-        replace(job, node_cpus=node_cpus),
+        job,
         configs,
         opts.verify_repeats,
-        RayMeasurer(cluster, gpus, node_cpus, node_id),
+        measurer,
         on_measured=lambda done, total, *_: progress.count(what, done, total),
         slot_base=opts.num_samples,
     )
@@ -246,6 +251,7 @@ def _write_results(
     )
     _write_folder(out_dir, best, trials)
     (out_dir / "trials.partial.csv").unlink(missing_ok=True)
+    (out_dir / RESUME_POINTER).unlink(missing_ok=True)  # nothing left to resume
     return best, trials
 
 
@@ -284,7 +290,7 @@ def _experiment(
     Tune saved one; a new one otherwise (Ctrl-C may have come before Tune saved anything)."""
     from raytune_loader.tuner import can_resume
 
-    pointer = out_dir / "last_search.json"
+    pointer = out_dir / RESUME_POINTER
     if opts.resume:
         try:
             last = json.loads(pointer.read_text())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware
+from raytune_loader import hardware, synthetic
 from raytune_loader.bestconfig import metrics_of
 from raytune_loader.console import ceiling_line, summary_table
 from raytune_loader.errors import (
@@ -114,7 +114,7 @@ def options_from_file(
             dataset=str(spec["name"]),
             data_root=data_root or spec.get("data_root"),
             download=bool(spec.get("download", False)),
-            synthetic_images=int(spec.get("synthetic_images", 2000)),
+            synthetic_images=int(spec.get("synthetic_images", synthetic.DEFAULT_IMAGES)),
             model=str(best.data["model"]),
             steps=steps or int(segment.steps),
             warmup_steps=int(segment.warmup_steps),
@@ -135,13 +135,13 @@ def options_from_file(
 
 def _job_options(best: BestConfig, device: str) -> dict[str, Any]:
     """How the search trained (the ``job`` section); files written before it existed
-    trained in PyTorch's default precision (cuDNN in TF32 on a GPU), fp32 format."""
+    trained with PyTorch's own precision settings (``precision`` None leaves them)."""
     job = best.data.get("job")
     if not isinstance(job, dict):
-        return {"precision": "fp32" if device == "cpu" else "tf32", "channels_last": False}
+        return {"channels_last": False}
     train_step = job.get("train_step") or None
     return {
-        "precision": str(job["precision"]),
+        "precision": job.get("precision"),
         "channels_last": bool(job["channels_last"]),
         "compile": bool(job.get("compile", False)),
         "train_step": train_step,
@@ -169,6 +169,8 @@ def plan_from_config(
             f"a batch ({largest})"
         )
     job = job_from_options(opts, model, device=device, node_cpus=hardware.usable_cpus())
+    if not isinstance(best.data.get("job"), dict):
+        job = replace(job, precision=None)  # an older file: PyTorch's own settings
     return BenchPlan(job, configs, (note,) if note else ())
 
 

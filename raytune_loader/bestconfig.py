@@ -120,7 +120,7 @@ def best_config(
     return {
         "schema_version": 1,
         "dataset": ctx.job.dataset.name,
-        "model": ctx.job.model,
+        "model": None if ctx.job.train_step else ctx.job.model,  # the step is in "job"
         "objective": ctx.opts.objective,
         # after an out-of-memory back-off, what fits is what training should use
         "loader": _fitting(winner).kwargs(),

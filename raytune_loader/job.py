@@ -60,7 +60,7 @@ class TrialJob:
     ceilings: dict[int, float] = field(default_factory=dict)
     cold: bool = False
     gpu_memory_share: float = 1.0  # of the GPU's memory each measurement may use
-    precision: str = "fp32"  # fp32, tf32, bf16 or fp16 (autocast)
+    precision: str | None = "fp32"  # fp32, tf32, bf16, fp16; None: torch's flags untouched
     channels_last: bool = False
     compile: bool = False  # torch.compile the model; compiled during warm-up
     train_step: str | None = None  # the user's module:function step factory
@@ -79,8 +79,10 @@ def job_from_options(
     gpu_memory_share: float = 1.0,
 ) -> TrialJob:
     """The one constructor of a :class:`TrialJob` (search, bench and experiments); what
-    the options leave open (precision, memory format) takes the device's default."""
+    the options leave open (precision, memory format) takes the device's default for
+    the built-in step, and stays the user's own for a ``--train-step``."""
     cuda = device.startswith("cuda")
+    own_step = opts.train_step is not None
     return TrialJob(
         dataset=dataset_spec(opts),
         model=model,
@@ -99,8 +101,8 @@ def job_from_options(
         node_cpus=node_cpus,
         cold=opts.cold,
         gpu_memory_share=gpu_memory_share,
-        precision=opts.precision or default_precision(device),
-        channels_last=opts.channels_last if opts.channels_last is not None else cuda,
+        precision=opts.precision or (None if own_step else default_precision(device)),
+        channels_last=(cuda and not own_step) if opts.channels_last is None else opts.channels_last,
         compile=opts.compile,
         train_step=opts.train_step,
     )

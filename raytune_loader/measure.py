@@ -299,11 +299,13 @@ def job_trainer(job: TrialJob, num_classes: int) -> Trainer:
     torch.manual_seed(job.seed)
     device = torch.device(job.device)
     cap_gpu_memory(job.gpu_memory_share, device)
-    set_matmul_precision(job.precision)
+    if job.precision is not None:  # None: the user's step keeps torch's own settings
+        set_matmul_precision(job.precision)
     if job.train_step:
         return user_trainer(job.train_step, device, num_classes, job.channels_last)
     model = build_model(job.model, num_classes)
-    return Trainer.for_model(model, device, job.precision, job.channels_last, job.compile)
+    precision = job.precision or "fp32"
+    return Trainer.for_model(model, device, precision, job.channels_last, job.compile)
 
 
 def run_trial(

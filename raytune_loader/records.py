@@ -19,7 +19,6 @@ from raytune_loader.errors import ConfigError
 from raytune_loader.results import write_csv
 from raytune_loader.space import LoaderConfig, SearchSpace
 
-STATUSES = ("ok", "stopped_early", "failed", "error", "interrupted")
 MEASURED = ("ok", "stopped_early")
 
 
@@ -179,10 +178,3 @@ def best_node(records: list[TrialRecord], objective: str) -> str | None:
     if not measured:
         return None
     return max(measured, key=lambda r: r.objective(objective) or 0.0).node.node_id
-
-
-def as_dict(record: TrialRecord) -> dict[str, Any]:
-    """The record for the Python API's result (config as DataLoader keyword arguments)."""
-    out = asdict(record)
-    out["config"] = record.config.kwargs() if record.config else None
-    return out

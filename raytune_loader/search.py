@@ -57,8 +57,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--synthetic-images",
         type=int,
-        default=2000,
-        help="images in the generated default dataset (default 2000)",
+        default=SearchOptions.synthetic_images,
+        help=f"images in the generated default dataset (default {SearchOptions.synthetic_images})",
     )
     p.add_argument(
         "--model",

@@ -23,13 +23,14 @@ from torch import nn
 from raytune_loader.errors import ModelError
 from raytune_loader.factories import import_factory
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 StepFn = Callable[[Any], Any]
 
 
 def default_precision(device: str) -> str:
     """bf16 autocast on a GPU, as people train conv nets on A100/H100-class cards; fp32
-    on a CPU, where bf16 autocast is slower than fp32 without AMX-class units."""
+    on a CPU, PyTorch's own default there: bf16 pays off only on CPUs with bf16
+    instructions (1.25x for small-cnn on this project's EPYC, results/benchmarks/
+    precision.json) and is slower than fp32 on those without."""
     return "bf16" if device.startswith("cuda") else "fp32"
 
 
@@ -50,6 +51,8 @@ def move(batch: Any, device: torch.device, non_blocking: bool, channels_last: bo
         return moved
     if isinstance(batch, (list, tuple)):
         items = [move(item, device, non_blocking, channels_last) for item in batch]
+        if hasattr(batch, "_fields"):  # a namedtuple keeps its type and field names
+            return type(batch)(*items)
         return type(batch)(items) if isinstance(batch, list) else tuple(items)
     if isinstance(batch, dict):
         return {k: move(v, device, non_blocking, channels_last) for k, v in batch.items()}
@@ -57,13 +60,25 @@ def move(batch: Any, device: torch.device, non_blocking: bool, channels_last: bo
 
 
 def batch_samples(batch: Any) -> int:
-    """Samples in a batch: the leading size of its first tensor."""
+    """Samples in a batch: the leading size of its first tensor, at any depth (a list
+    of file names or other values beside the tensors is passed over)."""
+    found = _first_tensor(batch)
+    if found is None:
+        raise ValueError("a batch without a tensor")
+    return int(found.shape[0]) if found.dim() else 1
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
     if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    items = batch.values() if isinstance(batch, dict) else batch
-    for item in items:
-        return batch_samples(item)
-    raise ValueError("a batch without a tensor")
+        return batch
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
 
 
 class Trainer:

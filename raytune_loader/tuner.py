@@ -25,7 +25,7 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from raytune_loader.errors import ConfigError
+from raytune_loader.errors import ConfigError, DataPipelineError
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import CEILING_WINDOWS, TrialOutcome, last_line
 from raytune_loader.records import TrialRecord, record_from_report
@@ -35,6 +35,7 @@ from raytune_loader.trainable import ceiling_task, measure_task, trial_fn
 
 log = logging.getLogger(__name__)
 NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
+REUSE_WAIT_S = 180  # see start_ray
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,10 @@ def start_ray(
         "logging_level": logging.INFO if verbose else logging.WARNING,
         "log_to_driver": verbose,
         "configure_logging": True,
+        # A reused trial process waits this long for the previous trial's thread (one
+        # ASHA stopped: it shuts its loader's workers down) before the next trial
+        # starts; Tune's default of 2 s would fail the next trial instead.
+        "runtime_env": {"env_vars": {"TUNE_FUNCTION_THREAD_TIMEOUT_S": str(REUSE_WAIT_S)}},
     }
     if address:
         try:
@@ -285,7 +290,12 @@ def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
     previous = {sig: signal.getsignal(sig) for sig in caught}
     marker = _InterruptMarker()
     signal.signal(signal.SIGINT, marker)
-    tune_handles_sigint = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0"
+    # Through Ray Client (ray://) the Tune loop runs remotely and installs no handler
+    # here: the trials' statuses alone then tell an interrupted run.
+    tune_handles_sigint = (
+        os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0"
+        and not ray.util.client.ray.is_connected()
+    )
     try:
         grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
@@ -357,7 +367,13 @@ class RayMeasurer:
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]:
         ref = ceiling_task.options(**self._bundle(1)).remote(job, batch_size, windows)
+        limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
         try:
-            return ray.get(ref)
+            return ray.get(ref, timeout=limit)
+        except ray.exceptions.GetTimeoutError:  # a sample that never returns
+            ray.cancel(ref, force=True)
+            raise DataPipelineError(
+                "timeout", f"the ceiling gave no result after {limit:.0f}s (--trial-timeout)"
+            ) from None
         except ray.exceptions.RayTaskError as exc:
             raise exc.cause from None  # the task's own exception, with its one-line message

@@ -179,3 +179,19 @@ def step_that_raises(device: torch.device) -> object:
         raise ValueError("shapes do not match")
 
     return step
+
+
+def step_oom_above_8(device: torch.device) -> object:
+    """A step that runs out of CUDA memory on batches of more than 8 samples."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch: list) -> None:
+        images, labels = batch
+        if images.shape[0] > 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+
+    return step

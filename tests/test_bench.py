@@ -204,4 +204,4 @@ def test_a_file_without_a_job_section_is_replayed_in_pytorch_s_default_precision
     tmp_path: Path,
 ) -> None:
     plan = plan_from_config(load_best_config(write_config(tmp_path, best_config(tmp_path))))
-    assert (plan.job.precision, plan.job.channels_last) == ("fp32", False)
+    assert (plan.job.precision, plan.job.channels_last) == (None, False)  # flags untouched

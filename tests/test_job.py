@@ -33,3 +33,25 @@ def test_the_job_takes_every_knob_from_the_options() -> None:
         "resnet18", "cuda", 16, 0.5)  # fmt: skip
     assert (job.samples_per_trial, job.seed, job.min_batch_size) == (99, 5, 4)
     assert (job.cpus_per_worker, job.cold, job.ceilings) == (0.5, True, {})
+
+
+def test_the_step_s_defaults_follow_the_device() -> None:
+    opts = SearchOptions()
+    gpu = job_from_options(opts, "resnet50", device="cuda", node_cpus=16)
+    cpu = job_from_options(opts, "small-cnn", device="cpu", node_cpus=2)
+    assert (gpu.precision, gpu.channels_last, cpu.precision, cpu.channels_last) == (
+        "bf16", True, "fp32", False)  # fmt: skip
+    asked = SearchOptions(precision="fp16", channels_last=False, compile=True)
+    job = job_from_options(asked, "resnet50", device="cuda", node_cpus=16)
+    assert (job.precision, job.channels_last, job.compile) == ("fp16", False, True)
+
+
+def test_a_user_step_keeps_its_own_settings_unless_asked() -> None:
+    """No precision and no memory format is forced on the user's own step."""
+    own = SearchOptions(train_step="mypkg.train:make_step")
+    job = job_from_options(own, "mypkg.train:make_step", device="cuda", node_cpus=16)
+    assert (job.train_step, job.precision, job.channels_last) == (
+        "mypkg.train:make_step", None, False)  # fmt: skip
+    asked = SearchOptions(train_step="m:f", precision="tf32", channels_last=True)
+    job = job_from_options(asked, "m:f", device="cuda", node_cpus=16)
+    assert (job.precision, job.channels_last) == ("tf32", True)

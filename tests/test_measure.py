@@ -209,18 +209,12 @@ def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -
 
 
 def test_interim_reports_carry_the_batch_size_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At the CUDA boundary: a step over 8 samples raises CUDA's out-of-memory error."""
-    real_step = Trainer.step
-
-    def step(self: Trainer, batch: list[torch.Tensor]) -> None:
-        if batch[0].shape[0] > 8:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        real_step(self, batch)
-
-    monkeypatch.setattr(Trainer, "step", step)
+    """At the CUDA boundary: a step over 8 samples raises CUDA's out-of-memory error,
+    through the same Trainer.step that passes it on to the back-off."""
     job = TrialJob(
         dataset=DatasetSpec("datasets_for_tests:fast"),
         model="small-cnn",
+        train_step="datasets_for_tests:step_oom_above_8",
         segment=SegmentSpec(warmup_steps=1, steps=4, report_every=2),
         samples_per_trial=64,
         min_batch_size=4,
