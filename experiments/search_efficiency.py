@@ -4,7 +4,7 @@
    x persistent_workers x batch size 16/32 on this machine) is measured once, with
    its interim reports and the trial-seconds each report took.
 2. Replay on that table (a tabular benchmark, as in HPO research): raytune_loader's
-   searcher (the real ``_LoaderSearch``: TPE, baselines first, no config measured
+   searcher (the real ``LoaderSearcher``: TPE, baselines first, no config measured
    twice) with ASHA's rule (rungs at each report, reduction factor 2), and plain
    random search without early stopping, each with several seeds. A method's cost
    is the trial-seconds of what it ran (a stopped trial costs up to its last
