@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware, records
+from raytune_loader import datasets, hardware, records
 from raytune_loader.bestconfig import SearchContext, best_config
 from raytune_loader.errors import ConfigError, ModelError, SearchInterruptedError
 from raytune_loader.factories import import_factory
@@ -45,7 +45,12 @@ class SearchResult:
 
 
 def search_space(
-    opts: SearchOptions, usable: int, cuda: bool, progress: Progress, quiet: bool = False
+    opts: SearchOptions,
+    usable: int,
+    cuda: bool,
+    progress: Progress,
+    quiet: bool = False,
+    pipeline: bool = False,
 ) -> SearchSpace:
     """The search space; ``usable`` is the CPUs of the largest node a trial may run on."""
     max_workers = usable if opts.max_workers is None else opts.max_workers
@@ -57,7 +62,11 @@ def search_space(
         max_workers = usable
     batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
     return SearchSpace(
-        max_workers=max_workers, batch_sizes=batch_sizes, cuda=cuda, usable_cpus=usable
+        max_workers=max_workers,
+        batch_sizes=batch_sizes,
+        cuda=cuda,
+        usable_cpus=usable,
+        pipeline=pipeline,
     )
 
 
@@ -131,7 +140,9 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     try:
         _announce_dashboard(cluster, progress)
         node_cpus = int(cluster.node_cpus) if cluster.joined else hardware.usable_cpus()
-        space = search_space(opts, node_cpus, job.device == "cuda", progress, quiet=True)
+        pipeline = datasets.pipeline_searchable(job.dataset)
+        space = search_space(opts, node_cpus, job.device == "cuda", progress, True, pipeline)
+        opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial, cluster.node_cpus)
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
@@ -171,6 +182,20 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     )  # fmt: skip
     best, trials = _write_results(out_dir, context, by_class, verified, progress)
     return SearchResult(out_dir, best, trials, cluster.dashboard_url)
+
+
+def _objective(
+    opts: SearchOptions, space: SearchSpace, job: TrialJob, progress: Progress
+) -> SearchOptions:
+    """GPU utilization counts the pipeline's device-side stages as busy: where the
+    space puts some there, on CUDA, the search maximizes samples/s instead."""
+    if opts.objective != "util" or not space.pipeline or job.device != "cuda":
+        return opts
+    progress.stage(
+        "Objective samples/s: some candidates finish their input pipeline on the GPU, "
+        "which GPU utilization would count as training"
+    )
+    return replace(opts, objective="samples_per_s")
 
 
 def _announce_dashboard(cluster: Any, progress: Progress) -> None:

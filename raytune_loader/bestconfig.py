@@ -149,6 +149,7 @@ def best_config(
             "metric": "samples_per_s (median of verification runs)",
         },
         "job": job_section(ctx.job, ctx.space, _fitting(winner).batch_size),
+        **({"pipeline": winner.config.pipeline()} if ctx.space.pipeline else {}),
         "hardware": _hardware(ctx, records),
         "search": {
             "trials": len(records),

@@ -25,6 +25,7 @@ from raytune_loader import synthetic
 from raytune_loader.errors import CorruptSampleError, DatasetError
 from raytune_loader.factories import import_factory
 
+TRANSFER_KEYWORD = "transfer"  # a dataset factory that takes it opts into pipeline search
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SYNTHETIC = "synthetic-imagenet"
@@ -36,6 +37,7 @@ _TORCHVISION = {
     "fashion-mnist": "FashionMNIST",
 }
 KNOWN = (SYNTHETIC, *_IMAGE_FOLDERS, *_TORCHVISION)
+IMAGE_FOLDERS = (SYNTHETIC, *_IMAGE_FOLDERS)
 
 
 @dataclass(frozen=True)
@@ -67,17 +69,17 @@ class DatasetSpec:
         return Path(self.data_root) if self.data_root else None
 
 
-def imagenet_train_transform() -> Callable[[Image.Image], Any]:
+def imagenet_train_transform(transfer: str = "float32") -> Callable[[Image.Image], Any]:
+    """RandomResizedCrop(224) and a flip, then, in the worker: ``float32`` converts and
+    normalizes (3 x 224 x 224 x 4 bytes a sample cross shared memory and the PCIe link);
+    ``uint8`` stops at the uint8 tensor (a quarter of the bytes) and
+    :func:`raytune_loader.pipeline.finish_on_device` converts and normalizes there."""
     from torchvision import transforms as T
 
-    return T.Compose(
-        [
-            T.RandomResizedCrop(224),
-            T.RandomHorizontalFlip(),
-            T.ToTensor(),
-            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ]
-    )
+    crop = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    if transfer == "uint8":
+        return T.Compose([*crop, T.PILToTensor()])
+    return T.Compose([*crop, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
 def load_rgb(path: str) -> Image.Image:
@@ -89,7 +91,7 @@ def load_rgb(path: str) -> Image.Image:
         raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
 
 
-def _image_folder(root: Path, what: str) -> Dataset[Any]:
+def _image_folder(root: Path, what: str, transfer: str = "float32") -> Dataset[Any]:
     from torchvision.datasets import ImageFolder
 
     layout = f"{root}/<class>/<image>.JPEG"
@@ -99,7 +101,8 @@ def _image_folder(root: Path, what: str) -> Dataset[Any]:
             "(pass the parent folder with --data-root)"
         )
     try:
-        return ImageFolder(str(root), transform=imagenet_train_transform(), loader=load_rgb)
+        transform = imagenet_train_transform(transfer)
+        return ImageFolder(str(root), transform=transform, loader=load_rgb)
     except (FileNotFoundError, RuntimeError) as exc:
         raise DatasetError(
             f"{what}: no images under {root} ({exc}); expected the ImageFolder layout {layout}"
@@ -132,11 +135,14 @@ def _torchvision_dataset(spec: DatasetSpec) -> Dataset[Any]:
         ) from None
 
 
-def _factory_dataset(spec: DatasetSpec) -> Dataset[Any]:
+def _factory_dataset(spec: DatasetSpec, transfer: str = "float32") -> Dataset[Any]:
     factory = import_factory(spec.name, kind="dataset", error=DatasetError)
-    accepts_root = "data_root" in inspect.signature(factory).parameters
+    params = inspect.signature(factory).parameters
+    kwargs: dict[str, Any] = {"data_root": spec.data_root} if "data_root" in params else {}
+    if TRANSFER_KEYWORD in params:
+        kwargs[TRANSFER_KEYWORD] = transfer
     try:
-        dataset = factory(data_root=spec.data_root) if accepts_root else factory()
+        dataset = factory(**kwargs)
     except (OSError, ValueError, TypeError) as exc:
         raise DatasetError(f"{spec.name} failed to build the dataset: {exc}") from None
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
@@ -147,42 +153,55 @@ def _factory_dataset(spec: DatasetSpec) -> Dataset[Any]:
     return dataset  # type: ignore[return-value]
 
 
-def build_dataset(spec: DatasetSpec) -> Dataset[Any]:
-    """The full dataset named by ``spec`` (the synthetic one must already exist)."""
+def pipeline_searchable(spec: DatasetSpec) -> bool:
+    """Whether the search may choose how this dataset's pipeline is built: the built-in
+    image datasets, and a factory that takes ``transfer=`` (it then returns uint8 image
+    tensors for ``transfer="uint8"``, float32 normalized ones otherwise)."""
+    if spec.name in IMAGE_FOLDERS:
+        return True
+    if spec.name in _TORCHVISION or ":" not in spec.name:
+        return False
+    factory = import_factory(spec.name, kind="dataset", error=DatasetError)
+    return TRANSFER_KEYWORD in inspect.signature(factory).parameters
+
+
+def build_dataset(spec: DatasetSpec, transfer: str = "float32") -> Dataset[Any]:
+    """The full dataset named by ``spec`` (the synthetic one must already exist), with
+    the worker-side stages of ``transfer`` where the dataset's pipeline is searched."""
     root = spec.resolved_root()
     if spec.name == SYNTHETIC:
         assert root is not None
-        dataset = _image_folder(root / "train", "synthetic-imagenet")
+        dataset = _image_folder(root / "train", "synthetic-imagenet", transfer)
     elif spec.name == "imagenet":
         if root is None:
             raise DatasetError("imagenet needs --data-root pointing at a folder with train/")
-        dataset = _image_folder(root / "train", "imagenet")
+        dataset = _image_folder(root / "train", "imagenet", transfer)
     elif spec.name == "imagefolder":
         if root is None:
             raise DatasetError("imagefolder needs --data-root pointing at <class>/<image> folders")
-        dataset = _image_folder(root, "imagefolder")
+        dataset = _image_folder(root, "imagefolder", transfer)
     elif spec.name in _TORCHVISION:
         dataset = _torchvision_dataset(spec)
     else:
-        dataset = _factory_dataset(spec)
+        dataset = _factory_dataset(spec, transfer)
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise DatasetError(f"dataset {spec.name} is empty")
     return dataset
 
 
 @functools.lru_cache(maxsize=4)
-def _built_in(spec: DatasetSpec) -> Dataset[Any]:
-    return build_dataset(spec)
+def _built_in(spec: DatasetSpec, transfer: str) -> Dataset[Any]:
+    return build_dataset(spec, transfer)
 
 
-def dataset_for_trial(spec: DatasetSpec) -> Dataset[Any]:
+def dataset_for_trial(spec: DatasetSpec, transfer: str = "float32") -> Dataset[Any]:
     """The dataset a measurement reads, kept across trials that Ray runs in one reused
     process: a built-in dataset is a stateless list of files or arrays (listing
     ImageNet's 1.28M files takes seconds); a user's factory is called every time,
     since its dataset may hold state that must not carry over to the next trial."""
-    if spec.name == SYNTHETIC or spec.name in ("imagenet", "imagefolder", *_TORCHVISION):
-        return _built_in(spec)
-    return build_dataset(spec)
+    if spec.name in IMAGE_FOLDERS or spec.name in _TORCHVISION:
+        return _built_in(spec, transfer)
+    return build_dataset(spec, transfer)
 
 
 def num_classes(dataset: Dataset[Any]) -> int:

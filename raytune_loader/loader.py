@@ -28,8 +28,8 @@ def build_dataloader(
     """DataLoader with the tuned settings; ``overrides`` win over the config."""
     kwargs: dict[str, Any] = config.kwargs()
     if config.num_workers == 0:
-        kwargs.pop("prefetch_factor")
-        kwargs.pop("persistent_workers")
+        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
+            kwargs.pop(key)  # DataLoader accepts them only with workers
         timeout_s = 0.0  # DataLoader only accepts a timeout with workers
     if config.pin_memory and not torch.cuda.is_available():
         kwargs["pin_memory"] = False  # pinning needs an accelerator; it would only warn

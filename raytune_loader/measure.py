@@ -222,7 +222,7 @@ def train_segment(
     sampler: nvml.UtilizationSampler | None = None
     try:
         for _ in range(spec.warmup_steps):
-            trainer.step(trainer.to_device(next(batches), non_blocking))
+            trainer.step(trainer.to_device(next(batches), non_blocking, config.transfer))
         trainer.sync()
         sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
         sampler.start()  # stopped in finally on any failure, so no NVML thread is left
@@ -239,7 +239,7 @@ def train_segment(
             window.wait_s += time.perf_counter() - fetch_start
             # the copy to the device is part of the step: a pageable copy waits for
             # the previous step's kernels, which is compute, not waiting for data
-            on_device = trainer.to_device(batch, non_blocking)
+            on_device = trainer.to_device(batch, non_blocking, config.transfer)
             cpu_start = window.cpu_clock()
             trainer.step(on_device)
             window.compute_cpu_s += window.cpu_clock() - cpu_start
@@ -275,9 +275,10 @@ def _device_uuid(device: torch.device) -> str | None:
     return nvml.device_uuid_for_torch_device(device.index or 0)
 
 
-def prepare(job: TrialJob, slot: int = 0) -> tuple[Dataset[Any], int]:
-    """The trial's subset and the bytes of one of its samples."""
-    full = datasets.dataset_for_trial(job.dataset)
+def prepare(job: TrialJob, slot: int = 0, transfer: str = "float32") -> tuple[Dataset[Any], int]:
+    """The trial's subset, with the worker-side stages of ``transfer``, and the bytes of
+    one of its samples."""
+    full = datasets.dataset_for_trial(job.dataset, transfer)
     indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
     subset = Subset(full, indices)
     return subset, sample_nbytes(_first_sample(subset))
@@ -314,7 +315,7 @@ def run_trial(
     """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
     cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus)
     try:
-        subset, sample_bytes = prepare(job, slot)
+        subset, sample_bytes = prepare(job, slot, config.transfer)
     except DataPipelineError as exc:
         return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
     try:

@@ -95,14 +95,19 @@ class TrialRecord:
     def row(self) -> dict[str, Any]:
         """The flat ``trials.csv`` row."""
         flat = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SKIP}
-        loader = self.config.kwargs() if self.config else LOADER_COLUMNS_EMPTY
+        loader = (
+            {**self.config.kwargs(), "transfer": self.config.transfer}
+            if self.config
+            else LOADER_COLUMNS_EMPTY
+        )
         return {**flat, **loader, **asdict(self.node)}
 
 
 SKIP = ("config", "node")
 LOADER_COLUMNS_EMPTY = dict.fromkeys(
-    ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
-)
+    ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size",
+     "in_order", "multiprocessing_context", "transfer")
+)  # fmt: skip
 TRIAL_COLUMNS = [
     "trial_id", "status", "reason", "baseline", *LOADER_COLUMNS_EMPTY,
     *(f.name for f in fields(TrialRecord) if f.name not in (*SKIP, "trial_id", "status",

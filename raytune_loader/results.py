@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from raytune_loader.errors import ConfigError, OutputError
 from raytune_loader.loader import build_dataloader
-from raytune_loader.space import LoaderConfig
+from raytune_loader.space import PIPELINE_KEYS, LoaderConfig
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = (
@@ -95,6 +96,24 @@ class BestConfig:
         overrides.setdefault("drop_last", False)
         return build_dataloader(dataset, self.loader, **overrides)
 
+    def image_dataset(self, root: str | os.PathLike[str]) -> Dataset[Any]:
+        """The built-in image dataset (ImageFolder layout: ``root/<class>/<image>``) with
+        the chosen pipeline's worker-side stages: RandomResizedCrop(224) and a flip, then
+        float32 normalized, or uint8 for :meth:`to_device` to finish on the device."""
+        from raytune_loader.datasets import DatasetSpec, build_dataset
+
+        return build_dataset(DatasetSpec("imagefolder", str(root)), self.loader.transfer)
+
+    def to_device(self, batch: Any, device: str | torch.device) -> Any:
+        """A batch from :meth:`dataloader` on ``device``, with the chosen pipeline's
+        device-side stages done (uint8 images converted and normalized there)."""
+        from raytune_loader.pipeline import finish_on_device
+        from raytune_loader.step import move
+
+        device = torch.device(device)
+        moved = move(batch, device, non_blocking=self.loader.pin_memory, channels_last=False)
+        return finish_on_device(moved, self.loader.transfer)
+
     def warn_if_other_machine(self, current: dict[str, Any] | None = None) -> list[str]:
         """Warn (and return the differences) when this machine is not the tuned one."""
         if current is None:
@@ -138,8 +157,13 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
         )
     if not isinstance(data["loader"], dict) or not isinstance(data["hardware"], dict):
         raise ConfigError(f"{file}: 'loader' and 'hardware' must be JSON objects")
+    pipeline = data.get("pipeline") or {}
+    if not isinstance(pipeline, dict):
+        raise ConfigError(f"{file}: 'pipeline' must be a JSON object")
     try:
-        loader = LoaderConfig.from_dict(data["loader"])
+        loader = LoaderConfig.from_dict(
+            {**data["loader"], **{k: pipeline[k] for k in PIPELINE_KEYS if k in pipeline}}
+        )
     except ConfigError as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
     except TypeError as exc:

@@ -18,18 +18,29 @@ from raytune_loader.errors import ConfigError
 PYTORCH_DEFAULT = "pytorch-default"
 HEURISTIC = "heuristic"
 PREFETCH_FACTORS = (1, 2, 4, 8)
-LOADER_KEYS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+TRANSFERS = ("float32", "uint8")  # float32 normalized in the workers, or uint8 to the device
+START_METHODS = (None, "forkserver", "spawn")  # None: the platform's default (fork on Linux)
+LOADER_KEYS = (
+    "batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
+    "in_order", "multiprocessing_context",
+)  # fmt: skip
+PIPELINE_KEYS = ("transfer",)
 
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """DataLoader keyword arguments that the search tunes."""
+    """One candidate: the DataLoader keyword arguments the search tunes, and how the
+    input pipeline around the loader is built (``transfer``: the batches' dtype on the
+    way to the device; not a DataLoader argument, see :meth:`pipeline`)."""
 
     batch_size: int
     num_workers: int = 0
     prefetch_factor: int | None = None
     pin_memory: bool = False
     persistent_workers: bool = False
+    in_order: bool = True
+    multiprocessing_context: str | None = None
+    transfer: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool):
@@ -50,14 +61,24 @@ class LoaderConfig:
             raise ConfigError(
                 f"prefetch_factor must be a positive integer, got {self.prefetch_factor!r}"
             )
-        for name in ("pin_memory", "persistent_workers"):
+        for name in ("pin_memory", "persistent_workers", "in_order"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.multiprocessing_context not in START_METHODS + ("fork",):
+            raise ConfigError(
+                f"multiprocessing_context must be fork, forkserver or spawn, "
+                f"got {self.multiprocessing_context!r}"
+            )
+        if self.num_workers == 0 and (self.multiprocessing_context or not self.in_order):
+            raise ConfigError("multiprocessing_context and in_order need num_workers > 0")
+        if self.transfer not in TRANSFERS:
+            raise ConfigError(f"transfer must be one of {', '.join(TRANSFERS)}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], batch_size: int | None = None) -> LoaderConfig:
-        """Build from a Tune trial config or a JSON ``loader`` section, validating types."""
-        known = set(LOADER_KEYS)
+        """Build from a Tune trial config or a JSON ``loader`` section (with the
+        ``pipeline`` section's keys merged in), validating types."""
+        known = set(LOADER_KEYS) | set(PIPELINE_KEYS)
         unknown = set(values) - known
         if unknown:
             raise ConfigError(
@@ -70,6 +91,8 @@ class LoaderConfig:
         if workers == 0:
             merged["prefetch_factor"] = None
             merged["persistent_workers"] = False
+            merged["in_order"] = True
+            merged["multiprocessing_context"] = None
         elif merged.get("prefetch_factor") is None:
             merged["prefetch_factor"] = 2
         return cls(**merged)
@@ -77,23 +100,38 @@ class LoaderConfig:
     @classmethod
     def from_trial_config(cls, config: dict[str, Any]) -> LoaderConfig:
         """From a Tune trial config or a trials.csv row, ignoring the other keys."""
-        return cls.from_dict({k: v for k, v in config.items() if k in LOADER_KEYS})
+        keys = LOADER_KEYS + PIPELINE_KEYS
+        return cls.from_dict({k: v for k, v in config.items() if k in keys})
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader``."""
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k in LOADER_KEYS}
+
+    def pipeline(self) -> dict[str, Any]:
+        """How the pipeline around the DataLoader is built (``best_config.json``'s
+        ``pipeline`` section)."""
+        return {
+            "transfer": self.transfer,
+            "decode": "cpu",  # PIL, in the loader's workers
+            "workers": "process" if self.num_workers else "main process",
+            "in_order": self.in_order,
+            "start_method": self.multiprocessing_context or "default",
+        }
 
     def with_batch_size(self, batch_size: int) -> LoaderConfig:
         return LoaderConfig(**{**asdict(self), "batch_size": batch_size})
 
     def label(self) -> str:
         """Short human-readable form for tables and progress lines."""
+        extra = " uint8" if self.transfer == "uint8" else ""
         if self.num_workers == 0:
-            return f"workers=0 pin={_yn(self.pin_memory)} bs={self.batch_size}"
+            return f"workers=0 pin={_yn(self.pin_memory)} bs={self.batch_size}{extra}"
+        extra += "" if self.in_order else " unordered"
+        extra += f" {self.multiprocessing_context}" if self.multiprocessing_context else ""
         return (
             f"workers={self.num_workers} prefetch={self.prefetch_factor} "
             f"pin={_yn(self.pin_memory)} persistent={_yn(self.persistent_workers)} "
-            f"bs={self.batch_size}"
+            f"bs={self.batch_size}{extra}"
         )
 
 
@@ -115,6 +153,7 @@ class SearchSpace:
     cuda: bool
     usable_cpus: int
     prefetch_factors: tuple[int, ...] = field(default=PREFETCH_FACTORS)
+    pipeline: bool = False  # the dataset's pipeline is searched too (built-in image data)
 
     def __post_init__(self) -> None:
         if self.max_workers < 0:
@@ -132,10 +171,15 @@ class SearchSpace:
         if workers > 0:
             trial.suggest_categorical("prefetch_factor", list(self.prefetch_factors))
             trial.suggest_categorical("persistent_workers", [True, False])
+            if self.pipeline:
+                trial.suggest_categorical("in_order", [True, False])
+                trial.suggest_categorical("multiprocessing_context", list(START_METHODS))
         if self.cuda:
             trial.suggest_categorical("pin_memory", [True, False])
         if len(self.batch_sizes) > 1:
             trial.suggest_categorical("batch_size", list(self.batch_sizes))
+        if self.pipeline:
+            trial.suggest_categorical("transfer", list(TRANSFERS))
         return self.constants() or None
 
     @property
@@ -180,10 +224,15 @@ class SearchSpace:
         if config.num_workers > 0:
             point["prefetch_factor"] = config.prefetch_factor
             point["persistent_workers"] = config.persistent_workers
+            if self.pipeline:
+                point["in_order"] = config.in_order
+                point["multiprocessing_context"] = config.multiprocessing_context
         if self.cuda:
             point["pin_memory"] = config.pin_memory
         if len(self.batch_sizes) > 1:
             point["batch_size"] = config.batch_size
+        if self.pipeline:
+            point["transfer"] = config.transfer
         return point
 
     def baseline_name(self, config: LoaderConfig) -> str | None:

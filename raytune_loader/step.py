@@ -22,6 +22,7 @@ from torch import nn
 
 from raytune_loader.errors import ModelError
 from raytune_loader.factories import import_factory
+from raytune_loader.pipeline import finish_on_device
 
 StepFn = Callable[[Any], Any]
 
@@ -128,8 +129,12 @@ class Trainer:
 
         return cls(step, device, channels_last, "the training step")
 
-    def to_device(self, batch: Any, non_blocking: bool) -> Any:
-        return move(batch, self.device, non_blocking, self.channels_last)
+    def to_device(self, batch: Any, non_blocking: bool, transfer: str = "float32") -> Any:
+        """The batch on the device, with the pipeline's device-side stages done."""
+        moved = move(batch, self.device, non_blocking, self.channels_last)
+        if transfer == "float32":
+            return moved
+        return move(finish_on_device(moved, transfer), self.device, False, self.channels_last)
 
     def step(self, batch: Any) -> None:
         try:

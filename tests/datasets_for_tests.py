@@ -195,3 +195,11 @@ def step_oom_above_8(device: torch.device) -> object:
         optimizer.step()
 
     return step
+
+
+def images_with_transfer(transfer: str = "float32") -> Dataset:
+    """A factory that opts into pipeline search: uint8 images for transfer="uint8"."""
+    images = TensorImages(length=64)
+    if transfer == "uint8":
+        images.images = (images.images.clamp(-2, 2) * 60 + 128).to(torch.uint8)
+    return images

@@ -68,3 +68,39 @@ def test_the_record_says_how_the_search_ran(searched: Searched) -> None:
     assert search["sampler"] == "optuna TPESampler(seed=0, n_startup_trials=4)"
     assert search["scheduler"] == "ASHA(max_t=2, grace_period=1, reduction_factor=2)"
     assert search["trials"] == 4 and search["ok"] + search["stopped_early"] == 4
+
+
+def test_where_the_gpu_runs_pipeline_stages_the_objective_counts_training_only() -> None:
+    """On CUDA a uint8 candidate normalizes on the GPU; GPU utilization would count that
+    as training, so such searches maximize samples/s: the busier but slower one loses."""
+    from dataclasses import replace
+
+    from raytune_loader.api import _objective
+    from raytune_loader.measure import SegmentMetrics, TrialOutcome
+    from raytune_loader.selection import Candidate, select
+    from raytune_loader.space import LoaderConfig, SearchSpace
+
+    space = SearchSpace(max_workers=8, batch_sizes=(256,), cuda=True, usable_cpus=8)
+    job = job_from_options(SearchOptions(), "resnet50", device="cuda", node_cpus=8)
+    progress = _Recorder()
+    assert _objective(SearchOptions(), space, job, progress).objective == "util"
+    chosen = _objective(SearchOptions(), replace(space, pipeline=True), job, progress)
+    assert chosen.objective == "samples_per_s"
+    cpu_job = replace(job, device="cpu")
+    assert (
+        _objective(SearchOptions(), replace(space, pipeline=True), cpu_job, progress).objective
+        == "util"
+    )
+
+    def measured(transfer: str, speed: float, util: float) -> Candidate:
+        config = LoaderConfig(256, 8, 2, True, True, transfer=transfer)
+        runs = tuple(
+            TrialOutcome(config, 9, 0, SegmentMetrics(speed, 0.1, util, "nvml-process", util,
+                                                      256 * 60, 1.0))
+            for _ in range(3)
+        )  # fmt: skip
+        return Candidate(transfer, config, runs)
+
+    busy, fast = measured("uint8", 900.0, 0.95), measured("float32", 1000.0, 0.80)
+    assert select([busy, fast], "util").winner is busy  # what raw utilization would pick
+    assert select([busy, fast], chosen.objective).winner is fast

@@ -303,3 +303,12 @@ def test_a_bad_step_factory_is_a_user_error_naming_it(factory: str, message: str
     with pytest.raises(ModelError, match=re.escape(message)) as raised:
         measure_ceiling(job, 8, windows=1)
     assert f"datasets_for_tests:{factory}" in str(raised.value)
+
+
+def test_a_uint8_transfer_holds_a_quarter_of_the_bytes_in_flight(tiny_imagenet: Path) -> None:
+    job = _job("synthetic-imagenet", str(tiny_imagenet))
+    in_workers = run_trial(job, LoaderConfig(8, 1, 2, False, True))
+    on_device = run_trial(job, LoaderConfig(8, 1, 2, False, True, transfer="uint8"))
+    assert in_workers.metrics is not None and on_device.metrics is not None
+    ratio = in_workers.host_bytes_in_flight / on_device.host_bytes_in_flight
+    assert ratio == pytest.approx(4, rel=0.01)

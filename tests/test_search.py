@@ -94,6 +94,7 @@ def test_search_end_to_end(searched: Searched) -> None:
     assert best["schema_version"] == 1 and best["model"] == "small-cnn"
     assert "small-cnn, bf16 on synthetic-imagenet, batch 8 on cpu" in out
     assert best["job"]["precision"] == "bf16" and best["job"]["requested_batch_size"] == 8
+    assert best["pipeline"]["transfer"] in ("float32", "uint8")  # its pipeline was searched
     assert set(best["baselines"]) == {"pytorch-default", "heuristic"}
     assert best["baselines"]["pytorch-default"]["loader"]["num_workers"] == 0
     metrics = best["metrics"]

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
+from pathlib import Path
 
 import optuna
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from raytune_loader.datasets import DatasetSpec, build_dataset
 from raytune_loader.errors import ConfigError
 from raytune_loader.loader import build_dataloader
 from raytune_loader.space import (
@@ -112,3 +115,45 @@ def test_reservation_is_one_plus_workers_capped_at_the_node(
 def test_loader_config_rejects_what_pytorch_would(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         LoaderConfig(**kwargs)
+
+
+def test_the_pipeline_is_searched_only_where_it_applies() -> None:
+    kept = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2)
+    widened = replace(kept, pipeline=True)
+    point = {
+        "num_workers": 2, "prefetch_factor": 2, "persistent_workers": True,
+        "in_order": False, "multiprocessing_context": "spawn", "transfer": "uint8",
+    }  # fmt: skip
+    trial = optuna.trial.FixedTrial(point)
+    widened.define_by_run(trial)
+    assert trial.params == point
+    narrow = optuna.trial.FixedTrial(point)
+    kept.define_by_run(narrow)
+    assert set(narrow.params) == {"num_workers", "prefetch_factor", "persistent_workers"}
+    without_workers = optuna.trial.FixedTrial({"num_workers": 0, "transfer": "uint8"})
+    widened.define_by_run(without_workers)  # no start method nor order without workers
+    assert without_workers.params == {"num_workers": 0, "transfer": "uint8"}
+
+
+def test_a_spawned_unordered_uint8_loader_works_and_stays_out_of_the_dataloader_args(
+    tiny_imagenet: Path,
+) -> None:
+    config = LoaderConfig(4, 1, 2, False, False, in_order=False,
+                          multiprocessing_context="spawn", transfer="uint8")  # fmt: skip
+    assert "transfer" not in config.kwargs() and config.pipeline()["transfer"] == "uint8"
+    dataset = build_dataset(DatasetSpec("synthetic-imagenet", str(tiny_imagenet)), "uint8")
+    images, _ = next(iter(build_dataloader(dataset, config, timeout_s=60)))
+    assert images.dtype == torch.uint8 and images.shape == (4, 3, 224, 224)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"num_workers": 0, "multiprocessing_context": "spawn"}, "need num_workers > 0"),
+        ({"num_workers": 1, "multiprocessing_context": "threads"}, "fork, forkserver or spawn"),
+        ({"num_workers": 1, "transfer": "fp8"}, "transfer must be one of float32, uint8"),
+    ],
+)
+def test_impossible_pipelines_are_refused(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        LoaderConfig(batch_size=8, **values)
