@@ -312,3 +312,15 @@ def test_a_uint8_transfer_holds_a_quarter_of_the_bytes_in_flight(tiny_imagenet: 
     assert in_workers.metrics is not None and on_device.metrics is not None
     ratio = in_workers.host_bytes_in_flight / on_device.host_bytes_in_flight
     assert ratio == pytest.approx(4, rel=0.01)
+
+
+@pytest.mark.slow  # inductor compiles C++ for the CPU: tens of seconds
+def test_a_compiled_model_compiles_in_the_warm_up_not_in_the_measured_window() -> None:
+    job = replace(_job("datasets_for_tests:fast"), compile=True)
+    job = replace(job, segment=SegmentSpec(warmup_steps=2, steps=6, report_every=6))
+    started = time.perf_counter()
+    outcome = run_trial(job, LoaderConfig(8))
+    total = time.perf_counter() - started
+    assert outcome.metrics is not None, outcome.detail
+    # the compilation took most of the trial, none of it inside the window
+    assert outcome.metrics.wall_s < 0.25 * total
