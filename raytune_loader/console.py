@@ -151,9 +151,23 @@ def ceiling_line(metrics: dict[str, Any]) -> str | None:
     return None
 
 
+def pipeline_line(pipeline: dict[str, Any]) -> str:
+    """The tuned pipeline in words: ``uint8 transfer (normalized on the device), ...``."""
+    transfer = (
+        "uint8 transfer (normalized on the device)"
+        if pipeline.get("transfer") == "uint8"
+        else "float32 transfer (normalized in the workers)"
+    )
+    order = "in order" if pipeline.get("in_order", True) else "out of order"
+    return f"{transfer}, {order}, start method {pipeline.get('start_method', 'default')}"
+
+
 def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdout) -> None:
     print("", file=stream)
     print("\n".join(summary_table(best)), file=stream)
+    pipeline = best.get("pipeline")
+    if pipeline:
+        print(f"\ntuned pipeline: {pipeline_line(pipeline)}", file=stream)
     line = ceiling_line(best["metrics"])
     if line:
         print(f"\n{line}", file=stream)

@@ -155,3 +155,16 @@ def test_count_starts_afresh_for_another_counter() -> None:
             progress.count(what, done, 8)
     counters = [line.split(":")[0].strip() for line in stream.getvalue().splitlines()]
     assert counters == ["measuring the ceiling"] * 5 + ["verifying"] * 5
+
+
+def test_the_summary_says_how_the_tuned_pipeline_is_built() -> None:
+    from raytune_loader.console import pipeline_line
+
+    uint8 = {"transfer": "uint8", "in_order": False, "start_method": "spawn"}
+    assert pipeline_line(uint8) == (
+        "uint8 transfer (normalized on the device), out of order, start method spawn"
+    )
+    plain = {"transfer": "float32", "in_order": True, "start_method": "default"}
+    assert pipeline_line(plain) == (
+        "float32 transfer (normalized in the workers), in order, start method default"
+    )
