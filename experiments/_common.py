@@ -6,11 +6,15 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import SearchOptions, hardware
-from raytune_loader.job import TrialJob, job_from_options, prepare_data
+import torch
+from torch.utils.data import Subset
+
+from raytune_loader import SearchOptions, datasets, hardware
+from raytune_loader.job import TrialJob, job_from_options, prepare_data, subset_indices
 from raytune_loader.models import default_model
 from raytune_loader.results import write_json
 
@@ -36,6 +40,19 @@ def default_job(steps: int = 60, largest_batch: int = 0) -> TrialJob:
     )
     prepare_data(job, max(32, largest_batch))
     return job
+
+
+def decode_rate(job: TrialJob, samples: int = 256, transfer: str = "float32") -> float:
+    """Samples per second one core decodes and augments (the worker side of ``transfer``)."""
+    torch.set_num_threads(1)
+    full = datasets.build_dataset(job.dataset, transfer)
+    subset = Subset(full, subset_indices(len(full), samples, job.seed))
+    for i in range(16):  # warm the page cache and the code paths
+        subset[i]
+    started = time.perf_counter()
+    for i in range(len(subset)):
+        subset[i]
+    return len(subset) / (time.perf_counter() - started)
 
 
 def save(name: str, figures: dict[str, Any]) -> Path:

@@ -16,29 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-import torch
-from torch.utils.data import Subset
-
-from _common import RESULTS, default_job, save
-from raytune_loader import datasets, hardware, load_best_config
-from raytune_loader.job import subset_indices
+from _common import RESULTS, decode_rate, default_job, save
+from raytune_loader import hardware, load_best_config
 from raytune_loader.measure import measure_ceiling, run_trial
-
-
-def decode_rate(job, samples: int = 256) -> float:
-    """Samples per second one core decodes and augments."""
-    torch.set_num_threads(1)
-    full = datasets.build_dataset(job.dataset)
-    subset = Subset(full, subset_indices(len(full), samples, job.seed))
-    for i in range(16):  # warm the page cache and the code paths
-        subset[i]
-    started = time.perf_counter()
-    for i in range(len(subset)):
-        subset[i]
-    return len(subset) / (time.perf_counter() - started)
 
 
 def main() -> None:

@@ -16,15 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import replace
 
-import torch
-from torch.utils.data import Subset
-
-from _common import default_job, save
-from raytune_loader import datasets
-from raytune_loader.job import subset_indices
+from _common import decode_rate, default_job, save
 from raytune_loader.measure import run_trial
 from raytune_loader.selection import rotated
 from raytune_loader.space import LoaderConfig
@@ -37,19 +31,6 @@ VARIANTS = {
     "uint8, forkserver": replace(BASE, transfer="uint8", multiprocessing_context="forkserver"),
     "uint8, spawn": replace(BASE, transfer="uint8", multiprocessing_context="spawn"),
 }
-
-
-def per_core_rate(job, transfer: str, samples: int = 192) -> float:
-    """Samples per second one core decodes and augments with ``transfer``'s stages."""
-    torch.set_num_threads(1)
-    full = datasets.build_dataset(job.dataset, transfer)
-    subset = Subset(full, subset_indices(len(full), samples, job.seed))
-    for i in range(16):
-        subset[i]
-    started = time.perf_counter()
-    for i in range(len(subset)):
-        subset[i]
-    return len(subset) / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -72,7 +53,7 @@ def main() -> None:
             "samples_per_s": speeds,
             "median": medians,
             "over_float32": {name: value / base for name, value in medians.items()},
-            "decode_augment_per_core": {t: per_core_rate(job, t) for t in ("float32", "uint8")},
+            "decode_augment_per_core": {t: decode_rate(job, 192, t) for t in ("float32", "uint8")},
             "device": job.device,
         },
     )
