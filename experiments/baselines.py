@@ -76,6 +76,7 @@ def main() -> None:
             "dataset": job.dataset.name,
             "model": job.model,
             "configs": {name: config.kwargs() for name, config in configs.items()},
+            "pipelines": {name: config.pipeline() for name, config in configs.items()},
             "samples_per_s": {name: spread(values) for name, values in speed.items()},
             "util": {name: spread(values) for name, values in util.items()},
             "speedup_vs_pytorch_default": spread(ratios[PYTORCH_DEFAULT]),
