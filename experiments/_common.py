@@ -6,15 +6,14 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.utils.data import Subset
 
 from raytune_loader import SearchOptions, datasets, hardware
 from raytune_loader.job import TrialJob, job_from_options, prepare_data, subset_indices
+from raytune_loader.measure import worker_side_rate
 from raytune_loader.models import default_model
 from raytune_loader.results import write_json
 
@@ -42,17 +41,13 @@ def default_job(steps: int = 60, largest_batch: int = 0) -> TrialJob:
     return job
 
 
-def decode_rate(job: TrialJob, samples: int = 256, transfer: str = "float32") -> float:
-    """Samples per second one core decodes and augments (the worker side of ``transfer``)."""
-    torch.set_num_threads(1)
-    full = datasets.build_dataset(job.dataset, transfer)
-    subset = Subset(full, subset_indices(len(full), samples, job.seed))
-    for i in range(16):  # warm the page cache and the code paths
-        subset[i]
-    started = time.perf_counter()
-    for i in range(len(subset)):
-        subset[i]
-    return len(subset) / (time.perf_counter() - started)
+def decode_rate(
+    job: TrialJob, samples: int = 256, transfer: str = "float32", decode: str = "pil"
+) -> float:
+    """Samples per second one core reads, decodes and augments (a worker's share of the
+    pipeline variant ``transfer`` x ``decode``)."""
+    full = datasets.build_dataset(job.dataset, transfer, decode)
+    return worker_side_rate(Subset(full, subset_indices(len(full), samples, job.seed)), samples)
 
 
 def save(name: str, figures: dict[str, Any]) -> Path:

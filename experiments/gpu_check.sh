@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU path for real, on a machine with one NVIDIA GPU and ~16 cores, in about
 # 7 minutes (the stage limits add up to 8): the ceilings of resnet50 in fp32, TF32, bf16
-# and bf16 + channels-last side by side; the search on synthetic-imagenet with resnet50
-# as people train it on such a card (bf16 autocast, channels-last, batch 256; NVML
-# per-process utilization, two trials sharing the GPU at 0.5 each, every measurement
-# capped at half its memory, the OOM back-off forced by a batch size that cannot fit in
-# that half); then the baselines and limits benchmarks. Everything lands in results/gpu/.
+# and bf16 + channels-last side by side; whether nvJPEG's images match PIL's; the search
+# on synthetic-imagenet with resnet50 as people train it on such a card (bf16 autocast,
+# channels-last, batch 256; the pipeline searched too: PIL, tensor or nvJPEG decoding,
+# uint8 transfer, thread workers; objective samples/s; NVML per-process utilization,
+# two trials sharing the GPU at 0.5 each, every measurement capped at half its memory,
+# the OOM back-off forced by a batch size that cannot fit in that half; the input
+# pipeline alone in best_config.json's limit section); then the baselines (target:
+# tuned >= 1.5x heuristic) and limits benchmarks; the ranking two-at-a-time vs alone
+# (Kendall tau) and NVML per-process vs device-wide. Everything lands in results/gpu/.
 #
 #   bash experiments/gpu_check.sh          (PYTHON=python3.12 to pick the interpreter)
 #
@@ -44,26 +48,34 @@ cat "$out/machine.txt"
 
 # 0. The step the loader must feed: resnet50's ceiling at batch 256 in each precision
 #    (results/gpu/precision.json), one window of 20 steps, 2 rounds.
-stage precision 60 env BENCH_DIR="$out" "$py" experiments/precision.py --rounds 2 --steps 20
+stage precision 25 env BENCH_DIR="$out" "$py" experiments/precision.py --rounds 1 --steps 10
+
+# 0b. nvJPEG on the GPU against PIL, with the same crop boxes and flips.
+stage decoders 15 env BENCH_DIR="$out" "$py" experiments/decoders_agree.py --samples 16
 
 # 1. The search, in the defaults a GPU gets (bf16, channels-last). Batch 2048 of
 #    resnet50 needs more than half of an H200 (the cap of a 0.5-GPU trial), so it backs
 #    off; 256 fits. The benchmarks below read the same embedded dataset.
-stage search 250 "$py" -m raytune_loader.search --samples-per-trial 2048 \
-    --batch-sizes 256,2048 --min-batch-size 128 --gpus-per-trial 0.5 --num-samples 8 \
-    --time-budget 60 --steps 20 --report-every 10 --warmup-steps 3 --verify-top 1 \
+stage search 175 "$py" -m raytune_loader.search --samples-per-trial 2048 \
+    --batch-sizes 256,2048 --min-batch-size 128 --gpus-per-trial 0.5 --num-samples 10 \
+    --time-budget 70 --steps 20 --report-every 10 --warmup-steps 3 --verify-top 1 \
     --verify-repeats 1 --out "$out/search"
 found=$out/search/synthetic-imagenet
 rm -rf "$found/tune"  # Tune's own folder is large; the CSV, JSON and report stay
 
 # 2. Benchmarks 1 (tuned vs the usual choices) and 4 (the physical limit) on the GPU.
 if [ -f "$found/best_config.json" ]; then
-    stage baselines 110 env BENCH_DIR="$out" "$py" experiments/baselines.py \
+    stage baselines 85 env BENCH_DIR="$out" "$py" experiments/baselines.py \
         --config "$found/best_config.json" --repeats 2 --steps 20
-    stage limits 50 env BENCH_DIR="$out" "$py" experiments/limits.py \
+    stage limits 30 env BENCH_DIR="$out" "$py" experiments/limits.py \
         --config "$found/best_config.json" --steps 20
 else
     echo "no best_config.json: benchmarks skipped" | tee -a "$out/stages.txt"
 fi
+
+# 3. Six configurations alone, then two at a time at half the GPU each: Kendall tau of
+#    the two rankings; NVML per-process vs device-wide utilization while alone.
+stage shared_gpu 90 env BENCH_DIR="$out" "$py" experiments/shared_gpu.py --steps 15
+
 echo "GPU check done (exit $status): $out"
 exit "$status"

@@ -30,7 +30,13 @@ from raytune_loader.progress import LogProgress, Progress
 from raytune_loader.records import TrialRecord
 from raytune_loader.results import ensure_writable, write_json
 from raytune_loader.space import SearchSpace
-from raytune_loader.verify import Verified, measure_ceilings, verification_configs, verify
+from raytune_loader.verify import (
+    Verified,
+    measure_ceilings,
+    verification_configs,
+    verify,
+    with_input_rates,
+)
 
 log = logging.getLogger(__name__)
 RESUME_POINTER = "last_search.json"  # the interrupted search --resume continues
@@ -51,6 +57,7 @@ def search_space(
     progress: Progress,
     quiet: bool = False,
     pipeline: bool = False,
+    decodes: tuple[str, ...] = ("pil",),
 ) -> SearchSpace:
     """The search space; ``usable`` is the CPUs of the largest node a trial may run on."""
     max_workers = usable if opts.max_workers is None else opts.max_workers
@@ -67,6 +74,8 @@ def search_space(
         cuda=cuda,
         usable_cpus=usable,
         pipeline=pipeline,
+        decodes=decodes,
+        thread_workers=pipeline,
     )
 
 
@@ -140,8 +149,10 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     try:
         _announce_dashboard(cluster, progress)
         node_cpus = int(cluster.node_cpus) if cluster.joined else hardware.usable_cpus()
+        cuda = job.device == "cuda"
         pipeline = datasets.pipeline_searchable(job.dataset)
-        space = search_space(opts, node_cpus, job.device == "cuda", progress, True, pipeline)
+        decodes = datasets.decodes(job.dataset, cuda) if pipeline else ("pil",)
+        space = search_space(opts, node_cpus, cuda, progress, True, pipeline, decodes)
         opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial, cluster.node_cpus)
@@ -235,7 +246,7 @@ def _verify(
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
     what = "verifying (each configuration alone, repeated)"
     progress.count(what, 0, len(configs) * opts.verify_repeats)
-    return verify(
+    verified = verify(
         job,
         configs,
         opts.verify_repeats,
@@ -243,6 +254,7 @@ def _verify(
         on_measured=lambda done, total, *_: progress.count(what, done, total),
         slot_base=opts.num_samples,
     )
+    return with_input_rates(verified, job, opts.objective, measurer, progress)
 
 
 def _write_results(
@@ -259,7 +271,7 @@ def _write_results(
         for hw_class, class_records in by_class.items()
     }  # fmt: skip
     results = {
-        hw_class: best_config(context, v.candidates, rebased[hw_class])
+        hw_class: best_config(context, v.candidates, rebased[hw_class], v.input_rates)
         for hw_class, v in verified.items()
     }
     primary = next(iter(results))  # the class with the most trials

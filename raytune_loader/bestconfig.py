@@ -15,10 +15,11 @@ from typing import Any
 from raytune_loader import hardware
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import TrialJob
+from raytune_loader.measure import InputRate
 from raytune_loader.options import SearchOptions
 from raytune_loader.records import TrialRecord
-from raytune_loader.selection import Candidate, select
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
+from raytune_loader.selection import Candidate, fitting, select
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, SearchSpace
 
 CLASS_FACTS = ("hardware_class", "cpu_model", "node_cpus", "gpu_name", "node_gpus", "ram_bytes")
 
@@ -77,6 +78,28 @@ def metrics_of(candidate: Candidate) -> dict[str, Any]:
     return out
 
 
+INPUT_BOUND_MARGIN = 0.15  # the input alone within 15% of training: the input is the limit
+
+
+def _limit(winner: Candidate, rate: InputRate | None) -> dict[str, Any]:
+    """Where the limit is: the input pipeline alone against the trained rate."""
+    trained = winner.stats("samples_per_s")
+    if rate is None or trained is None or not trained.median:
+        return {}
+    headroom = rate.samples_per_s / trained.median - 1
+    return {
+        "limit": {
+            "bound": "input" if headroom < INPUT_BOUND_MARGIN else "model",
+            "input_samples_per_s": rate.samples_per_s,
+            "trained_samples_per_s": trained.median,
+            "headroom": headroom,
+            "per_core_samples_per_s": rate.per_core,
+            "rule": f"input-bound when the input pipeline alone (no model) is within "
+            f"{INPUT_BOUND_MARGIN:.0%} of the trained rate",
+        }
+    }
+
+
 def _speedup(winner: Candidate, baseline: Candidate | None) -> float | None:
     if baseline is None:
         return None
@@ -99,15 +122,11 @@ def _hardware(ctx: SearchContext, records: list[TrialRecord]) -> dict[str, Any]:
     }
 
 
-def _fitting(candidate: Candidate) -> LoaderConfig:
-    sizes = [o.effective_batch_size for o in candidate.ok if o.effective_batch_size]
-    if sizes and max(sizes) < candidate.config.batch_size:
-        return candidate.config.with_batch_size(min(sizes))
-    return candidate.config
-
-
 def best_config(
-    ctx: SearchContext, candidates: list[Candidate], records: list[TrialRecord]
+    ctx: SearchContext,
+    candidates: list[Candidate],
+    records: list[TrialRecord],
+    input_rates: dict[str, InputRate] | None = None,
 ) -> dict[str, Any]:
     """The best_config.json content; SearchFailedError when every configuration failed."""
     selection = select(candidates, ctx.opts.objective)
@@ -123,8 +142,9 @@ def best_config(
         "model": None if ctx.job.train_step else ctx.job.model,  # the step is in "job"
         "objective": ctx.opts.objective,
         # after an out-of-memory back-off, what fits is what training should use
-        "loader": _fitting(winner).kwargs(),
+        "loader": fitting(winner).kwargs(),
         "metrics": metrics_of(winner),
+        **_limit(winner, (input_rates or {}).get(winner.name)),
         "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
         "selection": {
             "chosen": winner.name,
@@ -148,7 +168,7 @@ def best_config(
             "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
             "metric": "samples_per_s (median of verification runs)",
         },
-        "job": job_section(ctx.job, ctx.space, _fitting(winner).batch_size),
+        "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
         **({"pipeline": winner.config.pipeline()} if ctx.space.pipeline else {}),
         "hardware": _hardware(ctx, records),
         "search": {

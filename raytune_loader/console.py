@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from raytune_loader.errors import RaytuneLoaderError
 from raytune_loader.records import TrialRecord, trial_status
-from raytune_loader.report import summary_rows
+from raytune_loader.report import limit_line, pipeline_line, summary_rows
 from raytune_loader.space import LoaderConfig
 
 WORDS = {"ok": "done", "stopped_early": "stopped early", "error": "error"}
@@ -151,17 +151,6 @@ def ceiling_line(metrics: dict[str, Any]) -> str | None:
     return None
 
 
-def pipeline_line(pipeline: dict[str, Any]) -> str:
-    """The tuned pipeline in words: ``uint8 transfer (normalized on the device), ...``."""
-    transfer = (
-        "uint8 transfer (normalized on the device)"
-        if pipeline.get("transfer") == "uint8"
-        else "float32 transfer (normalized in the workers)"
-    )
-    order = "in order" if pipeline.get("in_order", True) else "out of order"
-    return f"{transfer}, {order}, start method {pipeline.get('start_method', 'default')}"
-
-
 def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdout) -> None:
     print("", file=stream)
     print("\n".join(summary_table(best)), file=stream)
@@ -171,6 +160,9 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     line = ceiling_line(best["metrics"])
     if line:
         print(f"\n{line}", file=stream)
+    limit = limit_line(best.get("limit"))
+    if limit:
+        print(limit, file=stream)
     selection = best.get("selection", {})
     if selection.get("decided_by_cost"):
         print(

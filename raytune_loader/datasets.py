@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 
 from raytune_loader import synthetic
-from raytune_loader.errors import CorruptSampleError, DatasetError
+from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
 from raytune_loader.factories import import_factory
 
 TRANSFER_KEYWORD = "transfer"  # a dataset factory that takes it opts into pipeline search
@@ -69,11 +70,28 @@ class DatasetSpec:
         return Path(self.data_root) if self.data_root else None
 
 
-def imagenet_train_transform(transfer: str = "float32") -> Callable[[Image.Image], Any]:
-    """RandomResizedCrop(224) and a flip, then, in the worker: ``float32`` converts and
-    normalizes (3 x 224 x 224 x 4 bytes a sample cross shared memory and the PCIe link);
-    ``uint8`` stops at the uint8 tensor (a quarter of the bytes) and
-    :func:`raytune_loader.pipeline.finish_on_device` converts and normalizes there."""
+def imagenet_train_transform(
+    transfer: str = "float32", decode: str = "pil"
+) -> Callable[[Any], Any] | None:
+    """The worker side of a pipeline variant. RandomResizedCrop(224) and a flip, then
+    ``float32`` converts and normalizes (3 x 224 x 224 x 4 bytes a sample cross shared
+    memory and the PCIe link), ``uint8`` stops at the uint8 tensor (a quarter of the
+    bytes) for :func:`raytune_loader.pipeline.finish_on_device`. ``decode="pil"`` crops
+    PIL images (torchvision's classic transforms); ``"tensor"`` crops the uint8
+    tensor :mod:`raytune_loader.decoders` made (``transforms.v2``); ``"device"`` has no
+    worker-side transform: the encoded bytes cross and
+    :func:`raytune_loader.pipeline.decode_on_device` does the rest."""
+    if decode == "device":
+        return None
+    if decode == "tensor":
+        import torch
+        from torchvision.transforms import v2
+
+        steps = [v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()]
+        if transfer == "uint8":
+            return v2.Compose(steps)
+        scale = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+        return v2.Compose([*steps, *scale])
     from torchvision import transforms as T
 
     crop = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
@@ -91,7 +109,34 @@ def load_rgb(path: str) -> Image.Image:
         raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
 
 
-def _image_folder(root: Path, what: str, transfer: str = "float32") -> Dataset[Any]:
+def load_encoded(path: str) -> Any:
+    """The file's bytes as a 1-D uint8 tensor, for decoding on the device."""
+    with open(path, "rb") as handle:
+        return torch.frombuffer(bytearray(handle.read()), dtype=torch.uint8)
+
+
+def load_decoded(path: str) -> Any:
+    """The image as an RGB uint8 (3, H, W) tensor (:mod:`raytune_loader.decoders`:
+    libjpeg-turbo for JPEG; PNG, GIF and WebP too)."""
+    from raytune_loader.decoders import decode_one
+
+    try:
+        return decode_one(load_encoded(path))
+    except (RuntimeError, ValueError) as exc:  # torchvision.io raises the one, TorchCodec the other
+        raise CorruptSampleError(f"corrupt sample {path}: {last_line(exc)}") from None
+
+
+_LOADERS = {"pil": load_rgb, "tensor": load_decoded, "device": load_encoded}
+
+
+def is_jpeg(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(3) == b"\xff\xd8\xff"
+
+
+def _image_folder(
+    root: Path, what: str, transfer: str = "float32", decode: str = "pil"
+) -> Dataset[Any]:
     from torchvision.datasets import ImageFolder
 
     layout = f"{root}/<class>/<image>.JPEG"
@@ -101,8 +146,8 @@ def _image_folder(root: Path, what: str, transfer: str = "float32") -> Dataset[A
             "(pass the parent folder with --data-root)"
         )
     try:
-        transform = imagenet_train_transform(transfer)
-        return ImageFolder(str(root), transform=transform, loader=load_rgb)
+        transform = imagenet_train_transform(transfer, decode)
+        return ImageFolder(str(root), transform=transform, loader=_LOADERS[decode])
     except (FileNotFoundError, RuntimeError) as exc:
         raise DatasetError(
             f"{what}: no images under {root} ({exc}); expected the ImageFolder layout {layout}"
@@ -153,6 +198,22 @@ def _factory_dataset(spec: DatasetSpec, transfer: str = "float32") -> Dataset[An
     return dataset  # type: ignore[return-value]
 
 
+def decodes(spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+    """Where this dataset's images may be decoded: the built-in image datasets in the
+    workers by PIL or to tensors, and on a CUDA device with nvJPEG when its
+    files are JPEGs; other datasets decode as their own code does."""
+    if spec.name not in IMAGE_FOLDERS:
+        return ("pil",)
+    found = ("pil", "tensor")
+    if not cuda:
+        return found
+    try:
+        first = build_dataset(spec, "uint8", "device").samples[0][0]  # type: ignore[attr-defined]
+    except DatasetError:
+        return found
+    return (*found, "device") if is_jpeg(first) else found
+
+
 def pipeline_searchable(spec: DatasetSpec) -> bool:
     """Whether the search may choose how this dataset's pipeline is built: the built-in
     image datasets, and a factory that takes ``transfer=`` (it then returns uint8 image
@@ -165,21 +226,24 @@ def pipeline_searchable(spec: DatasetSpec) -> bool:
     return TRANSFER_KEYWORD in inspect.signature(factory).parameters
 
 
-def build_dataset(spec: DatasetSpec, transfer: str = "float32") -> Dataset[Any]:
+def build_dataset(
+    spec: DatasetSpec, transfer: str = "float32", decode: str = "pil"
+) -> Dataset[Any]:
     """The full dataset named by ``spec`` (the synthetic one must already exist), with
-    the worker-side stages of ``transfer`` where the dataset's pipeline is searched."""
+    the worker-side stages of ``transfer`` and ``decode`` where the dataset's pipeline
+    is searched (``decode`` applies to the built-in image datasets)."""
     root = spec.resolved_root()
     if spec.name == SYNTHETIC:
         assert root is not None
-        dataset = _image_folder(root / "train", "synthetic-imagenet", transfer)
+        dataset = _image_folder(root / "train", "synthetic-imagenet", transfer, decode)
     elif spec.name == "imagenet":
         if root is None:
             raise DatasetError("imagenet needs --data-root pointing at a folder with train/")
-        dataset = _image_folder(root / "train", "imagenet", transfer)
+        dataset = _image_folder(root / "train", "imagenet", transfer, decode)
     elif spec.name == "imagefolder":
         if root is None:
             raise DatasetError("imagefolder needs --data-root pointing at <class>/<image> folders")
-        dataset = _image_folder(root, "imagefolder", transfer)
+        dataset = _image_folder(root, "imagefolder", transfer, decode)
     elif spec.name in _TORCHVISION:
         dataset = _torchvision_dataset(spec)
     else:
@@ -189,19 +253,21 @@ def build_dataset(spec: DatasetSpec, transfer: str = "float32") -> Dataset[Any]:
     return dataset
 
 
-@functools.lru_cache(maxsize=4)
-def _built_in(spec: DatasetSpec, transfer: str) -> Dataset[Any]:
-    return build_dataset(spec, transfer)
+@functools.lru_cache(maxsize=8)
+def _built_in(spec: DatasetSpec, transfer: str, decode: str) -> Dataset[Any]:
+    return build_dataset(spec, transfer, decode)
 
 
-def dataset_for_trial(spec: DatasetSpec, transfer: str = "float32") -> Dataset[Any]:
+def dataset_for_trial(
+    spec: DatasetSpec, transfer: str = "float32", decode: str = "pil"
+) -> Dataset[Any]:
     """The dataset a measurement reads, kept across trials that Ray runs in one reused
     process: a built-in dataset is a stateless list of files or arrays (listing
     ImageNet's 1.28M files takes seconds); a user's factory is called every time,
     since its dataset may hold state that must not carry over to the next trial."""
     if spec.name in IMAGE_FOLDERS or spec.name in _TORCHVISION:
-        return _built_in(spec, transfer)
-    return build_dataset(spec, transfer)
+        return _built_in(spec, transfer, decode)
+    return build_dataset(spec, transfer, decode)
 
 
 def num_classes(dataset: Dataset[Any]) -> int:

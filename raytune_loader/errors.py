@@ -68,3 +68,11 @@ class CorruptSampleError(RaytuneLoaderError):
 
 class BatchSizeTooSmallError(RaytuneLoaderError):
     """CUDA ran out of memory even at the minimum batch size."""
+
+
+def last_line(exc: BaseException) -> str:
+    """``Type: message`` from an exception's last non-empty line (errors raised in C++
+    or in a DataLoader worker carry a stack trace before it)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"

@@ -30,6 +30,7 @@ from raytune_loader.errors import (
     CorruptSampleError,
     DataPipelineError,
     TrialRefusedError,
+    last_line,
 )
 from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
 from raytune_loader.loader import build_dataloader
@@ -127,12 +128,6 @@ def _batches(loader: Any) -> Iterator[Any]:
             )
 
 
-def last_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    text = lines[-1] if lines else type(exc).__name__
-    return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
-
-
 class _Window:
     """Running totals of the measured window.
 
@@ -222,7 +217,7 @@ def train_segment(
     sampler: nvml.UtilizationSampler | None = None
     try:
         for _ in range(spec.warmup_steps):
-            trainer.step(trainer.to_device(next(batches), non_blocking, config.transfer))
+            trainer.step(_on_device(trainer, next(batches), non_blocking, config))
         trainer.sync()
         sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
         sampler.start()  # stopped in finally on any failure, so no NVML thread is left
@@ -239,11 +234,11 @@ def train_segment(
             window.wait_s += time.perf_counter() - fetch_start
             # the copy to the device is part of the step: a pageable copy waits for
             # the previous step's kernels, which is compute, not waiting for data
-            on_device = trainer.to_device(batch, non_blocking, config.transfer)
+            on_device = _on_device(trainer, batch, non_blocking, config)
             cpu_start = window.cpu_clock()
             trainer.step(on_device)
             window.compute_cpu_s += window.cpu_clock() - cpu_start
-            window.samples += batch_samples(batch)
+            window.samples += batch_samples(on_device)
             if report is not None and step % spec.report_every == 0 and step < spec.steps:
                 trainer.sync()
                 interim = window.metrics(time.perf_counter() - window.start)
@@ -269,16 +264,28 @@ def train_segment(
     )
 
 
+def _on_device(trainer: Trainer, batch: Any, non_blocking: bool, config: LoaderConfig) -> Any:
+    """The batch on the device; a JPEG that fails to decode there fails the trial as a
+    corrupt sample, as it would in a worker."""
+    try:
+        return trainer.to_device(batch, non_blocking, config)
+    except CorruptSampleError as exc:
+        raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
+
+
 def _device_uuid(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
     return nvml.device_uuid_for_torch_device(device.index or 0)
 
 
-def prepare(job: TrialJob, slot: int = 0, transfer: str = "float32") -> tuple[Dataset[Any], int]:
-    """The trial's subset, with the worker-side stages of ``transfer``, and the bytes of
-    one of its samples."""
-    full = datasets.dataset_for_trial(job.dataset, transfer)
+def prepare(
+    job: TrialJob, slot: int = 0, config: LoaderConfig | None = None
+) -> tuple[Dataset[Any], int]:
+    """The trial's subset, with the worker-side stages of ``config``'s pipeline variant,
+    and the bytes of one of its samples."""
+    config = config or LoaderConfig(batch_size=1)
+    full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)
     indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
     subset = Subset(full, indices)
     return subset, sample_nbytes(_first_sample(subset))
@@ -315,7 +322,7 @@ def run_trial(
     """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
     cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus)
     try:
-        subset, sample_bytes = prepare(job, slot, config.transfer)
+        subset, sample_bytes = prepare(job, slot, config)
     except DataPipelineError as exc:
         return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
     try:
@@ -382,3 +389,60 @@ def measure_ceiling(
 
     outcome = run_with_backoff(resident, batch_size, job.min_batch_size)
     return outcome.effective_batch_size, outcome.value
+
+
+@dataclass(frozen=True)
+class InputRate:
+    """The input pipeline alone, no model: where the limit of a configuration is."""
+
+    samples_per_s: float  # the loader and the device-side stages, nothing trained
+    per_core: float  # the worker-side stages (decode, augment) on one core
+
+    def as_dict(self) -> dict[str, float]:
+        return {"samples_per_s": self.samples_per_s, "per_core_samples_per_s": self.per_core}
+
+
+def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRate:
+    """``config``'s loader over the trial's subset with the variant's device-side
+    stages, as many batches as a trial measures, and no model; then the worker-side
+    stages of a few samples on one core."""
+    subset, _ = prepare(job, slot, config)
+    spec = job.segment
+    torch.set_num_threads(spec.compute_threads)
+    device = torch.device(job.device)
+    trainer = Trainer(lambda batch: None, device, job.channels_last, "the input pipeline")
+    loader = build_dataloader(
+        subset, config, timeout_s=min(spec.loader_timeout_s, spec.time_limit_s), seed=job.seed,
+        shuffle=False, sampler=_segment_sampler(subset, config.batch_size, spec, job.seed),
+    )  # fmt: skip
+    batches = _batches(loader)
+    try:
+        for _ in range(spec.warmup_steps):
+            _on_device(trainer, next(batches), config.pin_memory, config)
+        trainer.sync()
+        start, samples = time.perf_counter(), 0
+        for _ in range(spec.steps):
+            samples += batch_samples(_on_device(trainer, next(batches), config.pin_memory, config))
+        trainer.sync()
+        rate = samples / (time.perf_counter() - start)
+    finally:
+        batches.close()
+        del loader
+        gc.collect()
+    return InputRate(rate, worker_side_rate(subset))
+
+
+def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
+    """Samples per second one core reads, decodes and augments (what a worker does)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        count = min(samples, len(dataset))  # type: ignore[arg-type]
+        for i in range(min(8, count)):  # warm the code paths
+            dataset[i]
+        started = time.perf_counter()
+        for i in range(count):
+            dataset[i]
+        return count / (time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)

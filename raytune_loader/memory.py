@@ -38,7 +38,7 @@ def bytes_in_flight(config: LoaderConfig, sample_bytes: int) -> tuple[int, int]:
     batch = sample_bytes * config.batch_size
     batches = config.num_workers * (config.prefetch_factor or 0) if config.num_workers else 1
     host = batch * batches * (2 if config.pin_memory else 1)
-    shm = batch * batches if config.num_workers else 0
+    shm = batch * batches if config.num_workers and config.workers == "process" else 0
     return host, shm
 
 

@@ -4,10 +4,14 @@ A candidate's ``transfer`` says where images become normalized float32:
 ``float32`` in the loader's workers (torchvision's usual ImageNet transforms), or
 ``uint8`` on the device, after the transfer, as timm's ``PrefetchLoader`` and
 Composer do (a quarter of the bytes through shared memory, the pinning thread
-and the PCIe link). The worker side is
-:func:`raytune_loader.datasets.imagenet_train_transform`; :func:`finish_on_device`
-is the device side, used by every measurement and by ``load_best_config(...)
-.to_device(batch, device)`` in the user's training loop.
+and the PCIe link). Its ``decode`` says where JPEGs are decoded: in the workers
+(:func:`raytune_loader.datasets.imagenet_train_transform`), or ``device``: the
+workers only read the files, and :func:`decode_on_device` decodes a whole batch
+with :func:`raytune_loader.decoders.decode_batch` (nvJPEG on CUDA), then crops
+and flips every image there with ``torchvision.transforms.v2``.
+
+:func:`to_device` is the device side, used by every measurement and by
+``load_best_config(...).to_device(batch, device)`` in the user's training loop.
 """
 
 from __future__ import annotations
@@ -16,8 +20,79 @@ import functools
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate
 
 from raytune_loader.datasets import IMAGENET_MEAN, IMAGENET_STD
+from raytune_loader.errors import CorruptSampleError, last_line
+
+
+def move(batch: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
+    """``batch`` with every tensor on ``device``; image batches in channels-last layout."""
+    if isinstance(batch, torch.Tensor):
+        moved = batch.to(device, non_blocking=non_blocking)
+        if channels_last and moved.dim() == 4 and moved.is_floating_point():
+            moved = moved.contiguous(memory_format=torch.channels_last)
+        return moved
+    if isinstance(batch, (list, tuple)):
+        items = [move(item, device, non_blocking, channels_last) for item in batch]
+        if hasattr(batch, "_fields"):  # a namedtuple keeps its type and field names
+            return type(batch)(*items)
+        return type(batch)(items) if isinstance(batch, list) else tuple(items)
+    if isinstance(batch, dict):
+        return {k: move(v, device, non_blocking, channels_last) for k, v in batch.items()}
+    return batch
+
+
+def to_device(
+    batch: Any,
+    device: torch.device,
+    *,
+    transfer: str = "float32",
+    decode: str = "pil",
+    non_blocking: bool = False,
+    channels_last: bool = False,
+) -> Any:
+    """A batch as the loader yields it, on ``device`` with the variant's device-side
+    stages done: decoded and augmented there (``decode="device"``), and converted and
+    normalized there (``transfer="uint8"``)."""
+    if decode == "device":
+        batch = decode_on_device(batch, device)
+    moved = move(batch, device, non_blocking, channels_last)
+    if transfer == "float32":
+        return moved
+    return move(finish_on_device(moved, transfer), device, False, channels_last)
+
+
+def collate_encoded(samples: list[Any]) -> list[Any]:
+    """Collate (encoded JPEG, target...) samples: the JPEGs, of different lengths, stay
+    a list of 1-D uint8 tensors for :func:`decode_on_device`; the rest is stacked."""
+    encoded = [sample[0] for sample in samples]
+    rest = default_collate([tuple(sample[1:]) for sample in samples])
+    return [encoded, *rest]
+
+
+def decode_on_device(batch: Any, device: torch.device) -> list[Any]:
+    """Decode a batch's JPEGs on ``device`` in one call (nvJPEG's batched decoder on
+    CUDA), then RandomResizedCrop(224) and a flip per image there: a uint8
+    (N, 3, 224, 224) batch on ``device``, as the workers would have made it."""
+    from raytune_loader.decoders import decode_batch
+
+    encoded, *rest = batch
+    try:
+        images = decode_batch(list(encoded), device)
+    except (RuntimeError, ValueError) as exc:  # torchvision.io raises the one, TorchCodec the other
+        raise CorruptSampleError(
+            f"a JPEG in this batch failed to decode on {device}: {last_line(exc)}"
+        ) from None
+    augment = _augment()
+    return [torch.stack([augment(image) for image in images]), *rest]
+
+
+@functools.cache
+def _augment() -> Any:
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Any
 
 from raytune_loader.errors import ConfigError
 from raytune_loader.results import write_csv
-from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.space import PIPELINE_KEYS, LoaderConfig, SearchSpace
 
 MEASURED = ("ok", "stopped_early")
 
@@ -96,7 +96,7 @@ class TrialRecord:
         """The flat ``trials.csv`` row."""
         flat = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SKIP}
         loader = (
-            {**self.config.kwargs(), "transfer": self.config.transfer}
+            {**self.config.kwargs(), **{k: getattr(self.config, k) for k in PIPELINE_KEYS}}
             if self.config
             else LOADER_COLUMNS_EMPTY
         )
@@ -106,7 +106,7 @@ class TrialRecord:
 SKIP = ("config", "node")
 LOADER_COLUMNS_EMPTY = dict.fromkeys(
     ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size",
-     "in_order", "multiprocessing_context", "transfer")
+     "in_order", "multiprocessing_context", *PIPELINE_KEYS)
 )  # fmt: skip
 TRIAL_COLUMNS = [
     "trial_id", "status", "reason", "baseline", *LOADER_COLUMNS_EMPTY,

@@ -362,6 +362,66 @@ def _efficiency(best: dict[str, Any]) -> list[str]:
     return ["", "## Efficiency against the ceiling", "", text]
 
 
+def limit_line(limit: dict[str, Any] | None) -> str | None:
+    """Where the limit is, from best_config.json's ``limit`` section."""
+    if not limit:
+        return None
+    alone, trained = limit["input_samples_per_s"], limit["trained_samples_per_s"]
+    core = f"one core decodes and augments {limit['per_core_samples_per_s']:.0f} samples/s"
+    if limit["bound"] == "input":
+        return (
+            f"input-bound: the input pipeline delivers at most {alone:.0f} samples/s "
+            f"(training took {trained:.0f}; {core})"
+        )
+    return (
+        f"model-bound: the loader has {limit['headroom']:.0%} headroom (the input pipeline "
+        f"alone delivers {alone:.0f} samples/s, training took {trained:.0f}; {core})"
+    )
+
+
+_DECODES = {
+    "pil": "decoded by PIL in the workers",
+    "tensor": "decoded to tensors in the workers",
+    "device": "decoded on the device (nvJPEG)",
+}
+
+
+def pipeline_line(pipeline: dict[str, Any]) -> str:
+    """The tuned pipeline in words: ``uint8 transfer (normalized on the device), ...``."""
+    decode = pipeline.get("decode", "pil")
+    transfer = (
+        "uint8 transfer (normalized on the device)"
+        if pipeline.get("transfer") == "uint8"
+        else "float32 transfer (normalized in the workers)"
+    )
+    if decode == "device":
+        transfer = "JPEG bytes transferred"
+    kind = "thread workers" if pipeline.get("workers") == "thread" else "process workers"
+    order = "in order" if pipeline.get("in_order", True) else "out of order"
+    start = pipeline.get("start_method", "default")
+    where = f"{kind}, {order}" + (f", start method {start}" if kind == "process workers" else "")
+    return f"{_DECODES.get(decode, decode)}, {transfer}, {where}"
+
+
+def _limit(best: dict[str, Any]) -> list[str]:
+    """Where the limit is: the tuned pipeline, and its input alone beside training and
+    the ceiling."""
+    lines = ["", "## Where the limit is", ""]
+    if best.get("pipeline"):
+        lines += [f"Tuned pipeline: {pipeline_line(best['pipeline'])}.", ""]
+    limit = best.get("limit")
+    if not limit:
+        return lines + ["The input pipeline alone was not measured."]
+    ceiling = best["metrics"].get("ceiling_samples_per_s")
+    rows = [
+        ["input pipeline alone (no model)", _cell(limit["input_samples_per_s"])],
+        ["trained (verified median)", _cell(limit["trained_samples_per_s"])],
+        ["ceiling (model on a resident batch)", _cell(ceiling)],
+        ["worker-side stages on one core", _cell(limit["per_core_samples_per_s"])],
+    ]
+    return lines + [f"{limit_line(limit)}.", "", *_table(["", "samples/s"], rows)]
+
+
 def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
     found = param_importances(trials, objective)
     lines = ["", "## Which parameters mattered", ""]
@@ -394,7 +454,8 @@ def write_report(out_dir: Path) -> Path:
     trials = load_trials(out_dir / "trials.csv")
     objective = best["objective"]
     write_plots(trials, objective, out_dir / "plots")
-    lines = _intro(best, trials) + _winner(best) + _efficiency(best) + ["", "## Plots"]
+    lines = _intro(best, trials) + _winner(best) + _efficiency(best) + _limit(best)
+    lines += ["", "## Plots"]
     for name, caption in PLOTS.items():
         lines += ["", f"![{caption}](plots/{name})"]
     lines += _importance(trials, objective) + _all_trials(trials) + [""]

@@ -102,17 +102,19 @@ class BestConfig:
         float32 normalized, or uint8 for :meth:`to_device` to finish on the device."""
         from raytune_loader.datasets import DatasetSpec, build_dataset
 
-        return build_dataset(DatasetSpec("imagefolder", str(root)), self.loader.transfer)
+        spec = DatasetSpec("imagefolder", str(root))
+        return build_dataset(spec, self.loader.transfer, self.loader.decode)
 
     def to_device(self, batch: Any, device: str | torch.device) -> Any:
         """A batch from :meth:`dataloader` on ``device``, with the chosen pipeline's
-        device-side stages done (uint8 images converted and normalized there)."""
-        from raytune_loader.pipeline import finish_on_device
-        from raytune_loader.step import move
+        device-side stages done: JPEGs decoded, cropped and flipped there with
+        ``decode="device"``; uint8 images converted and normalized there."""
+        from raytune_loader.pipeline import to_device
 
-        device = torch.device(device)
-        moved = move(batch, device, non_blocking=self.loader.pin_memory, channels_last=False)
-        return finish_on_device(moved, self.loader.transfer)
+        return to_device(
+            batch, torch.device(device), transfer=self.loader.transfer,
+            decode=self.loader.decode, non_blocking=self.loader.pin_memory,
+        )  # fmt: skip
 
     def warn_if_other_machine(self, current: dict[str, Any] | None = None) -> list[str]:
         """Warn (and return the differences) when this machine is not the tuned one."""
@@ -134,6 +136,11 @@ class BestConfig:
                 stacklevel=3,
             )
         return diffs
+
+
+# the first files with a pipeline section described it in words: "cpu" was PIL in the
+# workers, "main process" a loader without workers
+_LEGACY = {"cpu": "pil", "main process": "process"}
 
 
 def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
@@ -161,9 +168,8 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
     if not isinstance(pipeline, dict):
         raise ConfigError(f"{file}: 'pipeline' must be a JSON object")
     try:
-        loader = LoaderConfig.from_dict(
-            {**data["loader"], **{k: pipeline[k] for k in PIPELINE_KEYS if k in pipeline}}
-        )
+        chosen = {k: _LEGACY.get(pipeline[k], pipeline[k]) for k in PIPELINE_KEYS if k in pipeline}
+        loader = LoaderConfig.from_dict({**data["loader"], **chosen})
     except ConfigError as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
     except TypeError as exc:

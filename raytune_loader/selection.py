@@ -110,3 +110,12 @@ def select(candidates: Sequence[Candidate], objective: str) -> Selection | None:
     close = [c for c in ranked if c.stats(objective).median >= threshold]  # type: ignore[union-attr]
     winner = min(close, key=lambda c: (c.cost, not _keeps_workers(c), -c.stats(objective).median))  # type: ignore[union-attr]
     return Selection(winner, best, tuple(close), tuple(ranked))
+
+
+def fitting(candidate: Candidate) -> LoaderConfig:
+    """The candidate's configuration at the batch size its runs fit (after an
+    out-of-memory back-off, what fits is what training should use)."""
+    sizes = [o.effective_batch_size for o in candidate.ok if o.effective_batch_size]
+    if sizes and max(sizes) < candidate.config.batch_size:
+        return candidate.config.with_batch_size(min(sizes))
+    return candidate.config

@@ -19,19 +19,26 @@ PYTORCH_DEFAULT = "pytorch-default"
 HEURISTIC = "heuristic"
 PREFETCH_FACTORS = (1, 2, 4, 8)
 TRANSFERS = ("float32", "uint8")  # float32 normalized in the workers, or uint8 to the device
+DECODES = ("pil", "tensor", "device")  # JPEGs decoded in the workers to PIL images or to
+# tensors (both libjpeg-turbo), or on the device with nvJPEG, batched (CUDA only)
+WORKER_KINDS = ("process", "thread")  # DataLoader worker processes, or torchdata threads
 START_METHODS = (None, "forkserver", "spawn")  # None: the platform's default (fork on Linux)
 LOADER_KEYS = (
     "batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
     "in_order", "multiprocessing_context",
 )  # fmt: skip
-PIPELINE_KEYS = ("transfer",)
+PIPELINE_KEYS = ("transfer", "decode", "workers")
 
 
 @dataclass(frozen=True)
 class LoaderConfig:
     """One candidate: the DataLoader keyword arguments the search tunes, and how the
-    input pipeline around the loader is built (``transfer``: the batches' dtype on the
-    way to the device; not a DataLoader argument, see :meth:`pipeline`)."""
+    input pipeline around the loader is built (not DataLoader arguments, see
+    :meth:`pipeline`): ``transfer``, the images' dtype on the way to the device;
+    ``decode``, where JPEGs are decoded; ``workers``, processes or threads. With
+    ``decode="device"`` the workers only read the files, the encoded bytes cross,
+    and decoding, cropping and normalizing happen on the device (``transfer`` is
+    then ``uint8``: the images reach float32 there)."""
 
     batch_size: int
     num_workers: int = 0
@@ -41,6 +48,8 @@ class LoaderConfig:
     in_order: bool = True
     multiprocessing_context: str | None = None
     transfer: str = "float32"
+    decode: str = "pil"
+    workers: str = "process"
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool):
@@ -73,6 +82,19 @@ class LoaderConfig:
             raise ConfigError("multiprocessing_context and in_order need num_workers > 0")
         if self.transfer not in TRANSFERS:
             raise ConfigError(f"transfer must be one of {', '.join(TRANSFERS)}")
+        if self.decode not in DECODES:
+            raise ConfigError(f"decode must be one of {', '.join(DECODES)}")
+        if self.decode == "device" and self.transfer != "uint8":
+            raise ConfigError("decode=device finishes the images on the device: transfer uint8")
+        if self.workers not in WORKER_KINDS:
+            raise ConfigError(f"workers must be one of {', '.join(WORKER_KINDS)}")
+        if self.workers == "thread" and (
+            self.num_workers == 0 or self.multiprocessing_context or self.persistent_workers
+        ):
+            raise ConfigError(
+                "thread workers need num_workers > 0 and take neither a "
+                "multiprocessing_context nor persistent_workers (threads cost nothing to keep)"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], batch_size: int | None = None) -> LoaderConfig:
@@ -93,8 +115,14 @@ class LoaderConfig:
             merged["persistent_workers"] = False
             merged["in_order"] = True
             merged["multiprocessing_context"] = None
+            merged["workers"] = "process"
         elif merged.get("prefetch_factor") is None:
             merged["prefetch_factor"] = 2
+        if merged.get("workers") == "thread":
+            merged["multiprocessing_context"] = None
+            merged["persistent_workers"] = False
+        if merged.get("decode") == "device":
+            merged["transfer"] = "uint8"
         return cls(**merged)
 
     @classmethod
@@ -112,8 +140,8 @@ class LoaderConfig:
         ``pipeline`` section)."""
         return {
             "transfer": self.transfer,
-            "decode": "cpu",  # PIL, in the loader's workers
-            "workers": "process" if self.num_workers else "main process",
+            "decode": self.decode,
+            "workers": self.workers,
             "in_order": self.in_order,
             "start_method": self.multiprocessing_context or "default",
         }
@@ -123,9 +151,11 @@ class LoaderConfig:
 
     def label(self) -> str:
         """Short human-readable form for tables and progress lines."""
-        extra = " uint8" if self.transfer == "uint8" else ""
+        extra = " uint8" if self.transfer == "uint8" and self.decode != "device" else ""
+        extra += {"pil": "", "tensor": " tensor-decode", "device": " device-decode"}[self.decode]
         if self.num_workers == 0:
             return f"workers=0 pin={_yn(self.pin_memory)} bs={self.batch_size}{extra}"
+        extra += " threads" if self.workers == "thread" else ""
         extra += "" if self.in_order else " unordered"
         extra += f" {self.multiprocessing_context}" if self.multiprocessing_context else ""
         return (
@@ -154,8 +184,12 @@ class SearchSpace:
     usable_cpus: int
     prefetch_factors: tuple[int, ...] = field(default=PREFETCH_FACTORS)
     pipeline: bool = False  # the dataset's pipeline is searched too (built-in image data)
+    decodes: tuple[str, ...] = ("pil",)  # where JPEGs may be decoded (built-in image data)
+    thread_workers: bool = False  # thread workers are a candidate too
 
     def __post_init__(self) -> None:
+        if "device" in self.decodes and not self.cuda:
+            raise ConfigError("decoding on the device needs CUDA")
         if self.max_workers < 0:
             raise ConfigError(f"--max-workers must be >= 0, got {self.max_workers}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
@@ -168,17 +202,25 @@ class SearchSpace:
     def define_by_run(self, trial: Any) -> dict[str, Any] | None:
         """Optuna define-by-run space; returns the constants that are not searched."""
         workers = trial.suggest_int("num_workers", 0, self.max_workers)
+        decode = "pil"
+        if self.pipeline and len(self.decodes) > 1:
+            decode = trial.suggest_categorical("decode", list(self.decodes))
         if workers > 0:
+            kind = "process"
+            if self.pipeline and self.thread_workers:
+                kind = trial.suggest_categorical("workers", list(WORKER_KINDS))
             trial.suggest_categorical("prefetch_factor", list(self.prefetch_factors))
-            trial.suggest_categorical("persistent_workers", [True, False])
+            if kind == "process":
+                trial.suggest_categorical("persistent_workers", [True, False])
             if self.pipeline:
                 trial.suggest_categorical("in_order", [True, False])
-                trial.suggest_categorical("multiprocessing_context", list(START_METHODS))
+                if kind == "process":
+                    trial.suggest_categorical("multiprocessing_context", list(START_METHODS))
         if self.cuda:
             trial.suggest_categorical("pin_memory", [True, False])
         if len(self.batch_sizes) > 1:
             trial.suggest_categorical("batch_size", list(self.batch_sizes))
-        if self.pipeline:
+        if self.pipeline and decode != "device":
             trial.suggest_categorical("transfer", list(TRANSFERS))
         return self.constants() or None
 
@@ -221,17 +263,23 @@ class SearchSpace:
     def as_point(self, config: LoaderConfig) -> dict[str, Any]:
         """The parameters Optuna would suggest for ``config`` (for enqueuing it)."""
         point: dict[str, Any] = {"num_workers": config.num_workers}
+        if self.pipeline and len(self.decodes) > 1:
+            point["decode"] = config.decode
         if config.num_workers > 0:
+            if self.pipeline and self.thread_workers:
+                point["workers"] = config.workers
             point["prefetch_factor"] = config.prefetch_factor
-            point["persistent_workers"] = config.persistent_workers
+            if config.workers == "process":
+                point["persistent_workers"] = config.persistent_workers
             if self.pipeline:
                 point["in_order"] = config.in_order
-                point["multiprocessing_context"] = config.multiprocessing_context
+                if config.workers == "process":
+                    point["multiprocessing_context"] = config.multiprocessing_context
         if self.cuda:
             point["pin_memory"] = config.pin_memory
         if len(self.batch_sizes) > 1:
             point["batch_size"] = config.batch_size
-        if self.pipeline:
+        if self.pipeline and config.decode != "device":
             point["transfer"] = config.transfer
         return point
 

@@ -22,7 +22,8 @@ from torch import nn
 
 from raytune_loader.errors import ModelError
 from raytune_loader.factories import import_factory
-from raytune_loader.pipeline import finish_on_device
+from raytune_loader.pipeline import to_device
+from raytune_loader.space import LoaderConfig
 
 StepFn = Callable[[Any], Any]
 
@@ -41,23 +42,6 @@ def set_matmul_precision(precision: str) -> None:
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-
-
-def move(batch: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
-    """``batch`` with every tensor on ``device``; image batches in channels-last layout."""
-    if isinstance(batch, torch.Tensor):
-        moved = batch.to(device, non_blocking=non_blocking)
-        if channels_last and moved.dim() == 4 and moved.is_floating_point():
-            moved = moved.contiguous(memory_format=torch.channels_last)
-        return moved
-    if isinstance(batch, (list, tuple)):
-        items = [move(item, device, non_blocking, channels_last) for item in batch]
-        if hasattr(batch, "_fields"):  # a namedtuple keeps its type and field names
-            return type(batch)(*items)
-        return type(batch)(items) if isinstance(batch, list) else tuple(items)
-    if isinstance(batch, dict):
-        return {k: move(v, device, non_blocking, channels_last) for k, v in batch.items()}
-    return batch
 
 
 def batch_samples(batch: Any) -> int:
@@ -129,12 +113,13 @@ class Trainer:
 
         return cls(step, device, channels_last, "the training step")
 
-    def to_device(self, batch: Any, non_blocking: bool, transfer: str = "float32") -> Any:
+    def to_device(self, batch: Any, non_blocking: bool, config: LoaderConfig | None = None) -> Any:
         """The batch on the device, with the pipeline's device-side stages done."""
-        moved = move(batch, self.device, non_blocking, self.channels_last)
-        if transfer == "float32":
-            return moved
-        return move(finish_on_device(moved, transfer), self.device, False, self.channels_last)
+        transfer, decode = (config.transfer, config.decode) if config else ("float32", "pil")
+        return to_device(
+            batch, self.device, transfer=transfer, decode=decode,
+            non_blocking=non_blocking, channels_last=self.channels_last,
+        )  # fmt: skip
 
     def step(self, batch: Any) -> None:
         try:

@@ -3,7 +3,7 @@
 This is the Ray boundary in the worker processes: the Tune config dict becomes a
 :class:`LoaderConfig` here and nowhere else, and the outcome goes back as flat
 dicts through ``tune.report``. Ceiling and verification measurements run as Ray
-tasks (:func:`measure_task`, :func:`ceiling_task`, started by
+tasks (:func:`measure_task`, :func:`ceiling_task`, :func:`input_task`, started by
 :class:`raytune_loader.tuner.RayMeasurer`) through the same
 :func:`~raytune_loader.measure.run_trial`, so every figure comes from one code path.
 """
@@ -21,7 +21,13 @@ from ray import tune
 
 from raytune_loader.hardware import cpu_and_gpu_summary, hardware_class
 from raytune_loader.job import DATA_SLOT, TrialJob
-from raytune_loader.measure import TrialOutcome, measure_ceiling, run_trial
+from raytune_loader.measure import (
+    InputRate,
+    TrialOutcome,
+    measure_ceiling,
+    measure_input,
+    run_trial,
+)
 from raytune_loader.space import LoaderConfig, reserved_cpus
 
 
@@ -74,3 +80,8 @@ def measure_task(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome
 @ray.remote(max_calls=1)
 def ceiling_task(job: TrialJob, batch_size: int, windows: int) -> tuple[int, float]:
     return measure_ceiling(job, batch_size, windows)
+
+
+@ray.remote(max_calls=1)
+def input_task(job: TrialJob, config: LoaderConfig) -> InputRate:
+    return measure_input(job, config)

@@ -25,13 +25,13 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from raytune_loader.errors import ConfigError, DataPipelineError
+from raytune_loader.errors import ConfigError, DataPipelineError, last_line
 from raytune_loader.job import TrialJob
-from raytune_loader.measure import CEILING_WINDOWS, TrialOutcome, last_line
+from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
 from raytune_loader.records import TrialRecord, record_from_report
 from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
-from raytune_loader.trainable import ceiling_task, measure_task, trial_fn
+from raytune_loader.trainable import ceiling_task, input_task, measure_task, trial_fn
 
 log = logging.getLogger(__name__)
 NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
@@ -367,13 +367,21 @@ class RayMeasurer:
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]:
         ref = ceiling_task.options(**self._bundle(1)).remote(job, batch_size, windows)
+        return self._result(ref, job, "the ceiling")
+
+    def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
+        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus)
+        ref = input_task.options(**self._bundle(cpus)).remote(job, config)
+        return self._result(ref, job, "the input pipeline")
+
+    def _result(self, ref: Any, job: TrialJob, what: str) -> Any:
         limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
         try:
             return ray.get(ref, timeout=limit)
         except ray.exceptions.GetTimeoutError:  # a sample that never returns
             ray.cancel(ref, force=True)
             raise DataPipelineError(
-                "timeout", f"the ceiling gave no result after {limit:.0f}s (--trial-timeout)"
+                "timeout", f"{what} gave no result after {limit:.0f}s (--trial-timeout)"
             ) from None
         except ray.exceptions.RayTaskError as exc:
             raise exc.cause from None  # the task's own exception, with its one-line message

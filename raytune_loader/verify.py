@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from raytune_loader.errors import SearchFailedError, UserInputError
+from raytune_loader.errors import SearchFailedError, UserInputError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import (
     CEILING_WINDOWS,
+    InputRate,
     TrialOutcome,
-    last_line,
     measure_ceiling,
+    measure_input,
     run_trial,
 )
 from raytune_loader.progress import Progress
 from raytune_loader.records import MEASURED, TrialRecord
-from raytune_loader.selection import Candidate, rotated
+from raytune_loader.selection import Candidate, fitting, rotated, select
 from raytune_loader.space import LoaderConfig, SearchSpace
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class Measurer(Protocol):
     def ceiling(
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]: ...
+    def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate: ...
 
 
 class LocalMeasurer:
@@ -55,6 +57,9 @@ class LocalMeasurer:
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]:
         return measure_ceiling(job, batch_size, windows)
+
+    def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
+        return measure_input(job, config)
 
 
 def measure_ceilings(
@@ -116,6 +121,7 @@ class Verified:
 
     candidates: list[Candidate]
     ceilings: dict[int, float]
+    input_rates: dict[str, InputRate] = field(default_factory=dict)  # by candidate name
 
 
 def verify(
@@ -162,3 +168,27 @@ def _remeasure(job: TrialJob, measurer: Measurer, ceilings: dict[int, float]) ->
 
 def _rebased(outcome: TrialOutcome, ceilings: dict[int, float]) -> TrialOutcome:
     return outcome.rebased(ceilings.get(outcome.effective_batch_size or 0))
+
+
+def with_input_rates(
+    verified: Verified, job: TrialJob, objective: str, measurer: Measurer, progress: Progress
+) -> Verified:
+    """The input pipeline alone for the configurations that matter (the one chosen and
+    the best by the objective, when they differ), to say where the limit is."""
+    selection = select(verified.candidates, objective)
+    if selection is None:
+        return verified
+    names = dict.fromkeys([selection.winner.name, selection.best_by_objective.name])
+    by_name = {c.name: c for c in verified.candidates}
+    what = "measuring the input pipeline alone (no model)"
+    rates: dict[str, InputRate] = {}
+    for i, name in enumerate(names):
+        progress.count(what, i, len(names))
+        try:
+            rates[name] = measurer.input_rate(job, fitting(by_name[name]))
+        except UserInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the result stands without it
+            progress.warn(f"cannot measure {name}'s input pipeline alone: {last_line(exc)}")
+    progress.count(what, len(names), len(names))
+    return replace(verified, input_rates=rates)

@@ -71,8 +71,9 @@ def test_the_record_says_how_the_search_ran(searched: Searched) -> None:
 
 
 def test_where_the_gpu_runs_pipeline_stages_the_objective_counts_training_only() -> None:
-    """On CUDA a uint8 candidate normalizes on the GPU; GPU utilization would count that
-    as training, so such searches maximize samples/s: the busier but slower one loses."""
+    """On CUDA a candidate may decode and normalize on the GPU; GPU utilization would
+    count that as training, so such searches maximize samples/s: the busier but slower
+    one loses."""
     from dataclasses import replace
 
     from raytune_loader.api import _objective
@@ -92,15 +93,16 @@ def test_where_the_gpu_runs_pipeline_stages_the_objective_counts_training_only()
         == "util"
     )
 
-    def measured(transfer: str, speed: float, util: float) -> Candidate:
-        config = LoaderConfig(256, 8, 2, True, True, transfer=transfer)
+    def measured(decode: str, speed: float, util: float) -> Candidate:
+        config = LoaderConfig(256, 8, 2, True, True, transfer="uint8", decode=decode)
         runs = tuple(
             TrialOutcome(config, 9, 0, SegmentMetrics(speed, 0.1, util, "nvml-process", util,
                                                       256 * 60, 1.0))
             for _ in range(3)
         )  # fmt: skip
-        return Candidate(transfer, config, runs)
+        return Candidate(decode, config, runs)
 
-    busy, fast = measured("uint8", 900.0, 0.95), measured("float32", 1000.0, 0.80)
+    # decoding on the GPU keeps it busier, yet trains fewer samples a second
+    busy, fast = measured("device", 900.0, 0.95), measured("pil", 1000.0, 0.80)
     assert select([busy, fast], "util").winner is busy  # what raw utilization would pick
     assert select([busy, fast], chosen.objective).winner is fast

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from raytune_loader.bestconfig import _baselines, _fitting, metrics_of
-from raytune_loader.measure import SegmentMetrics, TrialOutcome
-from raytune_loader.selection import Candidate
+import pytest
+
+from raytune_loader.bestconfig import _baselines, _limit, metrics_of
+from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
+from raytune_loader.selection import Candidate, fitting
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
 
 
@@ -17,7 +19,7 @@ def test_after_an_oom_back_off_the_json_gives_the_batch_size_that_fits() -> None
     config = LoaderConfig(batch_size=4096)
     ran = _run(config, 100, effective_batch_size=1024, oom_backoffs=2)
     candidate = Candidate("top-1", config, (ran, ran))
-    assert _fitting(candidate).batch_size == 1024
+    assert fitting(candidate).batch_size == 1024
     metrics = metrics_of(candidate)
     assert (metrics["requested_batch_size"], metrics["effective_batch_size"]) == (4096, 1024)
     assert metrics["oom_backoffs"] == 4
@@ -47,3 +49,17 @@ def test_an_efficiency_above_one_is_reported_as_a_ceiling_too_low() -> None:
     metrics = metrics_of(candidate)
     assert metrics["efficiency"] is None
     assert "measured too low" in metrics["ceiling_note"] and "1.15" in metrics["ceiling_note"]
+
+
+@pytest.mark.parametrize(
+    ("alone", "bound", "headroom"), [(330.0, "input", 0.1), (600.0, "model", 1.0)]
+)
+def test_the_limit_is_the_input_when_it_alone_barely_outruns_training(
+    alone: float, bound: str, headroom: float
+) -> None:
+    config = LoaderConfig(batch_size=32)
+    candidate = Candidate("tuned", config, tuple(_run(config, s) for s in (290, 300, 310)))
+    limit = _limit(candidate, InputRate(alone, 180.0))["limit"]
+    assert limit["bound"] == bound and limit["headroom"] == pytest.approx(headroom)
+    assert (limit["trained_samples_per_s"], limit["per_core_samples_per_s"]) == (300, 180.0)
+    assert _limit(candidate, None) == {}

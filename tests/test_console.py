@@ -160,11 +160,31 @@ def test_count_starts_afresh_for_another_counter() -> None:
 def test_the_summary_says_how_the_tuned_pipeline_is_built() -> None:
     from raytune_loader.console import pipeline_line
 
-    uint8 = {"transfer": "uint8", "in_order": False, "start_method": "spawn"}
+    uint8 = {"transfer": "uint8", "decode": "pil", "workers": "process", "in_order": False,
+             "start_method": "spawn"}  # fmt: skip
     assert pipeline_line(uint8) == (
-        "uint8 transfer (normalized on the device), out of order, start method spawn"
+        "decoded by PIL in the workers, uint8 transfer (normalized on the device), "
+        "process workers, out of order, start method spawn"
     )
-    plain = {"transfer": "float32", "in_order": True, "start_method": "default"}
-    assert pipeline_line(plain) == (
-        "float32 transfer (normalized in the workers), in order, start method default"
+    threads = {"transfer": "float32", "decode": "tensor", "workers": "thread",
+               "in_order": True, "start_method": "default"}  # fmt: skip
+    assert pipeline_line(threads) == (
+        "decoded to tensors in the workers, float32 transfer (normalized in the "
+        "workers), thread workers, in order"
     )
+    device = {**threads, "decode": "device", "transfer": "uint8"}
+    assert pipeline_line(device).startswith("decoded on the device (nvJPEG), JPEG bytes")
+
+
+def test_the_summary_says_where_the_limit_is() -> None:
+    from raytune_loader.console import limit_line
+
+    limit = {"bound": "model", "input_samples_per_s": 900.0, "trained_samples_per_s": 300.0,
+             "headroom": 2.0, "per_core_samples_per_s": 250.0}  # fmt: skip
+    assert limit_line(limit) == (
+        "model-bound: the loader has 200% headroom (the input pipeline alone delivers 900 "
+        "samples/s, training took 300; one core decodes and augments 250 samples/s)"
+    )
+    bound = {**limit, "bound": "input", "input_samples_per_s": 310.0, "headroom": 0.03}
+    assert limit_line(bound).startswith("input-bound: the input pipeline delivers at most 310")
+    assert limit_line(None) is None

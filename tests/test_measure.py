@@ -103,7 +103,14 @@ def _job(dataset: str, data_root: str | None = None) -> TrialJob:
     )
 
 
-def test_a_corrupt_file_ends_the_trial_with_its_name(tiny_imagenet: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("decode", "workers"), [("pil", "process"), ("tensor", "thread"), ("device", "process")]
+)
+def test_a_corrupt_file_ends_the_trial_with_its_name(
+    tiny_imagenet: Path, tmp_path: Path, decode: str, workers: str
+) -> None:
+    """Decoded in a worker, the error names the file; decoded on the device (here the
+    CPU, through the same call nvJPEG gets on CUDA), it says the batch's JPEG failed."""
     import shutil
 
     root = tmp_path / "copy"
@@ -111,9 +118,13 @@ def test_a_corrupt_file_ends_the_trial_with_its_name(tiny_imagenet: Path, tmp_pa
     victims = sorted((root / "train").rglob("*.JPEG"))
     for victim in victims:
         victim.write_bytes(b"not a jpeg")
-    outcome = run_trial(_job("synthetic-imagenet", str(root)), LoaderConfig(8, 1, 2, False, False))
+    config = LoaderConfig(8, 1, 2, False, False, decode=decode, transfer="uint8", workers=workers)
+    outcome = run_trial(_job("synthetic-imagenet", str(root)), config)
     assert outcome.failure == "corrupt_sample"
-    assert "corrupt sample" in outcome.detail and ".JPEG" in outcome.detail
+    if decode == "device":
+        assert "a JPEG in this batch failed to decode on cpu" in outcome.detail
+    else:
+        assert "corrupt sample" in outcome.detail and ".JPEG" in outcome.detail
     assert outcome.metrics is None and outcome.as_report()["util"] == 0.0
 
 

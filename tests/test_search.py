@@ -95,6 +95,13 @@ def test_search_end_to_end(searched: Searched) -> None:
     assert "small-cnn, bf16 on synthetic-imagenet, batch 8 on cpu" in out
     assert best["job"]["precision"] == "bf16" and best["job"]["requested_batch_size"] == 8
     assert best["pipeline"]["transfer"] in ("float32", "uint8")  # its pipeline was searched
+    assert best["pipeline"]["decode"] in ("pil", "tensor")  # not "device": no CUDA here
+    limit = best["limit"]  # the winner's input pipeline alone, beside training
+    assert limit["bound"] in ("input", "model") and limit["input_samples_per_s"] > 0
+    assert limit["headroom"] == pytest.approx(
+        limit["input_samples_per_s"] / metrics_median(best) - 1
+    )
+    assert f"{limit['bound']}-bound: " in out
     assert set(best["baselines"]) == {"pytorch-default", "heuristic"}
     assert best["baselines"]["pytorch-default"]["loader"]["num_workers"] == 0
     metrics = best["metrics"]
@@ -114,7 +121,7 @@ def test_search_end_to_end(searched: Searched) -> None:
     for row in rows:
         expected_cpus = min(1 + int(row["num_workers"]), best["hardware"]["usable_cpus"])
         assert float(row["cpus_reserved"]) == expected_cpus
-    assert (folder / "report.md").exists()
+    assert "## Where the limit is" in (folder / "report.md").read_text()
     assert not (folder / "last_search.json").exists()  # nothing left for --resume
 
     # Tune's own experiment folder stays usable (and holds TensorBoard event files)
@@ -143,3 +150,7 @@ def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(tmp_path: 
     assert last.startswith("error: ") and "ValueError: sample" in last and "is broken" in last
     assert "Traceback" not in result.stderr
     assert ray_processes() <= before
+
+
+def metrics_median(best: dict) -> float:
+    return best["metrics"]["samples_per_s"]["median"]

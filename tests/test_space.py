@@ -152,8 +152,50 @@ def test_a_spawned_unordered_uint8_loader_works_and_stays_out_of_the_dataloader_
         ({"num_workers": 0, "multiprocessing_context": "spawn"}, "need num_workers > 0"),
         ({"num_workers": 1, "multiprocessing_context": "threads"}, "fork, forkserver or spawn"),
         ({"num_workers": 1, "transfer": "fp8"}, "transfer must be one of float32, uint8"),
+        ({"num_workers": 1, "decode": "gpu"}, "decode must be one of pil, tensor, device"),
+        ({"num_workers": 1, "decode": "device"}, "decode=device .* transfer uint8"),
+        ({"num_workers": 0, "workers": "thread"}, "thread workers need num_workers > 0"),
+        ({"num_workers": 2, "workers": "thread", "persistent_workers": True}, "thread workers"),
+        ({"num_workers": 2, "workers": "fibres"}, "workers must be one of process, thread"),
     ],
 )
 def test_impossible_pipelines_are_refused(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         LoaderConfig(batch_size=8, **values)
+
+
+def test_decoding_on_the_device_is_offered_only_with_cuda() -> None:
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
+                    decodes=("pil", "device"))  # fmt: skip
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_the_widened_space_proposes_only_valid_pipelines_and_all_of_them(
+    cuda: bool, tiny_imagenet: Path
+) -> None:
+    """200 random proposals of the whole space: each is a valid LoaderConfig whose loader
+    yields a batch, and every decoder, worker kind and transfer comes up."""
+    decodes = ("pil", "tensor", "device") if cuda else ("pil", "tensor")
+    space = SearchSpace(max_workers=2, batch_sizes=(4,), cuda=cuda, usable_cpus=2,
+                        pipeline=True, decodes=decodes, thread_workers=True)  # fmt: skip
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    configs = set()
+    for _ in range(200):
+        trial = study.ask()
+        constants = space.define_by_run(trial) or {}
+        configs.add(LoaderConfig.from_dict({**trial.params, **constants}))
+        study.tell(trial, 0.0)
+    assert {c.decode for c in configs} == set(decodes)
+    assert {c.workers for c in configs} == {"process", "thread"}
+    assert {c.transfer for c in configs} == {"float32", "uint8"}
+    assert all(c.transfer == "uint8" for c in configs if c.decode == "device")
+    spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
+    variants = {(c.decode, c.workers, c.transfer, c.num_workers > 0): c for c in configs}
+    for config in variants.values():  # one loader per kind of pipeline
+        dataset = build_dataset(spec, config.transfer, config.decode)
+        loader = build_dataloader(dataset, replace(config, multiprocessing_context=None),
+                                  timeout_s=60)  # fmt: skip
+        images, labels = next(iter(loader))
+        assert len(images) == len(labels) == 4
+        del loader

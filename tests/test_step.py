@@ -7,7 +7,8 @@ from collections import namedtuple
 import pytest
 import torch
 
-from raytune_loader.step import Trainer, batch_samples, move, set_matmul_precision
+from raytune_loader.pipeline import move
+from raytune_loader.step import Trainer, batch_samples, set_matmul_precision
 
 Pair = namedtuple("Pair", ["image", "label"])
 

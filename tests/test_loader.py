@@ -1,0 +1,55 @@
+"""The one loader constructor: DataLoader processes, or torchdata threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from raytune_loader.errors import CorruptSampleError
+from raytune_loader.loader import ThreadLoader, build_dataloader
+from raytune_loader.space import LoaderConfig
+
+THREADS = LoaderConfig(batch_size=8, num_workers=2, prefetch_factor=2, workers="thread")
+
+
+class _Corrupt(Dataset):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if index == 20:
+            raise CorruptSampleError(f"corrupt sample {index}.JPEG: bad Huffman code")
+        return torch.zeros(3), index
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_thread_workers_give_every_sample_once_an_epoch_like_a_dataloader(in_order: bool) -> None:
+    dataset = TensorDataset(torch.randn(64, 3), torch.arange(64))
+    config = LoaderConfig(**{**vars(THREADS), "in_order": in_order})
+    loader = build_dataloader(dataset, config, seed=0)
+    assert isinstance(loader, ThreadLoader) and len(loader) == 8
+    for _ in range(2):  # iterating again is a new epoch
+        labels = [label for _, batch in loader for label in batch.tolist()]
+        assert sorted(labels) == list(range(64))
+    ordered = build_dataloader(dataset, THREADS, seed=0, shuffle=False)
+    assert [batch.tolist() for _, batch in ordered][0] == list(range(8))
+
+
+def test_an_abandoned_epoch_stops_its_threads_at_once() -> None:
+    before = threading.active_count()
+    loader = build_dataloader(TensorDataset(torch.randn(64, 3), torch.arange(64)), THREADS)
+    batches = iter(loader)
+    next(batches)
+    assert threading.active_count() > before
+    batches.close()  # what a trial's finally does
+    assert threading.active_count() == before
+
+
+def test_a_worker_thread_s_error_reaches_the_loop_with_its_type_and_message() -> None:
+    loader = build_dataloader(_Corrupt(), THREADS, shuffle=False)
+    with pytest.raises(CorruptSampleError, match="bad Huffman code"):
+        for _ in loader:
+            pass
