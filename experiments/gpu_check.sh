@@ -9,9 +9,14 @@
 # the OOM back-off forced by a batch size that cannot fit in that half; the input
 # pipeline alone in best_config.json's limit section); then the baselines (target:
 # tuned >= 1.5x heuristic) and limits benchmarks; the ranking two-at-a-time vs alone
-# (Kendall tau) and NVML per-process vs device-wide. Everything lands in results/gpu/.
+# (Kendall tau) and NVML per-process vs device-wide; a search with two DDP ranks per
+# trial sharing the GPU. Everything lands in results/gpu/.
 #
 #   bash experiments/gpu_check.sh          (PYTHON=python3.12 to pick the interpreter)
+#
+# The device lacks Ray, Optuna and torchdata: build them with
+# `../shared/device/wheels.sh torchdata` and carry .whl (see its header). TorchCodec is
+# left out (its binary follows torch releases): the decoders fall back to torchvision.io.
 #
 # Each stage has its own time limit and the next stage runs even if one fails, so a
 # failure leaves the output of everything before it; the exit status is the first
@@ -22,7 +27,7 @@ py=${PYTHON:-python}
 out=results/gpu
 mkdir -p "$out"
 # the last run's outputs go; results/gpu/README.md (the write-up of a run) stays
-rm -rf "$out/search" "$out"/*.log "$out"/*.json "$out"/*.txt
+rm -rf "$out/search" "$out/ranks" "$out"/*.log "$out"/*.json "$out"/*.txt
 status=0
 stage() {  # stage NAME LIMIT_S COMMAND...: run, log to $out/NAME.log, keep the first failure
     local name=$1 limit=$2 started=$SECONDS rc
@@ -56,7 +61,7 @@ stage decoders 15 env BENCH_DIR="$out" "$py" experiments/decoders_agree.py --sam
 # 1. The search, in the defaults a GPU gets (bf16, channels-last). Batch 2048 of
 #    resnet50 needs more than half of an H200 (the cap of a 0.5-GPU trial), so it backs
 #    off; 256 fits. The benchmarks below read the same embedded dataset.
-stage search 175 "$py" -m raytune_loader.search --samples-per-trial 2048 \
+stage search 170 "$py" -m raytune_loader.search --samples-per-trial 2048 \
     --batch-sizes 256,2048 --min-batch-size 128 --gpus-per-trial 0.5 --num-samples 10 \
     --time-budget 70 --steps 20 --report-every 10 --warmup-steps 3 --verify-top 1 \
     --verify-repeats 1 --out "$out/search"
@@ -75,7 +80,14 @@ fi
 
 # 3. Six configurations alone, then two at a time at half the GPU each: Kendall tau of
 #    the two rankings; NVML per-process vs device-wide utilization while alone.
-stage shared_gpu 90 env BENCH_DIR="$out" "$py" experiments/shared_gpu.py --steps 15
+stage shared_gpu 80 env BENCH_DIR="$out" "$py" experiments/shared_gpu.py --steps 15
+
+# 4. Two data-parallel ranks sharing the one GPU (gloo), every trial's loader per rank:
+#    the --ranks-per-node smoke test (results/gpu/ranks/).
+stage ranks 60 "$py" -m raytune_loader.search --ranks-per-node 2 --gpus-per-trial 1 \
+    --batch-size 128 --samples-per-trial 1024 --num-samples 3 --time-budget 30 --steps 10 \
+    --report-every 5 --warmup-steps 2 --verify-top 1 --verify-repeats 1 --out "$out/ranks"
+rm -rf "$out/ranks/synthetic-imagenet/tune"
 
 echo "GPU check done (exit $status): $out"
 exit "$status"

@@ -59,14 +59,18 @@ def search_space(
     pipeline: bool = False,
     decodes: tuple[str, ...] = ("pil",),
 ) -> SearchSpace:
-    """The search space; ``usable`` is the CPUs of the largest node a trial may run on."""
-    max_workers = usable if opts.max_workers is None else opts.max_workers
-    if max_workers > usable:
+    """The search space; ``usable`` is the CPUs of the largest node a trial may run on,
+    shared by the trial's ranks: each rank's workers are bounded by usable // ranks."""
+    ranks = max(1, opts.ranks_per_node)
+    per_rank = usable // ranks
+    max_workers = per_rank if opts.max_workers is None else opts.max_workers
+    if max_workers > per_rank:
         if not quiet:
+            share = f" usable CPUs / {ranks} ranks" if ranks > 1 else " usable CPUs"
             progress.warn(
-                f"--max-workers {max_workers} is more than the {usable} usable CPUs; using {usable}"
+                f"--max-workers {max_workers} is more than the {per_rank}{share}; using {per_rank}"
             )
-        max_workers = usable
+        max_workers = per_rank
     batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
     return SearchSpace(
         max_workers=max_workers,
@@ -76,12 +80,18 @@ def search_space(
         pipeline=pipeline,
         decodes=decodes,
         thread_workers=pipeline,
+        ranks=ranks,
     )
 
 
 def _gpus_per_trial(opts: SearchOptions, cuda: bool) -> float:
+    """A trial's GPUs, all its ranks together: by default half a GPU for one rank (two
+    trials share it), a GPU per rank with several (or the node's GPUs, shared)."""
     if opts.gpus_per_trial is None:
-        return 0.5 if cuda else 0.0
+        if not cuda:
+            return 0.0
+        ranks = opts.ranks_per_node
+        return 0.5 if ranks == 1 else float(min(ranks, hardware.gpu_info()["gpu_count"]))
     present = hardware.gpu_info()["gpu_count"]
     if opts.gpus_per_trial > present and not opts.address:
         raise ConfigError(
@@ -97,6 +107,8 @@ def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJ
     cuda = hardware.cuda_available()
     opts = opts.for_device(cuda and opts.gpus_per_trial != 0)
     opts.validate()
+    if opts.ranks_per_node == 0:  # auto: one rank per GPU of this node
+        opts = replace(opts, ranks_per_node=max(1, hardware.gpu_info()["gpu_count"]))
     gpus_per_trial = _gpus_per_trial(opts, cuda)
     model = opts.model or default_model(cuda)
     if opts.train_step:
@@ -113,7 +125,7 @@ def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJ
         model,
         device="cuda" if cuda and gpus_per_trial > 0 else "cpu",
         node_cpus=hardware.usable_cpus(),
-        gpu_memory_share=gpus_per_trial if 0 < gpus_per_trial < 1 else 1.0,
+        gpu_memory_share=min(1.0, gpus_per_trial / opts.ranks_per_node) if gpus_per_trial else 1.0,
     )
     return opts, job, gpus_per_trial, out_dir
 
@@ -239,7 +251,9 @@ def _verify(
         node_cpus = float(node.node_cpus or job.node_cpus)
         space = replace(space, usable_cpus=int(node_cpus))
     configs = verification_configs(class_records, space, opts.verify_top, opts.objective)
-    gpus = min(1.0, cluster.max_node_gpus) if gpus_per_trial else 0.0
+    # one rank: the whole GPU; several: the GPUs of a trial, as in the search
+    whole = min(1.0, cluster.max_node_gpus) if job.ranks == 1 else gpus_per_trial
+    gpus = whole if gpus_per_trial else 0.0
     measurer = RayMeasurer(cluster, gpus, node_cpus, node_id)
     job = replace(job, node_cpus=node_cpus)
     if node_id:  # this class's own ceiling, not the one of whichever node measured first

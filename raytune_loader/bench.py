@@ -45,7 +45,7 @@ from raytune_loader.report import summary_rows
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.search import OneLineErrorParser
 from raytune_loader.selection import Candidate
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, LoaderConfig
 from raytune_loader.verify import LocalMeasurer, measure_ceilings, verify
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,11 @@ def _configs(best: BestConfig) -> dict[str, LoaderConfig]:
     return {
         TUNED: best.loader,
         **{name: _baseline(best, name) for name in (PYTORCH_DEFAULT, HEURISTIC)},
+        **(
+            {RANK_SHARE: _baseline(best, RANK_SHARE)}
+            if RANK_SHARE in best.data["baselines"]
+            else {}
+        ),
     }
 
 
@@ -124,6 +129,7 @@ def options_from_file(
             samples_per_trial=int(search["samples_per_trial"]),
             seed=int(search["seed"]),
             cpus_per_worker=float(search.get("cpus_per_worker", 1.0)),
+            ranks_per_node=int(best.data.get("ranks_per_node", 1)),
         )
         values.update(_job_options(best, str(search["device"])))
         return SearchOptions(**values)

@@ -19,7 +19,7 @@ from raytune_loader.measure import InputRate
 from raytune_loader.options import SearchOptions
 from raytune_loader.records import TrialRecord
 from raytune_loader.selection import Candidate, fitting, select
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, SearchSpace
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, SearchSpace
 
 CLASS_FACTS = ("hardware_class", "cpu_model", "node_cpus", "gpu_name", "node_gpus", "ram_bytes")
 
@@ -141,6 +141,7 @@ def best_config(
         "dataset": ctx.job.dataset.name,
         "model": None if ctx.job.train_step else ctx.job.model,  # the step is in "job"
         "objective": ctx.opts.objective,
+        "ranks_per_node": ctx.job.ranks,  # the loader below is each rank's
         # after an out-of-memory back-off, what fits is what training should use
         "loader": fitting(winner).kwargs(),
         "metrics": metrics_of(winner),
@@ -166,6 +167,11 @@ def best_config(
         "speedup": {
             "vs_pytorch_default": _speedup(winner, by_name.get(PYTORCH_DEFAULT)),
             "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
+            **(
+                {"vs_heuristic_rank_share": _speedup(winner, by_name[RANK_SHARE])}
+                if RANK_SHARE in by_name
+                else {}
+            ),
             "metric": "samples_per_s (median of verification runs)",
         },
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
@@ -230,7 +236,8 @@ def job_section(job: TrialJob, space: SearchSpace, chosen_batch_size: int) -> di
 def _baselines(by_name: dict[str, Candidate], heuristic_note: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         name: {"loader": by_name[name].config.kwargs(), "metrics": metrics_of(by_name[name])}
-        for name in (PYTORCH_DEFAULT, HEURISTIC)
+        for name in (PYTORCH_DEFAULT, HEURISTIC, RANK_SHARE)
+        if name in by_name
     }
     if heuristic_note:
         out[HEURISTIC]["note"] = heuristic_note

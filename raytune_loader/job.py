@@ -64,6 +64,7 @@ class TrialJob:
     channels_last: bool = False
     compile: bool = False  # torch.compile the model; compiled during warm-up
     train_step: str | None = None  # the user's module:function step factory
+    ranks: int = 1  # data-parallel ranks of every measurement, each with its own loader
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
@@ -105,6 +106,7 @@ def job_from_options(
         channels_last=(cuda and not own_step) if opts.channels_last is None else opts.channels_last,
         compile=opts.compile,
         train_step=opts.train_step,
+        ranks=opts.ranks_per_node,
     )
 
 

@@ -56,6 +56,19 @@ class SegmentMetrics:
 
 
 @dataclass(frozen=True)
+class RankStat:
+    """One rank of a measurement with several (``--ranks-per-node``)."""
+
+    rank: int
+    samples_per_s: float
+    data_wait_frac: float
+    host: str
+    pid: int
+    started: float  # wall clock of the rank's start and end
+    ended: float
+
+
+@dataclass(frozen=True)
 class TrialOutcome:
     """A finished trial: its metrics, or the reason it failed."""
 
@@ -68,6 +81,7 @@ class TrialOutcome:
     ceiling_samples_per_s: float | None = None
     failure: str | None = None
     detail: str | None = None
+    ranks: tuple[RankStat, ...] = ()  # with several ranks: each one's figures
 
     @property
     def efficiency(self) -> float | None:
@@ -98,11 +112,30 @@ class TrialOutcome:
             "detail": self.detail or "",
             "final": True,
         }
+        if self.ranks:
+            out.update(rank_columns(self.ranks))
         if self.metrics is not None:
             out.update(vars(self.metrics))
         else:  # a failed configuration is the worst possible for the searcher
             out.update(samples_per_s=0.0, data_wait_frac=1.0, util=0.0, util_source="")
         return out
+
+
+def rank_columns(ranks: tuple[RankStat, ...]) -> dict[str, Any]:
+    """Per-rank figures as flat columns (values joined by ``;``, in rank order)."""
+    speeds = [r.samples_per_s for r in ranks]
+
+    def joined(values: list[Any], form: str = "{}") -> str:
+        return ";".join(form.format(v) for v in values)
+
+    return {
+        "ranks": len(ranks),
+        "slowest_rank": speeds.index(min(speeds)),
+        "rank_samples_per_s": joined(speeds, "{:.1f}"),
+        "rank_data_wait_frac": joined([r.data_wait_frac for r in ranks], "{:.3f}"),
+        "rank_hosts": joined([r.host for r in ranks]),
+        "rank_windows": joined([f"{r.started:.3f}-{r.ended:.3f}" for r in ranks]),
+    }
 
 
 def _batches(loader: Any) -> Iterator[Any]:
@@ -287,6 +320,9 @@ def prepare(
     config = config or LoaderConfig(batch_size=1)
     full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)
     indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        indices = indices[rank::world]  # each rank its own shard, as DistributedSampler
     subset = Subset(full, indices)
     return subset, sample_nbytes(_first_sample(subset))
 
@@ -320,7 +356,7 @@ def run_trial(
     job: TrialJob, config: LoaderConfig, report: ReportFn | None = None, slot: int = 0
 ) -> TrialOutcome:
     """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
-    cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus)
+    cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus, job.ranks)
     try:
         subset, sample_bytes = prepare(job, slot, config)
     except DataPipelineError as exc:

@@ -33,7 +33,8 @@ class SearchOptions:
     num_samples: int = 12
     time_budget_s: float | None = None
     max_concurrent: int | None = None
-    gpus_per_trial: float | None = None
+    gpus_per_trial: float | None = None  # of one trial, all its ranks together
+    ranks_per_node: int = 1  # data-parallel ranks per trial; 0: one per GPU of the node
     cpus_per_worker: float = 1.0
     batch_sizes: tuple[int, ...] | None = None  # None: the device's default (256 / 32)
     min_batch_size: int = 1
@@ -103,6 +104,7 @@ class SearchOptions:
         non_negative = {
             "--warmup-steps": self.warmup_steps, "--verify-top": self.verify_top,
             "--max-workers": self.max_workers or 0, "--gpus-per-trial": self.gpus_per_trial or 0,
+            "--ranks-per-node": self.ranks_per_node,
         }  # fmt: skip
         for flag, value in non_negative.items():
             if value < 0:

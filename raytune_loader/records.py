@@ -74,6 +74,12 @@ class TrialRecord:
     training_iteration: int | None = None
     time_total_s: float | None = None
     finished_at: float | None = None
+    ranks: int | None = None  # with several ranks per trial: the per-rank figures
+    slowest_rank: int | None = None
+    rank_samples_per_s: str | None = None
+    rank_data_wait_frac: str | None = None
+    rank_hosts: str | None = None
+    rank_windows: str | None = None  # start-end wall clock of each rank
     node: NodeFacts = NodeFacts()
 
     def objective(self, name: str) -> float | None:

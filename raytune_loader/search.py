@@ -41,6 +41,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see --help)\n")
 
 
+def _ranks(value: str) -> int:
+    """``auto`` (0: one rank per GPU, resolved once the node is known) or a count."""
+    if value == "auto":
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {value!r}") from None
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(
         prog="python -m raytune_loader.search",
@@ -94,7 +104,18 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="trials at once (default: 1 on a CPU, GPUs / gpus-per-trial on a GPU)",
     )
     p.add_argument(
-        "--gpus-per-trial", type=float, help="fractional GPU per trial (default 0.5 with CUDA)"
+        "--gpus-per-trial",
+        type=float,
+        help="GPUs of one trial, all its ranks together (default with CUDA: 0.5 for one "
+        "rank, else one per rank up to the node's GPUs)",
+    )
+    p.add_argument(
+        "--ranks-per-node",
+        type=_ranks,
+        default=1,
+        metavar="N|auto",
+        help="data-parallel ranks per trial, each with the candidate loader, all at once on "
+        "one node (DDP; auto: one per GPU of the node; default 1)",
     )
     p.add_argument(
         "--cpus-per-worker",
@@ -188,6 +209,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         synthetic_images=args.synthetic_images, model=args.model, num_samples=args.num_samples,
         time_budget_s=args.time_budget, max_concurrent=args.max_concurrent,
         gpus_per_trial=args.gpus_per_trial, cpus_per_worker=args.cpus_per_worker,
+        ranks_per_node=args.ranks_per_node,
         batch_sizes=args.batch_sizes, min_batch_size=args.min_batch_size,
         max_workers=args.max_workers, objective=objective, steps=args.steps,
         warmup_steps=args.warmup_steps, report_every=args.report_every,

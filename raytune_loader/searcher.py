@@ -14,8 +14,11 @@ told to Optuna and another is asked for.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import optuna
@@ -33,6 +36,15 @@ Key = tuple[tuple[str, Any], ...]
 def describe(seed: int) -> str:
     """The sampler as ``best_config.json`` records it."""
     return f"optuna TPESampler(seed={seed}, n_startup_trials={N_STARTUP_TRIALS})"
+
+
+@contextlib.contextmanager
+def _baselines_outside_the_bounds() -> Iterator[None]:
+    """With several ranks the rule of thumb has more workers per rank than the space's
+    bound; enqueued, Optuna measures it as it is, and warns twice: not news to us."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".* out of (the )?range", UserWarning)
+        yield
 
 
 class LoaderSearcher(Searcher):
@@ -55,14 +67,16 @@ class LoaderSearcher(Searcher):
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
         if enqueue_baselines:
-            for config in space.baselines().values():
-                self._study.enqueue_trial(space.as_point(config))
+            with _baselines_outside_the_bounds():
+                for config in space.baselines().values():
+                    self._study.enqueue_trial(space.as_point(config))
         self._measured: dict[Key, float] = {}
         self._asked: dict[str, tuple[optuna.trial.Trial, Key]] = {}
 
     def _ask(self) -> tuple[optuna.trial.Trial, dict[str, Any], Key]:
         trial = self._study.ask()
-        constants = self._space.define_by_run(trial) or {}  # suggests the parameters
+        with _baselines_outside_the_bounds():
+            constants = self._space.define_by_run(trial) or {}  # suggests the parameters
         config = {**trial.params, **constants}
         return trial, config, tuple(sorted(config.items()))
 

@@ -17,6 +17,7 @@ from raytune_loader.errors import ConfigError
 
 PYTORCH_DEFAULT = "pytorch-default"
 HEURISTIC = "heuristic"
+RANK_SHARE = "heuristic-rank-share"  # with several ranks: min(usable CPUs // ranks, 8) each
 PREFETCH_FACTORS = (1, 2, 4, 8)
 TRANSFERS = ("float32", "uint8")  # float32 normalized in the workers, or uint8 to the device
 DECODES = ("pil", "tensor", "device")  # JPEGs decoded in the workers to PIL images or to
@@ -169,9 +170,12 @@ def _yn(flag: bool) -> str:
     return "y" if flag else "n"
 
 
-def reserved_cpus(num_workers: int, cpus_per_worker: float, node_cpus: float) -> float:
-    """CPUs a trial reserves: itself plus its workers, never more than the node has."""
-    return min(1 + cpus_per_worker * num_workers, node_cpus)
+def reserved_cpus(
+    num_workers: int, cpus_per_worker: float, node_cpus: float, ranks: int = 1
+) -> float:
+    """CPUs a trial reserves: each of its ranks plus that rank's workers, never more than
+    the node has."""
+    return min(ranks * (1 + cpus_per_worker * num_workers), node_cpus)
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,7 @@ class SearchSpace:
     pipeline: bool = False  # the dataset's pipeline is searched too (built-in image data)
     decodes: tuple[str, ...] = ("pil",)  # where JPEGs may be decoded (built-in image data)
     thread_workers: bool = False  # thread workers are a candidate too
+    ranks: int = 1  # data-parallel ranks per trial; the configuration is per rank
 
     def __post_init__(self) -> None:
         if "device" in self.decodes and not self.cuda:
@@ -229,21 +234,31 @@ class SearchSpace:
         return self.batch_sizes[0]
 
     def baselines(self) -> dict[str, LoaderConfig]:
-        """The two configurations every search measures first, by name."""
-        bs = self.baseline_batch_size
-        heuristic_workers = min(self._heuristic_rule, self.max_workers)
-        return {
-            PYTORCH_DEFAULT: LoaderConfig(batch_size=bs),
-            HEURISTIC: LoaderConfig.from_dict(
-                {
-                    "num_workers": heuristic_workers,
-                    "prefetch_factor": 2 if heuristic_workers else None,
-                    "pin_memory": self.cuda,
-                    "persistent_workers": heuristic_workers > 0,
-                },
-                batch_size=bs,
+        """The configurations every search measures first, by name: PyTorch's defaults
+        and the rule of thumb, per rank as people apply it (with several ranks it is
+        not held to the space's per-rank bound), and with several ranks the rule of
+        thumb on each rank's share of the CPUs."""
+        ranks = self.ranks > 1
+        found = {
+            PYTORCH_DEFAULT: LoaderConfig(batch_size=self.baseline_batch_size),
+            HEURISTIC: self._rule_of_thumb(
+                self._heuristic_rule if ranks else min(self._heuristic_rule, self.max_workers)
             ),
         }
+        if ranks:
+            found[RANK_SHARE] = self._rule_of_thumb(min(self.usable_cpus // self.ranks, 8))
+        return found
+
+    def _rule_of_thumb(self, workers: int) -> LoaderConfig:
+        return LoaderConfig.from_dict(
+            {
+                "num_workers": workers,
+                "prefetch_factor": 2 if workers else None,
+                "pin_memory": self.cuda,
+                "persistent_workers": workers > 0,
+            },
+            batch_size=self.baseline_batch_size,
+        )
 
     @property
     def _heuristic_rule(self) -> int:
@@ -252,7 +267,17 @@ class SearchSpace:
 
     @property
     def heuristic_note(self) -> str | None:
-        """Why the heuristic has fewer workers than the rule of thumb, if it does."""
+        """Why the heuristic has fewer workers than the rule of thumb, if it does; with
+        several ranks, that the rule of thumb applied per rank overfills the node."""
+        if self.ranks > 1:
+            wanted = self.ranks * (1 + self._heuristic_rule)
+            if wanted <= self.usable_cpus:
+                return None
+            return (
+                f"{self.ranks} ranks x (1 + {self._heuristic_rule} workers) = {wanted} "
+                f"processes on {self.usable_cpus} usable CPUs: its reservation is capped at "
+                "the node, and its workers share the cores"
+            )
         if self.max_workers >= self._heuristic_rule:
             return None
         return (

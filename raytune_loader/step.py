@@ -94,6 +94,11 @@ class Trainer:
         switches are the caller's: :func:`set_matmul_precision`)."""
         memory_format = torch.channels_last if channels_last else torch.preserve_format
         model = model.to(device, memory_format=memory_format).train()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from torch.nn.parallel import DistributedDataParallel  # one rank of several
+
+            ids = [device.index or torch.cuda.current_device()] if device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         forward = torch.compile(model) if compile_model else model
         scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None

@@ -5,7 +5,9 @@ This is the Ray boundary in the worker processes: the Tune config dict becomes a
 dicts through ``tune.report``. Ceiling and verification measurements run as Ray
 tasks (:func:`measure_task`, :func:`ceiling_task`, :func:`input_task`, started by
 :class:`raytune_loader.tuner.RayMeasurer`) through the same
-:func:`~raytune_loader.measure.run_trial`, so every figure comes from one code path.
+:func:`~raytune_loader.ranks.run_trial` (one process, or ``--ranks-per-node`` rank
+processes around :func:`~raytune_loader.measure.run_trial`), so every figure comes
+from one code path.
 """
 
 from __future__ import annotations
@@ -21,13 +23,8 @@ from ray import tune
 
 from raytune_loader.hardware import cpu_and_gpu_summary, hardware_class
 from raytune_loader.job import DATA_SLOT, TrialJob
-from raytune_loader.measure import (
-    InputRate,
-    TrialOutcome,
-    measure_ceiling,
-    measure_input,
-    run_trial,
-)
+from raytune_loader.measure import InputRate, TrialOutcome
+from raytune_loader.ranks import measure_ceiling, measure_input, run_trial
 from raytune_loader.space import LoaderConfig, reserved_cpus
 
 
@@ -52,7 +49,7 @@ def _node() -> dict[str, Any]:
 def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     """Tune function trainable: one candidate configuration, one short training segment."""
     loader_config = LoaderConfig.from_trial_config(config)
-    cpus = reserved_cpus(loader_config.num_workers, job.cpus_per_worker, job.node_cpus)
+    cpus = reserved_cpus(loader_config.num_workers, job.cpus_per_worker, job.node_cpus, job.ranks)
     node = {**_node(), "cpus_reserved": cpus}  # in every report, early stops included
 
     def report(metrics: dict[str, Any]) -> None:

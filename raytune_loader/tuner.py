@@ -168,7 +168,7 @@ def trainable(job: TrialJob, gpus_per_trial: float, cluster: RayCluster) -> Any:
 
     def resources(config: dict[str, Any]) -> dict[str, float]:
         workers = config.get("num_workers", 0)
-        cpus = reserved_cpus(workers, job.cpus_per_worker, cluster.node_cpus)
+        cpus = reserved_cpus(workers, job.cpus_per_worker, cluster.node_cpus, job.ranks)
         return cluster.bundle(cpus, gpus_per_trial)
 
     return tune.with_resources(tune.with_parameters(trial_fn, job=job), resources=resources)
@@ -351,7 +351,7 @@ class RayMeasurer:
         return _task_options(self.cluster.bundle(cpus, self.gpus), self.node_id)
 
     def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
-        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus)
+        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus, job.ranks)
         ref = measure_task.options(**self._bundle(cpus)).remote(job, config, slot)
         limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
         try:
@@ -366,11 +366,12 @@ class RayMeasurer:
     def ceiling(
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]:
-        ref = ceiling_task.options(**self._bundle(1)).remote(job, batch_size, windows)
+        cpus = reserved_cpus(0, job.cpus_per_worker, self.node_cpus, job.ranks)  # a CPU a rank
+        ref = ceiling_task.options(**self._bundle(cpus)).remote(job, batch_size, windows)
         return self._result(ref, job, "the ceiling")
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
-        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus)
+        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus, job.ranks)
         ref = input_task.options(**self._bundle(cpus)).remote(job, config)
         return self._result(ref, job, "the input pipeline")
 

@@ -21,15 +21,9 @@ from typing import Protocol
 
 from raytune_loader.errors import SearchFailedError, UserInputError, last_line
 from raytune_loader.job import TrialJob
-from raytune_loader.measure import (
-    CEILING_WINDOWS,
-    InputRate,
-    TrialOutcome,
-    measure_ceiling,
-    measure_input,
-    run_trial,
-)
+from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
 from raytune_loader.progress import Progress
+from raytune_loader.ranks import measure_ceiling, measure_input, run_trial
 from raytune_loader.records import MEASURED, TrialRecord
 from raytune_loader.selection import Candidate, fitting, rotated, select
 from raytune_loader.space import LoaderConfig, SearchSpace
@@ -102,16 +96,17 @@ def verification_configs(
     """Both baselines, then the ``top`` best distinct configurations of the search
     (finished trials before those ASHA stopped)."""
     named: dict[str, LoaderConfig] = dict(space.baselines())
+    baselines = len(named)
     ranked = sorted(
         (r for r in records if r.status in MEASURED and r.objective(objective) and r.config),
         key=lambda r: (r.status == "ok", r.objective(objective) or 0.0),
         reverse=True,
     )
     for record in ranked:
-        if len(named) >= 2 + top:
+        if len(named) >= baselines + top:
             break
         if record.config not in named.values():
-            named[f"top-{len(named) - 1}"] = record.config  # type: ignore[assignment]
+            named[f"top-{len(named) - baselines + 1}"] = record.config  # type: ignore[assignment]
     return named
 
 

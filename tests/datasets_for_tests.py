@@ -75,6 +75,43 @@ class _HangsInWorker(TensorImages):
         return super().__getitem__(index)
 
 
+class _RankOneDies(TensorImages):
+    """Rank 1 of a data-parallel measurement is killed mid-trial (the OOM killer)."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import signal
+
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+def rank_one_dies() -> Dataset:
+    return _RankOneDies()
+
+
+class ShardLog(TensorImages):
+    """Appends ``rank index`` to ``log`` for every sample a rank (or its workers) reads."""
+
+    def __init__(self, log: str, length: int = 64) -> None:
+        import torch.distributed as dist
+
+        super().__init__(length)
+        self.log = log
+        self.rank = dist.get_rank()  # built in the rank's process
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with open(self.log, "a") as handle:
+            handle.write(f"{self.rank} {index}\n")
+        return super().__getitem__(index)
+
+
+def shard_log(data_root: str) -> Dataset:
+    return ShardLog(data_root)
+
+
 def dies_in_worker() -> Dataset:
     return _DiesInWorker()
 

@@ -34,6 +34,15 @@ def test_max_workers_above_usable_cpus_is_clipped_with_a_warning() -> None:
     assert "using 2" in progress.warnings[0]
 
 
+def test_each_rank_s_workers_are_bounded_by_its_share_of_the_node() -> None:
+    progress = _Recorder()
+    space = search_space(SearchOptions(ranks_per_node=2), usable=16, cuda=True, progress=progress)
+    assert space.max_workers == 8 and space.ranks == 2
+    asked = SearchOptions(ranks_per_node=4, max_workers=8)
+    assert search_space(asked, usable=16, cuda=True, progress=progress).max_workers == 4
+    assert "more than the 4 usable CPUs / 4 ranks; using 4" in progress.warnings[-1]
+
+
 @pytest.mark.parametrize(("cold", "samples", "warned"), [(True, 64, True), (True, 208, False),
                                                         (False, 64, False)])  # fmt: skip
 def test_cold_warns_when_a_trial_would_read_its_block_twice(

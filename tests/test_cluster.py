@@ -90,3 +90,20 @@ def test_fractional_gpus_are_packed_two_per_logical_gpu(
         for start, _ in spans:
             running = sum(s <= start < e for s, e in spans)
             assert running <= 2  # at most two 0.5-GPU trials on a one-GPU node
+
+
+def test_a_two_rank_trial_gets_two_gpus_on_one_node(
+    cluster: Cluster, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """One node with 2 logical GPUs, one with 1: a trial of 2 ranks, 1 GPU each, fits
+    only the first, and Ray gives it both GPUs (the ranks train with gloo on the CPU)."""
+    two = cluster.add_node(num_cpus=2, num_gpus=2)
+    cluster.add_node(num_cpus=2, num_gpus=1)
+    cluster.wait_for_nodes()
+    rows = _search(cluster, tiny_imagenet, tmp_path / "results", "--ranks-per-node", "2",
+                   "--gpus-per-trial", "2", "--max-workers", "0", trials=2)  # fmt: skip
+    assert rows
+    for row in rows:
+        assert row["node_id"] == two.node_id
+        assert len(row["cuda_visible_devices"].split(",")) == 2  # two GPUs for two ranks
+        assert row["ranks"] == "2" and float(row["cpus_reserved"]) <= 2

@@ -15,6 +15,7 @@ from raytune_loader.loader import build_dataloader
 from raytune_loader.space import (
     HEURISTIC,
     PYTORCH_DEFAULT,
+    RANK_SHARE,
     LoaderConfig,
     SearchSpace,
     reserved_cpus,
@@ -91,13 +92,32 @@ def test_enqueued_baselines_are_reproduced_by_the_space(cuda: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("workers", "per_worker", "node", "expected"),
-    [(0, 1.0, 2, 1.0), (1, 1.0, 2, 2.0), (2, 1.0, 2, 2.0), (3, 0.5, 4, 2.5), (8, 1.0, 16, 9.0)],
-)
-def test_reservation_is_one_plus_workers_capped_at_the_node(
-    workers: int, per_worker: float, node: float, expected: float
+    ("workers", "per_worker", "node", "ranks", "expected"),
+    [(0, 1.0, 2, 1, 1.0), (1, 1.0, 2, 1, 2.0), (2, 1.0, 2, 1, 2.0), (3, 0.5, 4, 1, 2.5),
+     (8, 1.0, 16, 1, 9.0), (0, 0.5, 2, 2, 2.0), (1, 0.5, 4, 2, 3.0), (7, 1.0, 32, 4, 32.0)],
+)  # fmt: skip
+def test_reservation_is_each_rank_plus_its_workers_capped_at_the_node(
+    workers: int, per_worker: float, node: float, ranks: int, expected: float
 ) -> None:
-    assert reserved_cpus(workers, per_worker, node) == expected
+    assert reserved_cpus(workers, per_worker, node, ranks) == expected
+
+
+def test_with_several_ranks_the_baselines_show_what_the_usual_advice_costs() -> None:
+    space = SearchSpace(max_workers=4, batch_sizes=(256,), cuda=True, usable_cpus=16, ranks=4)
+    baselines = space.baselines()
+    assert baselines[HEURISTIC].num_workers == 8  # min(cpus, 8) per rank, as people do
+    assert baselines[RANK_SHARE].num_workers == 4  # each rank's share: 16 // 4
+    assert baselines[PYTORCH_DEFAULT].num_workers == 0
+    assert space.heuristic_note == (
+        "4 ranks x (1 + 8 workers) = 36 processes on 16 usable CPUs: its reservation is "
+        "capped at the node, and its workers share the cores"
+    )
+    # the rule of thumb lies outside the per-rank bound, yet the searcher measures it
+    from raytune_loader.searcher import LoaderSearcher
+
+    searcher = LoaderSearcher(space, "util", seed=0)
+    proposed = [LoaderConfig.from_trial_config(searcher.suggest(str(i))) for i in range(3)]
+    assert proposed == list(baselines.values())
 
 
 @pytest.mark.parametrize(

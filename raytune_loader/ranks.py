@@ -1,0 +1,311 @@
+"""Several data-parallel ranks in one measurement: a node's training, all ranks at once.
+
+With ``--ranks-per-node N`` every measurement (trial, ceiling, verification, the
+input pipeline alone) starts N rank processes on the node it runs on. Each rank
+has the candidate loader over its own shard of the trial's samples, trains its
+own replica of the model wrapped in ``DistributedDataParallel`` (gradients
+all-reduced: NCCL when every rank has a GPU of its own, gloo on a CPU or when
+ranks share a GPU) and reports its own figures. The node's rate is N x the
+slowest rank's, the pace of synchronous training.
+
+The ranks are processes of the measurement's own process (a forkserver, with this
+module preloaded), not Ray Train workers: a ``TorchTrainer`` inside each Tune trial
+cost 19-26 s a trial on this project's 2-core machine against 1.5 s for a reused
+forkserver (measured with a prototype of both; see the note of issue 15). The
+trial's one Ray bundle holds all ranks' CPUs and GPUs, so they share one node.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing
+import os
+import queue as queue_module
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psutil
+import torch
+
+from raytune_loader import measure
+from raytune_loader.errors import DataPipelineError, last_line
+from raytune_loader.job import TrialJob
+from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
+from raytune_loader.space import LoaderConfig, reserved_cpus
+
+ReportFn = Callable[[dict[str, Any]], None]
+GRACE_S = 60.0  # past the trial's time limit, for start-up and the process group
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """What one rank measured, and where and when it ran."""
+
+    rank: int
+    value: Any  # the task's result: a TrialOutcome, a (batch size, samples/s), an InputRate
+    pid: int
+    host: str
+    started: float  # wall clock (time.time) of the rank's start and end
+    ended: float
+
+
+class RankError(Exception):
+    """A rank raised, died, or the ranks ran out of time."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def run_trial(
+    job: TrialJob, config: LoaderConfig, report: ReportFn | None = None, slot: int = 0
+) -> TrialOutcome:
+    """:func:`raytune_loader.measure.run_trial` on every rank at once; one rank runs it in
+    this process."""
+    if job.ranks == 1:
+        return measure.run_trial(job, config, report, slot)
+    cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus, job.ranks)
+
+    def forward(metrics: dict[str, Any]) -> None:  # rank 0's interim reports, for ASHA
+        if report is not None:
+            report({**metrics, "samples_per_s": metrics["samples_per_s"] * job.ranks})
+
+    try:
+        runs = _run_ranks(job, _trial_in_rank, (config, slot), forward)
+    except RankError as exc:
+        return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
+    return node_outcome(job, config, runs)
+
+
+def measure_ceiling(
+    job: TrialJob, batch_size: int, windows: int = measure.CEILING_WINDOWS
+) -> tuple[int, float]:
+    """The ceiling of N ranks on resident batches: N x the slowest rank's."""
+    if job.ranks == 1:
+        return measure.measure_ceiling(job, batch_size, windows)
+    try:
+        runs = _run_ranks(job, _ceiling_in_rank, (batch_size, windows), None)
+    except RankError as exc:
+        raise DataPipelineError(exc.reason, f"the ceiling: {exc}") from None
+    sizes, speeds = zip(*(run.value for run in runs), strict=True)
+    return min(sizes), job.ranks * min(speeds)
+
+
+def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRate:
+    """Every rank's input pipeline alone at once: N x the slowest rank's rate."""
+    if job.ranks == 1:
+        return measure.measure_input(job, config, slot)
+    try:
+        runs = _run_ranks(job, _input_in_rank, (config, slot), None)
+    except RankError as exc:
+        raise DataPipelineError(exc.reason, f"the input pipeline: {exc}") from None
+    rates = [run.value for run in runs]
+    return InputRate(job.ranks * min(r.samples_per_s for r in rates), rates[0].per_core)
+
+
+def node_outcome(job: TrialJob, config: LoaderConfig, runs: list[RankRun]) -> TrialOutcome:
+    """The node's outcome from its ranks': a rank's failure is the trial's; the node's
+    rate is N x the slowest rank's; its data wait is the worst rank's."""
+    outcomes: list[TrialOutcome] = [run.value for run in runs]
+    failed = next((o for o in outcomes if o.failure), None)
+    first = outcomes[0]
+    if failed is not None:
+        rank = outcomes.index(failed)
+        return replace(failed, detail=f"rank {rank}: {failed.detail}", ranks=_stats(runs))
+    metrics = [o.metrics for o in outcomes]
+    assert all(m is not None for m in metrics)
+    slowest = min(metrics, key=lambda m: m.samples_per_s)  # type: ignore[union-attr]
+    node = SegmentMetrics(
+        samples_per_s=job.ranks * slowest.samples_per_s,  # type: ignore[union-attr]
+        data_wait_frac=max(m.data_wait_frac for m in metrics),  # type: ignore[union-attr]
+        util=min(m.util for m in metrics),  # type: ignore[union-attr]
+        util_source=slowest.util_source,  # type: ignore[union-attr]
+        device_util=slowest.device_util,  # type: ignore[union-attr]
+        samples=sum(m.samples for m in metrics),  # type: ignore[union-attr]
+        wall_s=max(m.wall_s for m in metrics),  # type: ignore[union-attr]
+    )
+    return replace(
+        first,
+        metrics=node,
+        effective_batch_size=min(o.effective_batch_size or 0 for o in outcomes) or None,
+        oom_backoffs=max(o.oom_backoffs for o in outcomes),
+        ceiling_samples_per_s=job.ceilings.get(first.effective_batch_size or 0),
+        ranks=_stats(runs),
+    )
+
+
+def _stats(runs: list[RankRun]) -> tuple[measure.RankStat, ...]:
+    return tuple(
+        measure.RankStat(
+            rank=run.rank,
+            samples_per_s=run.value.metrics.samples_per_s if run.value.metrics else 0.0,
+            data_wait_frac=run.value.metrics.data_wait_frac if run.value.metrics else 1.0,
+            host=run.host,
+            pid=run.pid,
+            started=run.started,
+            ended=run.ended,
+        )
+        for run in runs
+    )
+
+
+def rank_job(job: TrialJob) -> TrialJob:
+    """The job as one rank measures it: its share of the node's ceiling (so a rank's
+    CPU ``util`` is a share of its own ceiling)."""
+    return replace(job, ceilings={bs: c / job.ranks for bs, c in job.ceilings.items()})
+
+
+def _trial_in_rank(job: TrialJob, config: LoaderConfig, slot: int, report: ReportFn) -> Any:
+    return measure.run_trial(rank_job(job), config, report, slot)
+
+
+def _ceiling_in_rank(job: TrialJob, batch_size: int, windows: int, report: ReportFn) -> Any:
+    return measure.measure_ceiling(job, batch_size, windows)
+
+
+def _input_in_rank(job: TrialJob, config: LoaderConfig, slot: int, report: ReportFn) -> Any:
+    return measure.measure_input(job, config, slot)
+
+
+Task = Callable[..., Any]
+
+
+def _run_ranks(
+    job: TrialJob, task: Task, args: tuple[Any, ...], forward: ReportFn | None
+) -> list[RankRun]:
+    """Start the ranks, pass rank 0's interim reports on, and collect every rank's run;
+    RankError when one raises or dies, or past the time limit. No rank outlives this."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # torch and this package, imported once
+    results: Any = context.Queue()
+    port = _free_port()
+    processes = [
+        context.Process(
+            target=_rank_main,
+            args=(rank, job.ranks, port, job, task, args, results, os.getpid()),
+            name=f"raytune-rank-{rank}",
+        )
+        for rank in range(job.ranks)
+    ]
+    for process in processes:
+        process.start()
+    runs: dict[int, RankRun] = {}
+    deadline = time.monotonic() + job.segment.time_limit_s + GRACE_S
+    try:
+        while len(runs) < job.ranks:
+            try:
+                kind, rank, payload = results.get(timeout=0.5)
+            except queue_module.Empty:
+                _check_alive(processes, runs, deadline, job)
+                continue
+            if kind == "interim" and forward is not None:
+                forward(payload)
+            elif kind == "error":  # a peer's death shows as a broken collective here
+                _raise_if_died(processes, runs, wait_s=2.0)
+                raise RankError("error", f"rank {rank}: {payload}")
+            elif kind == "done":
+                runs[rank] = payload
+    finally:
+        _stop(processes)
+        results.close()
+    return [runs[rank] for rank in range(job.ranks)]
+
+
+def _raise_if_died(processes: list[Any], runs: dict[int, RankRun], wait_s: float = 0.0) -> None:
+    """RankError naming a rank that ended without its result (killed, or crashed)."""
+    until = time.monotonic() + wait_s
+    while True:
+        for rank, process in enumerate(processes):
+            if rank not in runs and process.exitcode not in (None, 0):
+                raise RankError(
+                    "rank_died",
+                    f"rank {rank} died (exit code {process.exitcode}) before its result",
+                )
+        if time.monotonic() >= until:
+            return
+        time.sleep(0.1)
+
+
+def _check_alive(
+    processes: list[Any], runs: dict[int, RankRun], deadline: float, job: TrialJob
+) -> None:
+    _raise_if_died(processes, runs)
+    if time.monotonic() > deadline:
+        raise RankError(
+            "timeout",
+            f"the ranks took longer than {job.segment.time_limit_s + GRACE_S:.0f}s "
+            "(--trial-timeout and a grace period for starting them)",
+        )
+
+
+def _stop(processes: list[Any]) -> None:
+    for process in processes:
+        process.join(timeout=5)
+    for process in processes:
+        if process.is_alive():  # stuck in a collective its peer never joined
+            process.kill()
+            process.join()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    port: int,
+    job: TrialJob,
+    task: Task,
+    args: tuple[Any, ...],
+    results: Any,
+    parent: int,
+) -> None:
+    """One rank: join the process group, run the task, send what it measured."""
+    import torch.distributed as dist
+
+    _exit_with(parent)
+    started = time.time()
+    try:
+        cuda = job.device.startswith("cuda")
+        own_gpus = cuda and torch.cuda.device_count() >= world
+        if cuda:
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(
+            "nccl" if own_gpus else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=dt.timedelta(seconds=job.segment.time_limit_s + GRACE_S),
+        )
+
+        def report(metrics: dict[str, Any]) -> None:
+            if rank == 0:
+                results.put(("interim", rank, metrics))
+
+        value = task(job, *args, report)
+        run = RankRun(rank, value, os.getpid(), socket.gethostname(), started, time.time())
+        results.put(("done", rank, run))
+    except Exception as exc:  # noqa: BLE001 - whatever a rank raised, the trial says it
+        results.put(("error", rank, last_line(exc)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _exit_with(parent: int) -> None:
+    """A rank ends when the measurement's process does (Ray ends a stopped trial's
+    process at once; its ranks, not Ray's, would otherwise go on)."""
+
+    def watch() -> None:
+        while psutil.pid_exists(parent):
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="raytune-rank-parent", daemon=True).start()

@@ -1,0 +1,107 @@
+"""Several data-parallel ranks per measurement (--ranks-per-node): real processes, gloo."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.job import SegmentSpec, TrialJob
+from raytune_loader.ranks import measure_ceiling, run_trial
+from raytune_loader.space import LoaderConfig
+
+CONFIG = LoaderConfig(8, 1, 2, False, False)
+
+
+def _job(dataset: str, data_root: str | None = None, ranks: int = 2) -> TrialJob:
+    return TrialJob(
+        dataset=DatasetSpec(dataset, data_root),
+        model="small-cnn",
+        segment=SegmentSpec(warmup_steps=1, steps=4, report_every=2, time_limit_s=60),
+        samples_per_trial=64,
+        node_cpus=2,
+        cpus_per_worker=0.5,
+        ranks=ranks,
+    )
+
+
+def test_two_ranks_train_at_once_on_their_own_shards(tmp_path: Path) -> None:
+    log = tmp_path / "reads.log"
+    interim: list[dict] = []
+    outcome = run_trial(_job("datasets_for_tests:shard_log", str(log)), CONFIG, interim.append)
+    assert outcome.failure is None, outcome.detail
+    first, second = outcome.ranks
+    assert (first.rank, second.rank) == (0, 1) and first.pid != second.pid
+    assert first.host == second.host  # one node
+    assert max(first.started, second.started) < min(first.ended, second.ended)  # at once
+    slowest = min(first.samples_per_s, second.samples_per_s)
+    assert outcome.metrics.samples_per_s == pytest.approx(2 * slowest, rel=1e-6)
+    assert outcome.metrics.samples == 2 * 8 * 4  # both ranks' measured batches
+    assert outcome.cpus_reserved == 2  # 2 x (1 + 0.5 x 1) = 3, capped at the node
+    reads: dict[int, set[int]] = {0: set(), 1: set()}
+    for rank, index in (map(int, line.split()) for line in log.read_text().splitlines()):
+        reads[rank].add(index)
+    assert reads[0] and reads[1] and not reads[0] & reads[1]  # disjoint shards
+    assert interim and interim[0]["samples_per_s"] > 0  # rank 0's reports reach Tune
+    columns = outcome.as_report()
+    assert columns["ranks"] == 2 and columns["rank_hosts"] == f"{first.host};{first.host}"
+
+
+def test_a_rank_that_dies_fails_the_trial_and_leaves_no_process() -> None:
+    import psutil
+
+    outcome = run_trial(_job("datasets_for_tests:rank_one_dies"), LoaderConfig(8))
+    assert outcome.failure == "rank_died"
+    assert "rank 1 died (exit code -9)" in outcome.detail
+    children = psutil.Process().children(recursive=True)
+    assert not [c for c in children if c.name().startswith("raytune-rank") or "rank" in c.name()]
+
+
+def test_a_rank_s_failure_is_the_trial_s_with_the_rank_named() -> None:
+    outcome = run_trial(_job("datasets_for_tests:broken"), LoaderConfig(8))
+    assert outcome.failure == "data_loader"
+    assert outcome.detail.startswith("rank 0: ") and "broken" in outcome.detail
+
+
+def test_the_ceiling_of_two_ranks_is_twice_the_slowest(tiny_imagenet: Path) -> None:
+    job = _job("synthetic-imagenet", str(tiny_imagenet))
+    size, node = measure_ceiling(job, 8, windows=1)
+    _, alone = measure_ceiling(replace(job, ranks=1), 8, windows=1)
+    assert size == 8 and node > 0
+    assert node < 2.5 * alone  # two ranks at most double one, all-reduce included
+
+
+@pytest.mark.slow
+def test_a_search_with_two_ranks_per_trial_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
+    """--ranks-per-node 2 on 2 cores: both ranks of every trial on this node at once,
+    no reservation above the node, the three baselines, ranks_per_node in the JSON."""
+    import csv
+    import json
+
+    from conftest import TINY_SEARCH, ray_processes, run_cli
+
+    before = ray_processes()
+    result = run_cli(
+        *TINY_SEARCH, "--data-root", str(tiny_imagenet), "--num-samples", "3",
+        "--verify-repeats", "1", "--ranks-per-node", "2", "--cpus-per-worker", "0.5",
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "out" / "synthetic-imagenet"
+    best = json.loads((folder / "best_config.json").read_text())
+    assert best["ranks_per_node"] == 2
+    assert set(best["baselines"]) == {"pytorch-default", "heuristic", "heuristic-rank-share"}
+    assert best["baselines"]["heuristic"]["loader"]["num_workers"] == 2  # min(cpus, 8) a rank
+    assert best["baselines"]["heuristic-rank-share"]["loader"]["num_workers"] == 1
+    assert "heuristic-rank-share" in result.stdout
+    with open(folder / "trials.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["rank_windows"]]
+    assert rows
+    for row in rows:
+        assert float(row["cpus_reserved"]) <= 2  # never more than the node
+        assert row["ranks"] == "2" and len(set(row["rank_hosts"].split(";"))) == 1
+        (s0, e0), (s1, e1) = (map(float, w.split("-")) for w in row["rank_windows"].split(";"))
+        assert max(s0, s1) < min(e0, e1)  # the two ranks ran at the same time
+    assert ray_processes() <= before
