@@ -38,6 +38,7 @@ from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
 from raytune_loader.space import LoaderConfig, reserved_cpus
 
 ReportFn = Callable[[dict[str, Any]], None]
+Task = Callable[..., Any]
 GRACE_S = 60.0  # past the trial's time limit, for start-up and the process group
 
 
@@ -87,10 +88,7 @@ def measure_ceiling(
     """The ceiling of N ranks on resident batches: N x the slowest rank's."""
     if job.ranks == 1:
         return measure.measure_ceiling(job, batch_size, windows)
-    try:
-        runs = _run_ranks(job, _ceiling_in_rank, (batch_size, windows), None)
-    except RankError as exc:
-        raise DataPipelineError(exc.reason, f"the ceiling: {exc}") from None
+    runs = _measured(job, _ceiling_in_rank, (batch_size, windows), "the ceiling")
     sizes, speeds = zip(*(run.value for run in runs), strict=True)
     return min(sizes), job.ranks * min(speeds)
 
@@ -99,12 +97,16 @@ def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRa
     """Every rank's input pipeline alone at once: N x the slowest rank's rate."""
     if job.ranks == 1:
         return measure.measure_input(job, config, slot)
-    try:
-        runs = _run_ranks(job, _input_in_rank, (config, slot), None)
-    except RankError as exc:
-        raise DataPipelineError(exc.reason, f"the input pipeline: {exc}") from None
+    runs = _measured(job, _input_in_rank, (config, slot), "the input pipeline")
     rates = [run.value for run in runs]
     return InputRate(job.ranks * min(r.samples_per_s for r in rates), rates[0].per_core)
+
+
+def _measured(job: TrialJob, task: Task, args: tuple[Any, ...], what: str) -> list[RankRun]:
+    try:
+        return _run_ranks(job, task, args, None)
+    except RankError as exc:
+        raise DataPipelineError(exc.reason, f"{what}: {exc}") from None
 
 
 def node_outcome(job: TrialJob, config: LoaderConfig, runs: list[RankRun]) -> TrialOutcome:
@@ -169,9 +171,6 @@ def _ceiling_in_rank(job: TrialJob, batch_size: int, windows: int, report: Repor
 
 def _input_in_rank(job: TrialJob, config: LoaderConfig, slot: int, report: ReportFn) -> Any:
     return measure.measure_input(job, config, slot)
-
-
-Task = Callable[..., Any]
 
 
 def _run_ranks(
