@@ -50,7 +50,8 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     """Tune function trainable: one candidate configuration, one short training segment."""
     loader_config = LoaderConfig.from_trial_config(config)
     cpus = reserved_cpus(loader_config.num_workers, job.cpus_per_worker, job.node_cpus, job.ranks)
-    node = {**_node(), "cpus_reserved": cpus}  # in every report, early stops included
+    # in every report, early stops included
+    node = {**_node(), "cpus_reserved": cpus, **({"ranks": job.ranks} if job.ranks > 1 else {})}
 
     def report(metrics: dict[str, Any]) -> None:
         tune.report({**metrics, **node})

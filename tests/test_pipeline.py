@@ -112,14 +112,27 @@ def test_which_datasets_have_their_pipeline_searched(name: str, searched: bool) 
     assert pipeline_searchable(DatasetSpec(name)) is searched
 
 
-def test_a_training_loop_with_the_tuned_pipeline(tiny_imagenet: Path, tmp_path: Path) -> None:
-    """The README's loop: the dataset, the loader and the device-side stages in 3 lines."""
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        # the first files with a pipeline section described it in words: still read
+        {"transfer": "uint8", "decode": "cpu", "workers": "process"},
+        {"transfer": "float32", "decode": "tensor", "workers": "thread"},
+        {"transfer": "uint8", "decode": "device", "workers": "process"},
+    ],
+)
+def test_a_training_loop_with_the_tuned_pipeline(
+    tiny_imagenet: Path, tmp_path: Path, pipeline: dict
+) -> None:
+    """The README's loop: the dataset, the loader and the device-side stages in 3 lines,
+    for processes and threads, and for decoding in the workers or on the device."""
+    threads = pipeline["workers"] == "thread"
     loader = {
         "batch_size": 8,
         "num_workers": 2,
         "prefetch_factor": 2,
         "pin_memory": False,
-        "persistent_workers": True,
+        "persistent_workers": not threads,
         "in_order": False,
         "multiprocessing_context": None,
     }
@@ -127,8 +140,7 @@ def test_a_training_loop_with_the_tuned_pipeline(tiny_imagenet: Path, tmp_path: 
         "schema_version": 1, "dataset": "synthetic-imagenet", "model": "small-cnn",
         "objective": "util", "loader": loader, "metrics": {}, "baselines": {}, "speedup": {},
         "hardware": {}, "search": {}, "created": "2026-01-01T00:00:00+00:00",
-        "pipeline": {"transfer": "uint8", "decode": "cpu", "workers": "process",
-                     "in_order": False, "start_method": "default"},
+        "pipeline": {**pipeline, "in_order": False, "start_method": "default"},
     }  # fmt: skip
     (tmp_path / "best_config.json").write_text(json.dumps(best))
 
@@ -146,4 +158,5 @@ def test_a_training_loop_with_the_tuned_pipeline(tiny_imagenet: Path, tmp_path: 
         optimizer.step()
         if step == 2:
             break
-    assert tuned.loader.transfer == "uint8" and tuned.loader.in_order is False
+    assert tuned.loader.in_order is False and tuned.loader.workers == pipeline["workers"]
+    assert tuned.loader.decode == {"cpu": "pil"}.get(pipeline["decode"], pipeline["decode"])
