@@ -179,7 +179,9 @@ def _run_ranks(
     """Start the ranks, pass rank 0's interim reports on, and collect every rank's run;
     RankError when one raises or dies, or past the time limit. No rank outlives this."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])  # torch and this package, imported once
+    # torch, this package and DDP's lazy imports (torch._dynamo: about 2 s) once per
+    # measurement process, not once per rank
+    context.set_forkserver_preload([__name__, "torch.nn.parallel", "torch._dynamo"])
     results: Any = context.Queue()
     port = _free_port()
     processes = [
