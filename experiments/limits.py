@@ -32,7 +32,12 @@ def main() -> None:
     batch = best.loader.batch_size if best else 32  # the ceiling at the tuned batch size
     job = default_job(steps=args.steps, largest_batch=batch)
     cpus = hardware.usable_cpus()
-    per_core = decode_rate(job)
+    recorded = RESULTS / "baselines.json"
+    figures = json.loads(recorded.read_text()) if recorded.exists() else {}
+    # the worker side of the tuned pipeline's variant: its decoder and transfer
+    pipeline = best.loader.pipeline() if best else figures.get("pipelines", {}).get("tuned", {})
+    transfer, decode = pipeline.get("transfer", "float32"), pipeline.get("decode", "pil")
+    per_core = decode_rate(job, transfer=transfer, decode=decode)
     _, ceiling = measure_ceiling(job, batch)
     if job.device == "cuda":
         limit = min(ceiling, cpus * per_core)
@@ -43,14 +48,14 @@ def main() -> None:
         outcome = run_trial(job, best.loader)
         tuned_speed = outcome.metrics.samples_per_s if outcome.metrics else None
         source = args.config
-    elif (RESULTS / "baselines.json").exists():
-        figures = json.loads((RESULTS / "baselines.json").read_text())
+    elif figures:
         tuned_speed = figures["samples_per_s"]["tuned"]["median"]
         source = "results/benchmarks/baselines.json"
     save(
         "limits",
         {
             "decode_augment_samples_per_s_per_core": per_core,
+            "worker_side": {"decode": decode, "transfer": transfer},
             "ceiling_samples_per_s": ceiling,
             "ceiling_batch_size": batch,
             "usable_cpus": cpus,
