@@ -24,9 +24,10 @@ def _backend() -> tuple[str, Any, Any]:
         from torchcodec.decoders import decode_image, decode_jpeg
     except (ImportError, OSError, RuntimeError) as exc:  # not installed, or built for another torch
         log.info("TorchCodec cannot load (%s); decoding with torchvision.io", exc)
-        with warnings.catch_warnings():  # its deprecation notice is ours to give, above
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from torchvision.io import decode_image, decode_jpeg
+        # its deprecation notice, on every call, is ours to give (above), once
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision.io")
+        from torchvision.io import decode_image, decode_jpeg
+
         return "torchvision.io", decode_jpeg, decode_image
     return "torchcodec", decode_jpeg, decode_image
 
@@ -40,17 +41,13 @@ def decode_batch(encoded: list[torch.Tensor], device: torch.device) -> list[torc
     """JPEGs (1-D uint8 tensors on the CPU) to RGB uint8 (3, H, W) tensors on ``device``,
     in one call: on CUDA, one batched nvJPEG decode."""
     name, decode_jpeg, _ = _backend()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return decode_jpeg(encoded, mode=_rgb(name), device=device)
+    return decode_jpeg(encoded, mode=_rgb(name), device=device)
 
 
 def decode_one(encoded: torch.Tensor) -> torch.Tensor:
     """One image file's bytes (JPEG, PNG, GIF, WebP) to an RGB uint8 (3, H, W) tensor."""
     name, _, decode_image = _backend()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return decode_image(encoded, mode=_rgb(name))
+    return decode_image(encoded, mode=_rgb(name))
 
 
 def _rgb(name: str) -> Any:

@@ -23,6 +23,7 @@ from torch.utils.data import (
     default_collate,
 )
 
+from raytune_loader.errors import ConfigError
 from raytune_loader.pipeline import collate_encoded
 from raytune_loader.space import LoaderConfig
 
@@ -51,13 +52,18 @@ def build_dataloader(
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     kwargs.update(overrides)
     if config.workers == "thread":
+        unsupported = set(overrides) - {"sampler", "collate_fn", *config.kwargs()}
+        if unsupported:
+            raise ConfigError(
+                f"thread workers take sampler and collate_fn, not {', '.join(sorted(unsupported))}"
+            )
         sampler = kwargs.get("sampler") or (
             RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         )
         return ThreadLoader(
             dataset, BatchSampler(sampler, kwargs["batch_size"], drop_last),
             kwargs.get("collate_fn") or default_collate, config.num_workers,
-            kwargs["prefetch_factor"], kwargs["in_order"], kwargs["pin_memory"],
+            kwargs["prefetch_factor"] or 2, kwargs["in_order"], kwargs["pin_memory"],
         )  # fmt: skip
     return DataLoader(
         dataset,

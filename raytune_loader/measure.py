@@ -309,7 +309,8 @@ def _on_device(trainer: Trainer, batch: Any, non_blocking: bool, config: LoaderC
 def _device_uuid(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
-    return nvml.device_uuid_for_torch_device(device.index or 0)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return nvml.device_uuid_for_torch_device(index)
 
 
 def prepare(
@@ -362,9 +363,11 @@ def run_trial(
     except DataPipelineError as exc:
         return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
     try:
+        shm = hardware.shm_bytes()  # with several ranks, each checks its share of both
         host = check_memory(
-            config, sample_bytes, psutil.virtual_memory().available, hardware.shm_bytes()
-        )
+            config, sample_bytes, psutil.virtual_memory().available // job.ranks,
+            None if shm is None else shm // job.ranks,
+        )  # fmt: skip
     except TrialRefusedError as exc:
         host = bytes_in_flight(config, sample_bytes)[0]
         return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))

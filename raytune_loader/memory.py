@@ -73,6 +73,7 @@ def cap_gpu_memory(share: float, device: torch.device) -> float | None:
     """
     if device.type != "cuda" or not 0 < share < 1:
         return None
-    torch.cuda.set_per_process_memory_fraction(share, device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    torch.cuda.set_per_process_memory_fraction(share, index)
     log.info("GPU memory capped at %.0f%% (--gpus-per-trial)", share * 100)
     return share

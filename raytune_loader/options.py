@@ -132,10 +132,12 @@ class SearchOptions:
                 f"--min-batch-size ({self.min_batch_size}) must not exceed the smallest batch "
                 f"size ({min(self.batch_sizes)}); lower it or raise --batch-sizes"
             )
-        if self.samples_per_trial < max(self.batch_sizes):
+        ranks = max(1, self.ranks_per_node)  # each rank reads its share of the samples
+        if self.samples_per_trial // ranks < max(self.batch_sizes):
+            per_rank = f", {ranks} ranks sharing them" if ranks > 1 else ""
             raise ConfigError(
-                f"--samples-per-trial ({self.samples_per_trial}) must hold at least one batch "
-                f"of the largest batch size ({max(self.batch_sizes)})"
+                f"--samples-per-trial ({self.samples_per_trial}{per_rank}) must hold at least "
+                f"one batch of the largest batch size ({max(self.batch_sizes)}) per rank"
             )
 
 

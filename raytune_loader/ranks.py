@@ -121,6 +121,7 @@ def node_outcome(job: TrialJob, config: LoaderConfig, runs: list[RankRun]) -> Tr
     metrics = [o.metrics for o in outcomes]
     assert all(m is not None for m in metrics)
     slowest = min(metrics, key=lambda m: m.samples_per_s)  # type: ignore[union-attr]
+    effective = min(o.effective_batch_size or 0 for o in outcomes)
     node = SegmentMetrics(
         samples_per_s=job.ranks * slowest.samples_per_s,  # type: ignore[union-attr]
         data_wait_frac=max(m.data_wait_frac for m in metrics),  # type: ignore[union-attr]
@@ -133,9 +134,10 @@ def node_outcome(job: TrialJob, config: LoaderConfig, runs: list[RankRun]) -> Tr
     return replace(
         first,
         metrics=node,
-        effective_batch_size=min(o.effective_batch_size or 0 for o in outcomes) or None,
+        effective_batch_size=effective or None,
         oom_backoffs=max(o.oom_backoffs for o in outcomes),
-        ceiling_samples_per_s=job.ceilings.get(first.effective_batch_size or 0),
+        host_bytes_in_flight=sum(o.host_bytes_in_flight for o in outcomes),
+        ceiling_samples_per_s=job.ceilings.get(effective),
         ranks=_stats(runs),
     )
 
@@ -195,6 +197,7 @@ def _run_ranks(
     for process in processes:
         process.start()
     runs: dict[int, RankRun] = {}
+    completed = False
     deadline = time.monotonic() + job.segment.time_limit_s + GRACE_S
     try:
         while len(runs) < job.ranks:
@@ -205,15 +208,38 @@ def _run_ranks(
                 continue
             if kind == "interim" and forward is not None:
                 forward(payload)
-            elif kind == "error":  # a peer's death shows as a broken collective here
+            elif kind == "error":  # a peer's death or failure shows as a broken collective
                 _raise_if_died(processes, runs, wait_s=2.0)
+                _raise_if_failed(results)
                 raise RankError("error", f"rank {rank}: {payload}")
             elif kind == "done":
                 runs[rank] = payload
+                _raise_if_run_failed(payload)  # its peers would wait in a collective
+        completed = True
     finally:
-        _stop(processes)
+        _stop(processes, at_once=not completed)
         results.close()
     return [runs[rank] for rank in range(job.ranks)]
+
+
+def _raise_if_run_failed(run: RankRun) -> None:
+    """RankError with a rank's own failure (a corrupt file in its shard, out of memory):
+    the reason the trial records, not the broken collective its peers then see."""
+    failure = getattr(run.value, "failure", None)
+    if failure:
+        raise RankError(failure, f"rank {run.rank}: {run.value.detail}")
+
+
+def _raise_if_failed(results: Any, wait_s: float = 1.0) -> None:
+    """A failed result another rank sent just before a peer's collective broke."""
+    until = time.monotonic() + wait_s
+    while time.monotonic() < until:
+        try:
+            kind, _, payload = results.get(timeout=0.1)
+        except queue_module.Empty:
+            continue
+        if kind == "done":
+            _raise_if_run_failed(payload)
 
 
 def _raise_if_died(processes: list[Any], runs: dict[int, RankRun], wait_s: float = 0.0) -> None:
@@ -243,9 +269,11 @@ def _check_alive(
         )
 
 
-def _stop(processes: list[Any]) -> None:
+def _stop(processes: list[Any], at_once: bool = False) -> None:
+    """Join the ranks; kill those still running (stuck in a collective), at once when the
+    measurement ends early (a failure, ASHA stopping the trial)."""
     for process in processes:
-        process.join(timeout=5)
+        process.join(timeout=0.1 if at_once else 5)
     for process in processes:
         if process.is_alive():  # stuck in a collective its peer never joined
             process.kill()

@@ -245,8 +245,9 @@ class SearchSpace:
                 self._heuristic_rule if ranks else min(self._heuristic_rule, self.max_workers)
             ),
         }
-        if ranks:
-            found[RANK_SHARE] = self._rule_of_thumb(min(self.usable_cpus // self.ranks, 8))
+        share = self._rule_of_thumb(min(self.usable_cpus // self.ranks, 8))
+        if ranks and share != found[HEURISTIC]:  # a node of 8+ CPUs a rank: the same loader
+            found[RANK_SHARE] = share
         return found
 
     def _rule_of_thumb(self, workers: int) -> LoaderConfig:

@@ -88,6 +88,27 @@ class _RankOneDies(TensorImages):
         return super().__getitem__(index)
 
 
+class _RankOneCorrupt(TensorImages):
+    """Rank 1's shard holds a file that does not decode; rank 0's does not."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        super().__init__()
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from raytune_loader.errors import CorruptSampleError
+
+        if self.rank == 1:
+            raise CorruptSampleError(f"corrupt sample {index}.JPEG: bad Huffman code")
+        return super().__getitem__(index)
+
+
+def rank_one_corrupt() -> Dataset:
+    return _RankOneCorrupt()
+
+
 def rank_one_dies() -> Dataset:
     return _RankOneDies()
 

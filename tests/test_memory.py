@@ -35,12 +35,19 @@ def test_refuses_what_would_not_fit_in_shm_or_ram() -> None:
 def test_a_fractional_gpu_share_caps_the_allocator(
     monkeypatch: pytest.MonkeyPatch, share: float, expected: float | None
 ) -> None:
-    """The CUDA boundary: --gpus-per-trial below 1 becomes the allocator's memory cap."""
-    applied: list[tuple[float, torch.device]] = []
-    monkeypatch.setattr(
-        torch.cuda, "set_per_process_memory_fraction", lambda f, d: applied.append((f, d))
-    )
-    cuda = torch.device("cuda")
-    assert cap_gpu_memory(share, cuda) == expected
-    assert applied == ([] if expected is None else [(expected, cuda)])
+    """The CUDA boundary: --gpus-per-trial below 1 becomes the allocator's memory cap, on
+    the current device's index (torch refuses a "cuda" device without one)."""
+    applied: list[tuple[float, int]] = []
+
+    def set_fraction(fraction: float, device: int) -> None:
+        assert isinstance(device, int), "torch needs a device index"
+        applied.append((fraction, device))
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # e.g. rank 3's GPU
+    assert cap_gpu_memory(share, torch.device("cuda")) == expected
+    assert applied == ([] if expected is None else [(expected, 3)])
+    if expected is not None:
+        cap_gpu_memory(share, torch.device("cuda:1"))
+        assert applied[-1] == (expected, 1)
     assert cap_gpu_memory(share, torch.device("cpu")) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -57,6 +58,14 @@ def test_a_rank_that_dies_fails_the_trial_and_leaves_no_process() -> None:
     assert "rank 1 died (exit code -9)" in outcome.detail
     children = psutil.Process().children(recursive=True)
     assert not [c for c in children if c.name().startswith("raytune-rank") or "rank" in c.name()]
+
+
+def test_one_rank_s_own_failure_is_the_trial_s_reason_not_its_peer_s_broken_collective() -> None:
+    started = time.monotonic()
+    outcome = run_trial(_job("datasets_for_tests:rank_one_corrupt"), LoaderConfig(8))
+    assert outcome.failure == "corrupt_sample"
+    assert outcome.detail.startswith("rank 1: ") and "bad Huffman code" in outcome.detail
+    assert time.monotonic() - started < 30  # rank 0, waiting in the all-reduce, is ended
 
 
 def test_a_rank_s_failure_is_the_trial_s_with_the_rank_named() -> None:
