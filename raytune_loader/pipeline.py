@@ -17,7 +17,7 @@ and flips every image there with ``torchvision.transforms.v2``.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import default_collate
@@ -63,29 +63,58 @@ def to_device(
     return move(finish_on_device(moved, transfer), device, False, channels_last)
 
 
+class EncodedBatch(NamedTuple):
+    """A batch's JPEG files, back to back in one uint8 tensor: one shared-memory block
+    and one pinned copy per batch, not one per image."""
+
+    data: torch.Tensor  # every file's bytes, concatenated
+    lengths: torch.Tensor  # each file's length, in order
+
+    def files(self) -> list[torch.Tensor]:
+        return list(torch.split(self.data, self.lengths.tolist()))
+
+
 def collate_encoded(samples: list[Any]) -> list[Any]:
-    """Collate (encoded JPEG, target...) samples: the JPEGs, of different lengths, stay
-    a list of 1-D uint8 tensors for :func:`decode_on_device`; the rest is stacked."""
+    """Collate (encoded JPEG, target...) samples: the JPEGs, of different lengths, go into
+    one :class:`EncodedBatch` for :func:`decode_on_device`; the rest is stacked."""
     encoded = [sample[0] for sample in samples]
+    lengths = torch.tensor([len(e) for e in encoded], dtype=torch.int64)
     rest = default_collate([tuple(sample[1:]) for sample in samples])
-    return [encoded, *rest]
+    return [EncodedBatch(torch.cat(encoded), lengths), *rest]
 
 
 def decode_on_device(batch: Any, device: torch.device) -> list[Any]:
     """Decode a batch's JPEGs on ``device`` in one call (nvJPEG's batched decoder on
     CUDA), then RandomResizedCrop(224) and a flip per image there: a uint8
-    (N, 3, 224, 224) batch on ``device``, as the workers would have made it."""
+    (N, 3, 224, 224) batch on ``device``, as the workers would have made it. A batch
+    that fails as a whole is decoded file by file, and a file the device cannot decode
+    (a PNG named .JPEG, a CMYK JPEG: ImageNet has both) is decoded on the CPU."""
     from raytune_loader.decoders import decode_batch
 
     encoded, *rest = batch
+    files = encoded.files() if isinstance(encoded, EncodedBatch) else list(encoded)
     try:
-        images = decode_batch(list(encoded), device)
-    except (RuntimeError, ValueError) as exc:  # torchvision.io raises the one, TorchCodec the other
-        raise CorruptSampleError(
-            f"a JPEG in this batch failed to decode on {device}: {last_line(exc)}"
-        ) from None
+        images = decode_batch(files, device)
+    except (RuntimeError, ValueError):  # torchvision.io raises the one, TorchCodec the other
+        images = [_decode_alone(data, index, device) for index, data in enumerate(files)]
     augment = _augment()
     return [torch.stack([augment(image) for image in images]), *rest]
+
+
+def _decode_alone(data: torch.Tensor, index: int, device: torch.device) -> torch.Tensor:
+    from raytune_loader.decoders import decode_batch, decode_one
+
+    try:
+        return decode_batch([data], device)[0]
+    except (RuntimeError, ValueError):
+        pass
+    try:
+        return decode_one(data).to(device)
+    except (RuntimeError, ValueError) as exc:
+        raise CorruptSampleError(
+            f"image {index} of this batch failed to decode on {device} and on the CPU: "
+            f"{last_line(exc)}"
+        ) from None
 
 
 @functools.cache

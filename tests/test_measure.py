@@ -122,7 +122,7 @@ def test_a_corrupt_file_ends_the_trial_with_its_name(
     outcome = run_trial(_job("synthetic-imagenet", str(root)), config)
     assert outcome.failure == "corrupt_sample"
     if decode == "device":
-        assert "a JPEG in this batch failed to decode on cpu" in outcome.detail
+        assert "image 0 of this batch failed to decode on cpu and on the CPU" in outcome.detail
     else:
         assert "corrupt sample" in outcome.detail and ".JPEG" in outcome.detail
     assert outcome.metrics is None and outcome.as_report()["util"] == 0.0

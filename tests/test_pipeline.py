@@ -11,8 +11,15 @@ import torch
 
 from raytune_loader import load_best_config
 from raytune_loader.datasets import IMAGENET_STD, DatasetSpec, build_dataset, pipeline_searchable
+from raytune_loader.errors import CorruptSampleError
 from raytune_loader.loader import build_dataloader
-from raytune_loader.pipeline import collate_encoded, finish_on_device, normalize, to_device
+from raytune_loader.pipeline import (
+    EncodedBatch,
+    collate_encoded,
+    finish_on_device,
+    normalize,
+    to_device,
+)
 from raytune_loader.space import LoaderConfig
 
 TOLERANCE = 1e-5  # the same decoder (PIL) on both sides: only float rounding differs
@@ -72,21 +79,48 @@ def test_every_decoder_gives_the_same_augmented_tensor(
     assert off_by_one / (8 * 3 * 224 * 224) < 0.05
 
 
-def test_decoding_on_the_device_keeps_the_jpegs_apart_until_then(tiny_imagenet: Path) -> None:
-    """The workers only read files; the loader keeps JPEGs of different lengths as a list,
-    and a whole batch becomes (N, 3, 224, 224) images in one decode call."""
+def test_decoding_on_the_device_keeps_the_jpegs_apart_until_then(
+    tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """The workers only read files; a batch's JPEGs, of different lengths, cross as one
+    tensor, and a whole batch becomes (N, 3, 224, 224) images in one decode call."""
     spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
     config = LoaderConfig(batch_size=4, num_workers=1, decode="device", transfer="uint8")
     loader = build_dataloader(build_dataset(spec, "uint8", "device"), config, seed=0)
     encoded, labels = next(iter(loader))
-    assert isinstance(encoded, list) and len(encoded) == 4 and labels.shape == (4,)
-    assert all(e.dtype == torch.uint8 and e.dim() == 1 for e in encoded)
-    assert len({e.numel() for e in encoded}) > 1  # JPEGs of different lengths
+    assert isinstance(encoded, EncodedBatch) and labels.shape == (4,)
+    files = encoded.files()
+    assert len(files) == 4 and encoded.data.dim() == 1 and encoded.data.dtype == torch.uint8
+    assert len({f.numel() for f in files}) > 1  # JPEGs of different lengths
+    assert all(bytes(f[:3].tolist()) == b"\xff\xd8\xff" for f in files)  # each a whole JPEG
     images, same = to_device([encoded, labels], torch.device("cpu"), transfer="uint8",
                              decode="device", channels_last=True)  # fmt: skip
     assert images.shape == (4, 3, 224, 224) and images.dtype == torch.float32
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(same, labels)
+
+
+def test_a_png_named_jpeg_is_decoded_on_the_cpu_not_lost(tiny_imagenet: Path) -> None:
+    """ImageNet's train set has a PNG named .JPEG: the device's JPEG decoder refuses it,
+    the batch is decoded file by file, and that file on the CPU."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
+    dataset = build_dataset(spec, "uint8", "device")
+    png = BytesIO()
+    Image.new("RGB", (300, 260), (200, 30, 30)).save(png, format="PNG")
+    samples = [dataset[0], (torch.frombuffer(bytearray(png.getvalue()), dtype=torch.uint8), 7)]
+    images, labels = to_device(collate_encoded(samples), torch.device("cpu"), transfer="uint8",
+                               decode="device")  # fmt: skip
+    assert images.shape == (2, 3, 224, 224) and labels.tolist() == [dataset[0][1], 7]
+    red = images[1, 0].mean() > images[1, 1].mean()  # the PNG's red survived, normalized
+    assert red
+    garbage = (torch.tensor(list(b"not an image"), dtype=torch.uint8), 1)
+    with pytest.raises(CorruptSampleError, match="image 1 of this batch failed to decode"):
+        to_device(collate_encoded([dataset[0], garbage]), torch.device("cpu"), decode="device",
+                  transfer="uint8")  # fmt: skip
 
 
 def test_only_uint8_image_batches_are_finished() -> None:

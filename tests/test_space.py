@@ -12,6 +12,7 @@ from torch.utils.data import TensorDataset
 from raytune_loader.datasets import DatasetSpec, build_dataset
 from raytune_loader.errors import ConfigError
 from raytune_loader.loader import build_dataloader
+from raytune_loader.pipeline import EncodedBatch
 from raytune_loader.space import (
     HEURISTIC,
     PYTORCH_DEFAULT,
@@ -217,5 +218,7 @@ def test_the_widened_space_proposes_only_valid_pipelines_and_all_of_them(
         loader = build_dataloader(dataset, replace(config, multiprocessing_context=None),
                                   timeout_s=60)  # fmt: skip
         images, labels = next(iter(loader))
+        if isinstance(images, EncodedBatch):  # the JPEG files, for decoding on the device
+            images = images.files()
         assert len(images) == len(labels) == 4
         del loader
