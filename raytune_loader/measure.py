@@ -437,9 +437,6 @@ class InputRate:
     samples_per_s: float  # the loader and the device-side stages, nothing trained
     per_core: float  # the worker-side stages (decode, augment) on one core
 
-    def as_dict(self) -> dict[str, float]:
-        return {"samples_per_s": self.samples_per_s, "per_core_samples_per_s": self.per_core}
-
 
 def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRate:
     """``config``'s loader over the trial's subset with the variant's device-side
