@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raytune_loader import hardware
+from raytune_loader import hardware, trainers
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import InputRate
@@ -176,6 +176,7 @@ def best_config(
         },
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
         **({"pipeline": winner.config.pipeline()} if ctx.space.pipeline else {}),
+        "trainers": trainers.section(),
         "hardware": _hardware(ctx, records),
         "search": {
             "trials": len(records),

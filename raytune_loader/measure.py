@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import Dataset, RandomSampler, Subset
+from torch.utils.data import Dataset, Subset
 
 from raytune_loader import datasets, hardware, nvml
 from raytune_loader.backoff import run_with_backoff
@@ -206,21 +206,16 @@ class _Window:
         }
 
 
-def _segment_sampler(
-    dataset: Dataset[Any], batch_size: int, spec: SegmentSpec, seed: int
-) -> RandomSampler:
-    """Shuffled indices for the whole segment as one epoch (reshuffled on each pass).
+def segment_samples(batch_size: int, spec: SegmentSpec) -> int:
+    """Samples a rank reads in a segment: warm-up and measured steps, as one epoch.
 
     A trial's subset holds a few batches; read epoch by epoch, the loader would drain
     its workers' queue every few steps and, without persistent workers, start them
     again, where a real epoch runs for thousands of batches. One epoch over the whole
-    segment measures the steady state the user's training sees.
+    segment (the subset reshuffled as often as needed) measures the steady state the
+    user's training sees.
     """
-    return RandomSampler(
-        dataset,
-        num_samples=batch_size * (spec.warmup_steps + spec.steps),
-        generator=torch.Generator().manual_seed(seed),
-    )
+    return batch_size * (spec.warmup_steps + spec.steps)
 
 
 def train_segment(
@@ -241,8 +236,8 @@ def train_segment(
     torch.set_num_threads(spec.compute_threads)  # not Ray's OMP_NUM_THREADS = reservation
     timeout = min(spec.loader_timeout_s, spec.time_limit_s)
     loader = build_dataloader(
-        dataset, config, timeout_s=timeout, seed=seed, shuffle=False,
-        sampler=_segment_sampler(dataset, config.batch_size, spec, seed),
+        dataset, config, timeout_s=timeout, seed=seed,
+        samples_per_epoch=segment_samples(config.batch_size, spec),
     )  # fmt: skip
     deadline = time.monotonic() + spec.time_limit_s
     batches = _batches(loader)
@@ -321,9 +316,6 @@ def prepare(
     config = config or LoaderConfig(batch_size=1)
     full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)
     indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        indices = indices[rank::world]  # each rank its own shard, as DistributedSampler
     subset = Subset(full, indices)
     return subset, sample_nbytes(_first_sample(subset))
 
@@ -446,10 +438,11 @@ def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRa
     spec = job.segment
     torch.set_num_threads(spec.compute_threads)
     device = torch.device(job.device)
+    cap_gpu_memory(job.gpu_memory_share, device)  # a device-side decode allocates there too
     trainer = Trainer(lambda batch: None, device, job.channels_last, "the input pipeline")
     loader = build_dataloader(
         subset, config, timeout_s=min(spec.loader_timeout_s, spec.time_limit_s), seed=job.seed,
-        shuffle=False, sampler=_segment_sampler(subset, config.batch_size, spec, job.seed),
+        samples_per_epoch=segment_samples(config.batch_size, spec),
     )  # fmt: skip
     batches = _batches(loader)
     try:

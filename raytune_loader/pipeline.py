@@ -17,7 +17,8 @@ and flips every image there with ``torchvision.transforms.v2``.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import default_collate
@@ -63,15 +64,29 @@ def to_device(
     return move(finish_on_device(moved, transfer), device, False, channels_last)
 
 
-class EncodedBatch(NamedTuple):
+@dataclass(frozen=True)
+class EncodedBatch:
     """A batch's JPEG files, back to back in one uint8 tensor: one shared-memory block
-    and one pinned copy per batch, not one per image."""
+    and one pinned copy per batch, not one per image.
+
+    Not a tuple, so trainers that move a batch to the device (Lightning, accelerate,
+    Ray Train) keep its type; its :meth:`to` leaves the bytes in host memory, where the
+    device decoder reads them."""
 
     data: torch.Tensor  # every file's bytes, concatenated
     lengths: torch.Tensor  # each file's length, in order
 
     def files(self) -> list[torch.Tensor]:
         return list(torch.split(self.data, self.lengths.tolist()))
+
+    def to(self, *args: Any, **kwargs: Any) -> EncodedBatch:
+        return self  # decode_on_device reads the files from host memory
+
+    def pin_memory(self, *args: Any) -> EncodedBatch:
+        return EncodedBatch(self.data.pin_memory(*args), self.lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
 
 
 def collate_encoded(samples: list[Any]) -> list[Any]:

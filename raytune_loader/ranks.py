@@ -2,7 +2,8 @@
 
 With ``--ranks-per-node N`` every measurement (trial, ceiling, verification, the
 input pipeline alone) starts N rank processes on the node it runs on. Each rank
-has the candidate loader over its own shard of the trial's samples, trains its
+has the candidate loader, built as users' training builds it (in the process
+group it reads its own shard of the trial's samples), trains its
 own replica of the model wrapped in ``DistributedDataParallel`` (gradients
 all-reduced: NCCL when every rank has a GPU of its own, gloo on a CPU or when
 ranks share a GPU) and reports its own figures. The node's rate is N x the
@@ -11,7 +12,7 @@ slowest rank's, the pace of synchronous training.
 The ranks are processes of the measurement's own process (a forkserver, with this
 module preloaded), not Ray Train workers: a ``TorchTrainer`` inside each Tune trial
 cost 19-26 s a trial on this project's 2-core machine against 1.5 s for a reused
-forkserver (measured with a prototype of both; see the note of issue 15). The
+forkserver (results/benchmarks/ranks_overhead.md). The
 trial's one Ray bundle holds all ranks' CPUs and GPUs, so they share one node.
 """
 

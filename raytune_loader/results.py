@@ -90,8 +90,10 @@ class BestConfig:
     def hardware(self) -> dict[str, Any]:
         return self.data["hardware"]
 
-    def dataloader(self, dataset: Dataset[Any], **overrides: Any) -> DataLoader[Any]:
-        """A DataLoader over ``dataset`` with the tuned settings (``overrides`` win)."""
+    def dataloader(self, dataset: Dataset[Any], **overrides: Any) -> DataLoader[Any] | Any:
+        """The tuned loader over ``dataset`` (``overrides`` win): a DataLoader, or a thread
+        loader with a DataLoader's attributes. In a process group each rank reads its
+        own shard of every epoch, in Lightning, accelerate, Ray Train or a DDP loop."""
         self.warn_if_other_machine()
         overrides.setdefault("drop_last", False)
         return build_dataloader(dataset, self.loader, **overrides)

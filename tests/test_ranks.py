@@ -42,10 +42,14 @@ def test_two_ranks_train_at_once_on_their_own_shards(tmp_path: Path) -> None:
     assert outcome.metrics.samples_per_s == pytest.approx(2 * slowest, rel=1e-6)
     assert outcome.metrics.samples == 2 * 8 * 4  # both ranks' measured batches
     assert outcome.cpus_reserved == 2  # 2 x (1 + 0.5 x 1) = 3, capped at the node
-    reads: dict[int, set[int]] = {0: set(), 1: set()}
+    reads: dict[int, list[int]] = {0: [], 1: []}
     for rank, index in (map(int, line.split()) for line in log.read_text().splitlines()):
-        reads[rank].add(index)
-    assert reads[0] and reads[1] and not reads[0] & reads[1]  # disjoint shards
+        reads[rank].append(index)
+    # the segment's first pass over the 64 samples: each rank its own half, as a trainer's
+    # (after sample 0, which every rank reads first to size its batches)
+    assert reads[0][0] == reads[1][0]
+    first_pass = [set(reads[rank][1:33]) for rank in (0, 1)]
+    assert len(first_pass[0]) == len(first_pass[1]) == 32 and not first_pass[0] & first_pass[1]
     assert interim and interim[0]["samples_per_s"] > 0  # rank 0's reports reach Tune
     columns = outcome.as_report()
     assert columns["ranks"] == 2 and columns["rank_hosts"] == f"{first.host};{first.host}"

@@ -96,6 +96,8 @@ def test_search_end_to_end(searched: Searched) -> None:
     assert best["job"]["precision"] == "bf16" and best["job"]["requested_batch_size"] == 8
     assert best["pipeline"]["transfer"] in ("float32", "uint8")  # its pipeline was searched
     assert best["pipeline"]["decode"] in ("pil", "tensor")  # not "device": no CUDA here
+    assert set(best["trainers"]["checked"]) == {"lightning", "accelerate", "ray_train",
+                                                "torchrun_ddp"}  # fmt: skip
     limit = best["limit"]  # the winner's input pipeline alone, beside training
     assert limit["bound"] in ("input", "model") and limit["input_samples_per_s"] > 0
     assert limit["headroom"] == pytest.approx(

@@ -1,0 +1,123 @@
+"""Each rank reads its own shard of every epoch, whatever the worker kind and whoever
+iterates the loader: real gloo process groups of two ranks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing
+import socket
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, RandomSampler
+
+from raytune_loader.errors import ConfigError
+from raytune_loader.loader import build_dataloader
+from raytune_loader.sharding import ShardSampler
+from raytune_loader.space import LoaderConfig
+
+PROCESSES = LoaderConfig(4, num_workers=1, prefetch_factor=2, persistent_workers=True)
+THREADS = LoaderConfig(4, num_workers=2, prefetch_factor=2, workers="thread", in_order=False)
+
+
+class Indices(Dataset):
+    """Sample i is (a tiny image, i): what a rank read is in its batches' labels."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.zeros(3, 2, 2), index
+
+
+@pytest.mark.parametrize("size", [32, 30])
+def test_every_rank_has_its_own_share_of_one_permutation(size: int) -> None:
+    """The ranks' samplers, built apart, agree on the epoch's order; each takes every
+    world-size-th index: disjoint, covering, and padded to equal counts as
+    DistributedSampler does (30 samples: 2 padded)."""
+    shards = [ShardSampler(range(size), seed=3).indices(rank, 4) for rank in range(4)]
+    assert {len(shard) for shard in shards} == {8}
+    flat = [i for shard in shards for i in shard]
+    assert set(flat) == set(range(size)) and len(flat) - len(set(flat)) == 32 - size
+
+
+def test_the_epoch_advances_by_itself_and_set_epoch_sets_it() -> None:
+    sampler = ShardSampler(range(64), seed=0)
+    first, second = list(sampler), list(sampler)
+    assert sorted(first) == sorted(second) == list(range(64)) and first != second
+    sampler.set_epoch(0)
+    assert list(sampler) == first  # Lightning, accelerate and DDP loops call set_epoch
+    assert sampler.indices(0, 1) == second
+
+
+def test_a_long_epoch_chains_permutations_without_repeating_within_one() -> None:
+    sampler = ShardSampler(range(10), seed=1, samples=25)
+    drawn = list(sampler)
+    assert len(drawn) == 25 and sorted(drawn[:10]) == sorted(drawn[10:20]) == list(range(10))
+
+
+def test_without_a_process_group_the_loader_reads_everything_once_an_epoch() -> None:
+    for config in (PROCESSES, THREADS):
+        loader = build_dataloader(Indices(32), config, drop_last=False)
+        epochs = [[int(i) for _, labels in loader for i in labels] for _ in range(2)]
+        assert len(loader) == 8
+        assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(32))
+        assert epochs[0] != epochs[1]  # reshuffled, though nobody called set_epoch
+
+
+def _rank(rank: int, port: int, results: Any) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=dt.timedelta(seconds=60))  # fmt: skip
+    try:
+        read: dict[str, Any] = {}
+        for name, config in (("process", PROCESSES), ("thread", THREADS)):
+            loader = build_dataloader(Indices(32), config, drop_last=False, seed=5)
+            read[name] = [[int(i) for _, labels in loader for i in labels] for _ in range(2)]
+            read[f"{name} len"] = len(loader)
+            # what a trainer that splits batches itself (accelerate) iterates: whole epochs
+            read[f"{name} batch_sampler"] = sorted(i for b in loader.batch_sampler for i in b)
+        try:  # every rank would read the same samples: refused at once
+            build_dataloader(Indices(32), THREADS, sampler=RandomSampler(range(32)))
+        except ConfigError as exc:
+            read["refused"] = str(exc)
+        results.put((rank, read))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_in_a_process_group_each_rank_reads_its_own_half_of_every_epoch() -> None:
+    context = multiprocessing.get_context("spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = context.Queue()
+    ranks = [context.Process(target=_rank, args=(r, port, results)) for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    read = dict(results.get(timeout=120) for _ in ranks)
+    for process in ranks:
+        process.join(timeout=30)
+    for kind in ("process", "thread"):
+        for epoch in (0, 1):
+            zero, one = read[0][kind][epoch], read[1][kind][epoch]
+            assert len(zero) == len(one) == 16, kind
+            assert not set(zero) & set(one) and set(zero) | set(one) == set(range(32)), kind
+        assert set(read[0][kind][0]) != set(read[0][kind][1]), kind  # a new shard each epoch
+        assert read[0][f"{kind} len"] == read[1][f"{kind} len"] == 4
+        assert read[0][f"{kind} batch_sampler"] == list(range(32))
+    assert "gives every one of the 2 ranks the same samples" in read[0]["refused"]
+
+
+def test_an_iterable_dataset_is_refused_in_one_line() -> None:
+    class Stream(IterableDataset):
+        def __iter__(self):  # noqa: ANN204
+            yield from range(4)
+
+    with pytest.raises(ConfigError, match="reads map-style datasets.*Stream is an Iterable"):
+        build_dataloader(Stream(), PROCESSES)
