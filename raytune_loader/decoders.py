@@ -39,9 +39,45 @@ def backend() -> str:
 
 def decode_batch(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """JPEGs (1-D uint8 tensors on the CPU) to RGB uint8 (3, H, W) tensors on ``device``,
-    in one call: on CUDA, one batched nvJPEG decode."""
+    in one call: on CUDA, one batched nvJPEG decode. Running out of device memory raises
+    ``torch.cuda.OutOfMemoryError``, whatever the decoder made of it."""
     name, decode_jpeg, _ = _backend()
-    return decode_jpeg(encoded, mode=_rgb(name), device=device)
+    if device.type != "cuda":
+        return _out_of_memory_kept(decode_jpeg, encoded, mode=_rgb(name), device=device)
+    # The decoder allocates its outputs on the current stream and writes them on a stream
+    # of its own, after waiting for nothing on ours: memory our stream freed but still
+    # reads (the last step's tensors) could be handed to it and overwritten while in
+    # use. Decoding under a stream of our own keeps its outputs out of the training
+    # stream's freed memory; the training stream then waits for the decode, and the
+    # allocator learns that the training stream uses the outputs.
+    training = torch.cuda.current_stream(device)
+    side = _decode_stream(device)
+    with torch.cuda.stream(side):
+        images = _out_of_memory_kept(decode_jpeg, encoded, mode=_rgb(name), device=device)
+    training.wait_stream(side)
+    for image in images:
+        image.record_stream(training)
+    return images
+
+
+@functools.lru_cache(maxsize=8)
+def _decode_stream(device: torch.device) -> Any:
+    return torch.cuda.Stream(device)
+
+
+def _out_of_memory_kept(decode: Any, *args: Any, **kwargs: Any) -> Any:
+    """``decode(...)``, with an out-of-memory error raised as one. torchvision's batched
+    CUDA decoder re-raises every error of the decode, out-of-memory included, as a
+    plain RuntimeError ("Error while decoding JPEG images: CUDA out of memory..."): its
+    text is all that is left of the type, so the text is what is read, here only."""
+    try:
+        return decode(*args, **kwargs)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except RuntimeError as exc:
+        if "out of memory" in str(exc).lower():
+            raise torch.cuda.OutOfMemoryError(str(exc)) from exc
+        raise
 
 
 def decode_one(encoded: torch.Tensor) -> torch.Tensor:

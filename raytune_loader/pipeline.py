@@ -110,6 +110,8 @@ def decode_on_device(batch: Any, device: torch.device) -> list[Any]:
     files = encoded.files() if isinstance(encoded, EncodedBatch) else list(encoded)
     try:
         images = decode_batch(files, device)
+    except torch.cuda.OutOfMemoryError:
+        raise  # the batch size is the cause, not a file: the out-of-memory back-off's turn
     except (RuntimeError, ValueError):  # torchvision.io raises the one, TorchCodec the other
         images = [_decode_alone(data, index, device) for index, data in enumerate(files)]
     augment = _augment()
@@ -121,6 +123,8 @@ def _decode_alone(data: torch.Tensor, index: int, device: torch.device) -> torch
 
     try:
         return decode_batch([data], device)[0]
+    except torch.cuda.OutOfMemoryError:
+        raise
     except (RuntimeError, ValueError):
         pass
     try:

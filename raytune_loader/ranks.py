@@ -33,7 +33,8 @@ import psutil
 import torch
 
 from raytune_loader import measure
-from raytune_loader.errors import DataPipelineError, last_line
+from raytune_loader.backoff import BackoffOutcome, run_with_backoff
+from raytune_loader.errors import BatchSizeTooSmallError, DataPipelineError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
 from raytune_loader.space import LoaderConfig, reserved_cpus
@@ -74,13 +75,22 @@ def run_trial(
 
     def forward(metrics: dict[str, Any]) -> None:  # rank 0's interim reports, for ASHA
         if report is not None:
-            report({**metrics, "samples_per_s": metrics["samples_per_s"] * job.ranks})
+            size = metrics.get("effective_batch_size") or config.batch_size
+            report({
+                **metrics, "samples_per_s": metrics["samples_per_s"] * job.ranks,
+                "oom_backoffs": (config.batch_size // size).bit_length() - 1,
+            })  # fmt: skip
+
+    def at_size(batch_size: int) -> list[RankRun]:
+        return _run_ranks(job, _trial_in_rank, (config.with_batch_size(batch_size), slot), forward)
 
     try:
-        runs = _run_ranks(job, _trial_in_rank, (config, slot), forward)
+        outcome = _backing_off(job, at_size, config.batch_size)
+    except BatchSizeTooSmallError as exc:
+        return TrialOutcome(config, cpus, 0, failure="oom", detail=str(exc))
     except RankError as exc:
         return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
-    return node_outcome(job, config, runs)
+    return node_outcome(job, config, outcome.value, outcome.backoffs)
 
 
 def measure_ceiling(
@@ -89,9 +99,31 @@ def measure_ceiling(
     """The ceiling of N ranks on resident batches: N x the slowest rank's."""
     if job.ranks == 1:
         return measure.measure_ceiling(job, batch_size, windows)
-    runs = _measured(job, _ceiling_in_rank, (batch_size, windows), "the ceiling")
-    sizes, speeds = zip(*(run.value for run in runs), strict=True)
-    return min(sizes), job.ranks * min(speeds)
+
+    def at_size(size: int) -> list[RankRun]:
+        return _measured(job, _ceiling_in_rank, (size, windows), "the ceiling")
+
+    outcome = _backing_off(job, at_size, batch_size)
+    speeds = [run.value[1] for run in outcome.value]
+    return outcome.effective_batch_size, job.ranks * min(speeds)
+
+
+def _backing_off(
+    job: TrialJob, at_size: Callable[[int], list[RankRun]], batch_size: int
+) -> BackoffOutcome[list[RankRun]]:
+    """All ranks at one batch size; when one runs out of memory, all stop and all start
+    again at half the size. A rank that backed off alone would leave its peers waiting
+    in a collective its smaller steps no longer match."""
+
+    def attempt(size: int) -> list[RankRun]:
+        try:
+            return at_size(size)
+        except (RankError, DataPipelineError) as exc:
+            if exc.reason == "oom":
+                raise torch.cuda.OutOfMemoryError(str(exc)) from None
+            raise
+
+    return run_with_backoff(attempt, batch_size, job.min_batch_size, release=lambda: None)
 
 
 def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRate:
@@ -110,15 +142,20 @@ def _measured(job: TrialJob, task: Task, args: tuple[Any, ...], what: str) -> li
         raise DataPipelineError(exc.reason, f"{what}: {exc}") from None
 
 
-def node_outcome(job: TrialJob, config: LoaderConfig, runs: list[RankRun]) -> TrialOutcome:
-    """The node's outcome from its ranks': a rank's failure is the trial's; the node's
-    rate is N x the slowest rank's; its data wait is the worst rank's."""
+def node_outcome(
+    job: TrialJob, config: LoaderConfig, runs: list[RankRun], oom_backoffs: int = 0
+) -> TrialOutcome:
+    """The node's outcome from its ranks' (which ran at one batch size, after
+    ``oom_backoffs`` halvings of ``config``'s): a rank's failure is the trial's; the
+    node's rate is N x the slowest rank's; its data wait is the worst rank's."""
     outcomes: list[TrialOutcome] = [run.value for run in runs]
     failed = next((o for o in outcomes if o.failure), None)
     first = outcomes[0]
     if failed is not None:
         rank = outcomes.index(failed)
-        return replace(failed, detail=f"rank {rank}: {failed.detail}", ranks=_stats(runs))
+        return replace(
+            failed, config=config, detail=f"rank {rank}: {failed.detail}", ranks=_stats(runs)
+        )
     metrics = [o.metrics for o in outcomes]
     assert all(m is not None for m in metrics)
     slowest = min(metrics, key=lambda m: m.samples_per_s)  # type: ignore[union-attr]
@@ -134,9 +171,10 @@ def node_outcome(job: TrialJob, config: LoaderConfig, runs: list[RankRun]) -> Tr
     )
     return replace(
         first,
+        config=config,
         metrics=node,
         effective_batch_size=effective or None,
-        oom_backoffs=max(o.oom_backoffs for o in outcomes),
+        oom_backoffs=oom_backoffs,
         host_bytes_in_flight=sum(o.host_bytes_in_flight for o in outcomes),
         ceiling_samples_per_s=job.ceilings.get(effective),
         ranks=_stats(runs),
@@ -158,18 +196,20 @@ def _stats(runs: list[RankRun]) -> tuple[measure.RankStat, ...]:
     )
 
 
-def rank_job(job: TrialJob) -> TrialJob:
-    """The job as one rank measures it: its share of the node's ceiling (so a rank's
-    CPU ``util`` is a share of its own ceiling)."""
-    return replace(job, ceilings={bs: c / job.ranks for bs, c in job.ceilings.items()})
+def rank_job(job: TrialJob, batch_size: int) -> TrialJob:
+    """The job as one rank measures it at ``batch_size``: its share of the node's ceiling
+    (so a rank's CPU ``util`` is a share of its own ceiling), and no out-of-memory
+    back-off of its own (the node's ranks back off together, :func:`_backing_off`)."""
+    ceilings = {bs: c / job.ranks for bs, c in job.ceilings.items()}
+    return replace(job, ceilings=ceilings, min_batch_size=batch_size)
 
 
 def _trial_in_rank(job: TrialJob, config: LoaderConfig, slot: int, report: ReportFn) -> Any:
-    return measure.run_trial(rank_job(job), config, report, slot)
+    return measure.run_trial(rank_job(job, config.batch_size), config, report, slot)
 
 
 def _ceiling_in_rank(job: TrialJob, batch_size: int, windows: int, report: ReportFn) -> Any:
-    return measure.measure_ceiling(job, batch_size, windows)
+    return measure.measure_ceiling(rank_job(job, batch_size), batch_size, windows)
 
 
 def _input_in_rank(job: TrialJob, config: LoaderConfig, slot: int, report: ReportFn) -> Any:
@@ -209,6 +249,8 @@ def _run_ranks(
                 continue
             if kind == "interim" and forward is not None:
                 forward(payload)
+            elif kind == "oom":  # its peers wait in a collective it will not join
+                raise RankError("oom", f"rank {rank}: {payload}")
             elif kind == "error":  # a peer's death or failure shows as a broken collective
                 _raise_if_died(processes, runs, wait_s=2.0)
                 _raise_if_failed(results)
@@ -322,6 +364,8 @@ def _rank_main(
         value = task(job, *args, report)
         run = RankRun(rank, value, os.getpid(), socket.gethostname(), started, time.time())
         results.put(("done", rank, run))
+    except BatchSizeTooSmallError as exc:
+        results.put(("oom", rank, last_line(exc)))
     except Exception as exc:  # noqa: BLE001 - whatever a rank raised, the trial says it
         results.put(("error", rank, last_line(exc)))
     finally:

@@ -110,12 +110,16 @@ class BestConfig:
     def to_device(self, batch: Any, device: str | torch.device) -> Any:
         """A batch from :meth:`dataloader` on ``device``, with the chosen pipeline's
         device-side stages done: JPEGs decoded, cropped and flipped there with
-        ``decode="device"``; uint8 images converted and normalized there."""
+        ``decode="device"``; uint8 images converted and normalized there; image batches
+        in channels-last memory format when the search measured them so. Call it after
+        a trainer's own device move (Lightning's ``on_after_batch_transfer``, after
+        accelerate's or Ray Train's loader), or in place of it."""
         from raytune_loader.pipeline import to_device
 
         return to_device(
             batch, torch.device(device), transfer=self.loader.transfer,
             decode=self.loader.decode, non_blocking=self.loader.pin_memory,
+            channels_last=bool((self.data.get("job") or {}).get("channels_last")),
         )  # fmt: skip
 
     def warn_if_other_machine(self, current: dict[str, Any] | None = None) -> list[str]:

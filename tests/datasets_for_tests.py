@@ -261,3 +261,20 @@ def images_with_transfer(transfer: str = "float32") -> Dataset:
     if transfer == "uint8":
         images.images = (images.images.clamp(-2, 2) * 60 + 128).to(torch.uint8)
     return images
+
+
+def step_oom_on_rank_one_above_4(device: torch.device) -> object:
+    """A DDP rank's step that all-reduces a tensor the size of its batch (as gradient
+    buckets of batch-shaped work would) and, on rank 1, runs out of CUDA memory on
+    batches of more than 4 samples."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+
+    def step(batch: list) -> None:
+        images, _ = batch
+        if rank == 1 and images.shape[0] > 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        dist.all_reduce(torch.ones(images.shape[0]))  # peers at another size would not match
+
+    return step

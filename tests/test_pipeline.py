@@ -123,6 +123,61 @@ def test_a_png_named_jpeg_is_decoded_on_the_cpu_not_lost(tiny_imagenet: Path) ->
                   transfer="uint8")  # fmt: skip
 
 
+OOM_AS_RUNTIME_ERROR = (
+    "Error while decoding JPEG images: CUDA out of memory. Tried to allocate 2.00 GiB"
+)
+
+
+def _decoder_short_of_memory(monkeypatch: pytest.MonkeyPatch, most: int) -> list[int]:
+    """Swap in a device decoder that, like torchvision's batched CUDA one, re-raises
+    running out of memory as a plain RuntimeError, on calls of more than ``most`` files;
+    returns the sizes of the calls it got."""
+    from raytune_loader import decoders
+
+    name, decode_jpeg, decode_image = decoders._backend()
+    calls: list[int] = []
+
+    def decode(files: list[torch.Tensor], mode: object, device: torch.device) -> object:
+        calls.append(len(files))
+        if len(files) > most:
+            raise RuntimeError(OOM_AS_RUNTIME_ERROR)
+        return decode_jpeg(files, mode=mode, device=device)
+
+    monkeypatch.setattr(decoders, "_backend", lambda: (name, decode, decode_image))
+    return calls
+
+
+def test_out_of_memory_in_device_decode_is_out_of_memory_not_a_corrupt_file(
+    tiny_imagenet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _decoder_short_of_memory(monkeypatch, most=0)
+    dataset = build_dataset(
+        DatasetSpec("synthetic-imagenet", str(tiny_imagenet)), "uint8", "device"
+    )
+    batch = collate_encoded([dataset[0], dataset[1]])
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="CUDA out of memory"):
+        to_device(batch, torch.device("cpu"), transfer="uint8", decode="device")
+    assert calls == [2]  # no retry file by file: the batch size is the cause
+
+
+def test_out_of_memory_in_device_decode_reaches_the_trial_s_back_off(
+    tiny_imagenet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raytune_loader.job import SegmentSpec, TrialJob
+    from raytune_loader.measure import run_trial
+
+    calls = _decoder_short_of_memory(monkeypatch, most=4)
+    job = TrialJob(
+        dataset=DatasetSpec("synthetic-imagenet", str(tiny_imagenet)), model="small-cnn",
+        segment=SegmentSpec(warmup_steps=1, steps=2, report_every=1), samples_per_trial=32,
+        node_cpus=2,
+    )  # fmt: skip
+    outcome = run_trial(job, LoaderConfig(8, decode="device", transfer="uint8"))
+    assert outcome.failure is None, outcome.detail
+    assert (outcome.effective_batch_size, outcome.oom_backoffs) == (4, 1)
+    assert calls[0] == 8 and set(calls[1:]) == {4}  # halved, never decoded one by one
+
+
 def test_only_uint8_image_batches_are_finished() -> None:
     images = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     labels = torch.tensor([1, 2])
@@ -194,3 +249,24 @@ def test_a_training_loop_with_the_tuned_pipeline(
             break
     assert tuned.loader.in_order is False and tuned.loader.workers == pipeline["workers"]
     assert tuned.loader.decode == {"cpu": "pil"}.get(pipeline["decode"], pipeline["decode"])
+
+
+@pytest.mark.parametrize("channels_last", [True, False, None])
+def test_to_device_keeps_the_memory_format_the_search_measured(
+    tmp_path: Path, channels_last: bool | None
+) -> None:
+    """A search that trained channels-last hands out channels-last batches; a file
+    without a job section (older) leaves the layout alone."""
+    best = {
+        "schema_version": 1, "dataset": "synthetic-imagenet", "model": "small-cnn",
+        "objective": "util", "loader": {"batch_size": 2}, "metrics": {}, "baselines": {},
+        "speedup": {}, "hardware": {}, "search": {}, "created": "2026-01-01T00:00:00+00:00",
+        "pipeline": {"transfer": "uint8", "decode": "tensor", "workers": "process"},
+    }  # fmt: skip
+    if channels_last is not None:
+        best["job"] = {"channels_last": channels_last}
+    (tmp_path / "best_config.json").write_text(json.dumps(best))
+    batch = [torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8), torch.tensor([0, 1])]
+    images, _ = load_best_config(tmp_path / "best_config.json").to_device(batch, "cpu")
+    assert images.dtype == torch.float32
+    assert images.is_contiguous(memory_format=torch.channels_last) is bool(channels_last)

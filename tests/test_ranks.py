@@ -87,6 +87,26 @@ def test_the_ceiling_of_two_ranks_is_twice_the_slowest(tiny_imagenet: Path) -> N
     assert node < 2.5 * alone  # two ranks at most double one, all-reduce included
 
 
+def test_a_rank_out_of_memory_backs_off_every_rank_to_the_same_smaller_batch() -> None:
+    """Rank 1 runs out of memory at batch 8: both ranks stop and both train at 4, where
+    a rank backing off alone would leave its peer in a collective of another size."""
+    job = replace(
+        _job("datasets_for_tests:fast"),
+        train_step="datasets_for_tests:step_oom_on_rank_one_above_4",
+        min_batch_size=2, segment=SegmentSpec(warmup_steps=1, steps=4, report_every=2,
+                                              time_limit_s=30),
+    )  # fmt: skip
+    interim: list[dict] = []
+    started = time.monotonic()
+    outcome = run_trial(job, LoaderConfig(8), interim.append)
+    assert outcome.failure is None, outcome.detail
+    assert (outcome.effective_batch_size, outcome.oom_backoffs) == (4, 1)
+    assert outcome.config.batch_size == 8  # the trial is still the requested candidate
+    assert outcome.metrics.samples == 2 * 4 * 4  # both ranks, 4 measured steps of 4
+    assert time.monotonic() - started < 30  # no rank waited out the time limit
+    assert interim and all(r["oom_backoffs"] == 1 for r in interim)
+
+
 @pytest.mark.slow
 def test_a_search_with_two_ranks_per_trial_end_to_end(tiny_imagenet: Path, tmp_path: Path) -> None:
     """--ranks-per-node 2 on 2 cores: both ranks of every trial on this node at once,
