@@ -20,6 +20,7 @@ from torch.utils.data import default_collate
 from _common import default_job, save
 from raytune_loader import datasets, decoders
 from raytune_loader.pipeline import collate_encoded, to_device
+from raytune_loader.transforms import IMAGENET_STD
 
 VARIANTS = [("tensor", "float32"), ("tensor", "uint8"), ("device", "uint8")]
 
@@ -30,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     job = default_job(steps=1)
     device = torch.device(job.device)
-    level = 1 / 255 / min(datasets.IMAGENET_STD)  # one uint8 level after normalization
+    level = 1 / 255 / min(IMAGENET_STD)  # one uint8 level after normalization
     reference = datasets.build_dataset(job.dataset, "float32", "pil")
     figures = {}
     for decode, transfer in VARIANTS:

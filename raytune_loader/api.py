@@ -167,7 +167,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         space = search_space(opts, node_cpus, cuda, progress, True, pipeline, decodes)
         opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
-        measurer = tuner.RayMeasurer(cluster, gpus_per_trial, cluster.node_cpus)
+        measurer = tuner.RayMeasurer(cluster, gpus_per_trial)
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
         max_concurrent = opts.max_concurrent or _default_concurrency(gpus_per_trial, cluster)
         name, storage, resume = _experiment(out_dir, opts, cluster, progress)
@@ -254,7 +254,7 @@ def _verify(
     # one rank: the whole GPU; several: the GPUs of a trial, as in the search
     whole = min(1.0, cluster.max_node_gpus) if job.ranks == 1 else gpus_per_trial
     gpus = whole if gpus_per_trial else 0.0
-    measurer = RayMeasurer(cluster, gpus, node_cpus, node_id)
+    measurer = RayMeasurer(cluster, gpus, node_id)
     job = replace(job, node_cpus=node_cpus)
     if node_id:  # this class's own ceiling, not the one of whichever node measured first
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))

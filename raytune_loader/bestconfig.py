@@ -18,6 +18,7 @@ from raytune_loader.job import TrialJob
 from raytune_loader.measure import InputRate
 from raytune_loader.options import SearchOptions
 from raytune_loader.records import TrialRecord
+from raytune_loader.results import SCHEMA_VERSION
 from raytune_loader.selection import Candidate, fitting, select
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, SearchSpace
 
@@ -137,7 +138,7 @@ def best_config(
     winner = selection.winner
     statuses = [r.status for r in records]
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "dataset": ctx.job.dataset.name,
         "model": None if ctx.job.train_step else ctx.job.model,  # the step is in "job"
         "objective": ctx.opts.objective,
@@ -157,6 +158,7 @@ def best_config(
                 {
                     "name": c.name,
                     "loader": c.config.kwargs(),
+                    "pipeline": c.config.pipeline(),
                     "objective": c.stats(ctx.opts.objective).as_dict(),
                 }  # type: ignore[union-attr]
                 for c in selection.ranked

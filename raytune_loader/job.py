@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from raytune_loader import datasets, hardware, synthetic
+from raytune_loader import datasets
 from raytune_loader.errors import DatasetError
 from raytune_loader.options import SearchOptions
 from raytune_loader.progress import LogProgress, Progress
+from raytune_loader.space import reserved_cpus
 from raytune_loader.step import default_precision
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,17 @@ class SegmentSpec:
     compute_threads: int = 1
     loader_timeout_s: float = 120.0
     time_limit_s: float = 600.0  # a trial slower than this ends with reason "timeout"
+
+    @property
+    def loader_timeout(self) -> float:
+        """DataLoader's ``timeout``: a batch slower than this fails the trial."""
+        return min(self.loader_timeout_s, self.time_limit_s)
+
+    @property
+    def give_up_s(self) -> float:
+        """When whoever waits for a measurement gives up on it: the time limit, plus a
+        grace (up to a minute) for starting processes and reporting the limit itself."""
+        return self.time_limit_s + min(60.0, self.time_limit_s)
 
     @property
     def reports(self) -> int:
@@ -65,6 +77,10 @@ class TrialJob:
     compile: bool = False  # torch.compile the model; compiled during warm-up
     train_step: str | None = None  # the user's module:function step factory
     ranks: int = 1  # data-parallel ranks of every measurement, each with its own loader
+
+    def cpus_for(self, num_workers: int) -> float:
+        """CPUs a measurement with ``num_workers`` loader workers per rank reserves."""
+        return reserved_cpus(num_workers, self.cpus_per_worker, self.node_cpus, self.ranks)
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
@@ -129,16 +145,7 @@ def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = 
     """
     progress = progress or LogProgress()
     spec = job.dataset
-    if spec.name == datasets.SYNTHETIC:
-        root = spec.resolved_root()
-        assert root is not None  # a synthetic spec always resolves to a folder
-        progress.stage(f"Synthetic ImageNet: {spec.synthetic_images} JPEG files in {root}")
-        synthetic.ensure_synthetic_imagenet(
-            root,
-            spec.synthetic_images,
-            processes=hardware.usable_cpus(),
-            progress=lambda done, total: progress.count("generating JPEG files", done, total),
-        )
+    datasets.prepare(spec, progress)
     full = datasets.build_dataset(spec)
     length = len(full)  # type: ignore[arg-type]
     if min(length, job.samples_per_trial) < largest_batch:
@@ -147,7 +154,7 @@ def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = 
             "use a smaller --batch-size or more data"
         )
     if not job.train_step:  # the user's own step takes batches of any structure
-        datasets.check_sample(full)
+        datasets.check_sample(spec, full)
     read = largest_batch * (job.segment.warmup_steps + job.segment.steps)
     if job.cold and job.samples_per_trial < read:
         progress.warn(
@@ -155,7 +162,8 @@ def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = 
             f"{job.samples_per_trial}, so it reads some twice, from the page cache; "
             f"raise --samples-per-trial to {read} for every read to be cold"
         )
-    files = datasets.sample_files(full, subset_indices(length, job.samples_per_trial, job.seed))
+    indices = subset_indices(length, job.samples_per_trial, job.seed)
+    files = datasets.sample_files(spec, full, indices)
     if files and not job.cold:
         progress.stage(f"Pre-warming {len(files)} files of the trial subset")
         log.info("pre-warmed %.1f MB", datasets.prewarm(files) / 1e6)

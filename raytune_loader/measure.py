@@ -12,6 +12,7 @@ model on a batch already on the device: the speed of a perfect loader.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
@@ -36,7 +37,7 @@ from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
 from raytune_loader.loader import build_dataloader
 from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
 from raytune_loader.models import build_model
-from raytune_loader.space import LoaderConfig, reserved_cpus
+from raytune_loader.space import LoaderConfig
 from raytune_loader.step import Trainer, batch_samples, set_matmul_precision, user_trainer
 
 log = logging.getLogger(__name__)
@@ -138,20 +139,36 @@ def rank_columns(ranks: tuple[RankStat, ...]) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def pipeline_failures(*, any_error: bool = True) -> Iterator[None]:
+    """Failures of the input pipeline as the reasons a trial records: a file that does
+    not decode is ``corrupt_sample``; with ``any_error``, whatever else the user's data
+    raised is ``data_loader``. Out-of-memory errors and the trial's own failures pass."""
+    try:
+        yield
+    except CorruptSampleError as exc:
+        raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
+    except (DataPipelineError, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
+        if not any_error:
+            raise
+        raise DataPipelineError("data_loader", last_line(exc)) from exc
+
+
+_END = object()
+
+
 def _batches(loader: Any) -> Iterator[Any]:
-    """Endless batches, wrapping failures of the input pipeline into DataPipelineError."""
+    """Endless batches, epoch after epoch, failures as the trial's reasons."""
     while True:
         iterator = iter(loader)
         produced = False
         while True:
-            try:
-                batch = next(iterator)
-            except StopIteration:
+            with pipeline_failures():
+                batch = next(iterator, _END)
+            if batch is _END:
                 break
-            except CorruptSampleError as exc:
-                raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
-            except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
-                raise DataPipelineError("data_loader", last_line(exc)) from exc
             produced = True
             yield batch
         del iterator
@@ -159,6 +176,27 @@ def _batches(loader: Any) -> Iterator[Any]:
             raise DataPipelineError(
                 "data_loader", "the loader produced no batch: fewer samples than one batch"
             )
+
+
+@contextlib.contextmanager
+def segment_batches(
+    dataset: Dataset[Any], config: LoaderConfig, spec: SegmentSpec, seed: int
+) -> Iterator[Iterator[Any]]:
+    """The candidate loader over ``dataset`` as the segment reads it: one long epoch,
+    endless, with the segment's thread count (not Ray's OMP_NUM_THREADS, which follows
+    the reservation). Its workers are gone when the block ends, however it ends."""
+    torch.set_num_threads(spec.compute_threads)
+    loader = build_dataloader(
+        dataset, config, timeout_s=spec.loader_timeout, seed=seed,
+        samples_per_epoch=segment_samples(config.batch_size, spec),
+    )  # fmt: skip
+    batches = _batches(loader)
+    try:
+        yield batches
+    finally:
+        batches.close()
+        del loader
+        gc.collect()
 
 
 class _Window:
@@ -233,53 +271,44 @@ def train_segment(
         raise DataPipelineError(
             "data_loader", f"{size} samples, fewer than one batch of {config.batch_size}"
         )
-    torch.set_num_threads(spec.compute_threads)  # not Ray's OMP_NUM_THREADS = reservation
-    timeout = min(spec.loader_timeout_s, spec.time_limit_s)
-    loader = build_dataloader(
-        dataset, config, timeout_s=timeout, seed=seed,
-        samples_per_epoch=segment_samples(config.batch_size, spec),
-    )  # fmt: skip
     deadline = time.monotonic() + spec.time_limit_s
-    batches = _batches(loader)
     non_blocking = config.pin_memory
     sampler: nvml.UtilizationSampler | None = None
-    try:
-        for _ in range(spec.warmup_steps):
-            trainer.step(_on_device(trainer, next(batches), non_blocking, config))
-        trainer.sync()
-        sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
-        sampler.start()  # stopped in finally on any failure, so no NVML thread is left
-        window = _Window(trainer.device, spec.compute_threads, ceiling)
-        for step in range(1, spec.steps + 1):
-            if time.monotonic() > deadline:
-                raise DataPipelineError(
-                    "timeout",
-                    f"the trial took longer than its limit of {spec.time_limit_s:.0f}s "
-                    f"(--trial-timeout) after {step - 1} of {spec.steps} measured steps",
-                )
-            fetch_start = time.perf_counter()
-            batch = next(batches)
-            window.wait_s += time.perf_counter() - fetch_start
-            # the copy to the device is part of the step: a pageable copy waits for
-            # the previous step's kernels, which is compute, not waiting for data
-            on_device = _on_device(trainer, batch, non_blocking, config)
-            cpu_start = window.cpu_clock()
-            trainer.step(on_device)
-            window.compute_cpu_s += window.cpu_clock() - cpu_start
-            window.samples += batch_samples(on_device)
-            if report is not None and step % spec.report_every == 0 and step < spec.steps:
-                trainer.sync()
-                interim = window.metrics(time.perf_counter() - window.start)
-                report({**interim, "final": False})
-        trainer.sync()
-        wall = time.perf_counter() - window.start
-        reading = sampler.stop()
-    finally:
-        if sampler is not None:
-            sampler.stop()  # idempotent: returns the same reading after a normal stop
-        batches.close()
-        del loader
-        gc.collect()
+    with segment_batches(dataset, config, spec, seed) as batches:
+        try:
+            for _ in range(spec.warmup_steps):
+                trainer.step(_on_device(trainer, next(batches), non_blocking, config))
+            trainer.sync()
+            sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
+            sampler.start()  # stopped in finally on any failure, so no NVML thread is left
+            window = _Window(trainer.device, spec.compute_threads, ceiling)
+            for step in range(1, spec.steps + 1):
+                if time.monotonic() > deadline:
+                    raise DataPipelineError(
+                        "timeout",
+                        f"the trial took longer than its limit of {spec.time_limit_s:.0f}s "
+                        f"(--trial-timeout) after {step - 1} of {spec.steps} measured steps",
+                    )
+                fetch_start = time.perf_counter()
+                batch = next(batches)
+                window.wait_s += time.perf_counter() - fetch_start
+                # the copy to the device is part of the step: a pageable copy waits for
+                # the previous step's kernels, which is compute, not waiting for data
+                on_device = _on_device(trainer, batch, non_blocking, config)
+                cpu_start = window.cpu_clock()
+                trainer.step(on_device)
+                window.compute_cpu_s += window.cpu_clock() - cpu_start
+                window.samples += batch_samples(on_device)
+                if report is not None and step % spec.report_every == 0 and step < spec.steps:
+                    trainer.sync()
+                    interim = window.metrics(time.perf_counter() - window.start)
+                    report({**interim, "final": False})
+            trainer.sync()
+            wall = time.perf_counter() - window.start
+            reading = sampler.stop()
+        finally:
+            if sampler is not None:
+                sampler.stop()  # idempotent: returns the same reading after a normal stop
     use_nvml = reading.source != "step-timing" and reading.util is not None
     return SegmentMetrics(
         samples_per_s=window.samples / wall,
@@ -295,10 +324,8 @@ def train_segment(
 def _on_device(trainer: Trainer, batch: Any, non_blocking: bool, config: LoaderConfig) -> Any:
     """The batch on the device; a JPEG that fails to decode there fails the trial as a
     corrupt sample, as it would in a worker."""
-    try:
+    with pipeline_failures(any_error=False):
         return trainer.to_device(batch, non_blocking, config)
-    except CorruptSampleError as exc:
-        raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
 
 
 def _device_uuid(device: torch.device) -> str | None:
@@ -322,12 +349,8 @@ def prepare(
 
 def _first_sample(dataset: Dataset[Any]) -> Any:
     """Sample 0, with its failure turned into the same reasons a loader failure gets."""
-    try:
+    with pipeline_failures():
         return dataset[0]
-    except CorruptSampleError as exc:
-        raise DataPipelineError("corrupt_sample", last_line(exc)) from exc
-    except Exception as exc:  # noqa: BLE001 - any error of the user's data ends the trial
-        raise DataPipelineError("data_loader", last_line(exc)) from exc
 
 
 def job_trainer(job: TrialJob, num_classes: int) -> Trainer:
@@ -349,7 +372,7 @@ def run_trial(
     job: TrialJob, config: LoaderConfig, report: ReportFn | None = None, slot: int = 0
 ) -> TrialOutcome:
     """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
-    cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus, job.ranks)
+    cpus = job.cpus_for(config.num_workers)
     try:
         subset, sample_bytes = prepare(job, slot, config)
     except DataPipelineError as exc:
@@ -363,7 +386,7 @@ def run_trial(
     except TrialRefusedError as exc:
         host = bytes_in_flight(config, sample_bytes)[0]
         return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
-    trainer = job_trainer(job, datasets.num_classes(subset))
+    trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
 
     def segment(batch_size: int) -> SegmentMetrics:
         config_at = config.with_batch_size(batch_size)
@@ -400,7 +423,7 @@ def measure_ceiling(
     """(effective batch size, samples/s) training on one batch already on the device,
     the best of ``windows`` measured windows."""
     subset, _ = prepare(job)
-    trainer = job_trainer(job, datasets.num_classes(subset))
+    trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
 
     def resident(bs: int) -> float:
         torch.set_num_threads(job.segment.compute_threads)
@@ -436,16 +459,10 @@ def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRa
     stages of a few samples on one core."""
     subset, _ = prepare(job, slot, config)
     spec = job.segment
-    torch.set_num_threads(spec.compute_threads)
     device = torch.device(job.device)
     cap_gpu_memory(job.gpu_memory_share, device)  # a device-side decode allocates there too
     trainer = Trainer(lambda batch: None, device, job.channels_last, "the input pipeline")
-    loader = build_dataloader(
-        subset, config, timeout_s=min(spec.loader_timeout_s, spec.time_limit_s), seed=job.seed,
-        samples_per_epoch=segment_samples(config.batch_size, spec),
-    )  # fmt: skip
-    batches = _batches(loader)
-    try:
+    with segment_batches(subset, config, spec, job.seed) as batches:
         for _ in range(spec.warmup_steps):
             _on_device(trainer, next(batches), config.pin_memory, config)
         trainer.sync()
@@ -454,10 +471,6 @@ def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRa
             samples += batch_samples(_on_device(trainer, next(batches), config.pin_memory, config))
         trainer.sync()
         rate = samples / (time.perf_counter() - start)
-    finally:
-        batches.close()
-        del loader
-        gc.collect()
     return InputRate(rate, worker_side_rate(subset))
 
 

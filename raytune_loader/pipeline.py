@@ -5,7 +5,7 @@ A candidate's ``transfer`` says where images become normalized float32:
 ``uint8`` on the device, after the transfer, as timm's ``PrefetchLoader`` and
 Composer do (a quarter of the bytes through shared memory, the pinning thread
 and the PCIe link). Its ``decode`` says where JPEGs are decoded: in the workers
-(:func:`raytune_loader.datasets.imagenet_train_transform`), or ``device``: the
+(:func:`raytune_loader.transforms.imagenet_train_transform`), or ``device``: the
 workers only read the files, and :func:`decode_on_device` decodes a whole batch
 with :func:`raytune_loader.decoders.decode_batch` (nvJPEG on CUDA), then crops
 and flips every image there with ``torchvision.transforms.v2``.
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from raytune_loader.datasets import IMAGENET_MEAN, IMAGENET_STD
 from raytune_loader.errors import CorruptSampleError, last_line
+from raytune_loader.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
 def move(batch: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:

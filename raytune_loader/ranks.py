@@ -37,11 +37,10 @@ from raytune_loader.backoff import BackoffOutcome, run_with_backoff
 from raytune_loader.errors import BatchSizeTooSmallError, DataPipelineError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
-from raytune_loader.space import LoaderConfig, reserved_cpus
+from raytune_loader.space import LoaderConfig
 
 ReportFn = Callable[[dict[str, Any]], None]
 Task = Callable[..., Any]
-GRACE_S = 60.0  # past the trial's time limit, for start-up and the process group
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ def run_trial(
     this process."""
     if job.ranks == 1:
         return measure.run_trial(job, config, report, slot)
-    cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, job.node_cpus, job.ranks)
+    cpus = job.cpus_for(config.num_workers)
 
     def forward(metrics: dict[str, Any]) -> None:  # rank 0's interim reports, for ASHA
         if report is not None:
@@ -239,7 +238,7 @@ def _run_ranks(
         process.start()
     runs: dict[int, RankRun] = {}
     completed = False
-    deadline = time.monotonic() + job.segment.time_limit_s + GRACE_S
+    deadline = time.monotonic() + job.segment.give_up_s
     try:
         while len(runs) < job.ranks:
             try:
@@ -307,7 +306,7 @@ def _check_alive(
     if time.monotonic() > deadline:
         raise RankError(
             "timeout",
-            f"the ranks took longer than {job.segment.time_limit_s + GRACE_S:.0f}s "
+            f"the ranks took longer than {job.segment.give_up_s:.0f}s "
             "(--trial-timeout and a grace period for starting them)",
         )
 
@@ -354,7 +353,7 @@ def _rank_main(
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
-            timeout=dt.timedelta(seconds=job.segment.time_limit_s + GRACE_S),
+            timeout=dt.timedelta(seconds=job.segment.give_up_s),
         )
 
         def report(metrics: dict[str, Any]) -> None:

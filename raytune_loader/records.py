@@ -17,7 +17,7 @@ from typing import Any
 
 from raytune_loader.errors import ConfigError
 from raytune_loader.results import write_csv
-from raytune_loader.space import PIPELINE_KEYS, LoaderConfig, SearchSpace
+from raytune_loader.space import CONFIG_KEYS, LoaderConfig, SearchSpace
 
 MEASURED = ("ok", "stopped_early")
 
@@ -101,19 +101,12 @@ class TrialRecord:
     def row(self) -> dict[str, Any]:
         """The flat ``trials.csv`` row."""
         flat = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SKIP}
-        loader = (
-            {**self.config.kwargs(), **{k: getattr(self.config, k) for k in PIPELINE_KEYS}}
-            if self.config
-            else LOADER_COLUMNS_EMPTY
-        )
+        loader = self.config.values() if self.config else LOADER_COLUMNS_EMPTY
         return {**flat, **loader, **asdict(self.node)}
 
 
 SKIP = ("config", "node")
-LOADER_COLUMNS_EMPTY = dict.fromkeys(
-    ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size",
-     "in_order", "multiprocessing_context", *PIPELINE_KEYS)
-)  # fmt: skip
+LOADER_COLUMNS_EMPTY = dict.fromkeys(CONFIG_KEYS)
 TRIAL_COLUMNS = [
     "trial_id", "status", "reason", "baseline", *LOADER_COLUMNS_EMPTY,
     *(f.name for f in fields(TrialRecord) if f.name not in (*SKIP, "trial_id", "status",

@@ -26,25 +26,28 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from raytune_loader.records import MEASURED
-from raytune_loader.results import atomic_write_text
+from raytune_loader.results import atomic_write_text, config_from_sections
+from raytune_loader.space import CONFIG_KEYS, LABELS
 
 FAILED = ("failed", "error")
-PARAMS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size")
 MARKERS = "osD^vP*Xph"
+ORDERED = ("num_workers", "prefetch_factor", "batch_size")  # integers, ordered for importance
 
 
 def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
-    """Winner and both baselines: the table a user pastes into a pull request."""
-    rows = [("tuned", best["loader"], best["metrics"])]
-    rows += [(name, b["loader"], b["metrics"]) for name, b in best["baselines"].items()]
+    """Winner and both baselines: the table a user pastes into a pull request. Each row
+    has every field of the configuration (its DataLoader arguments and pipeline)."""
+    rows = [("tuned", best["loader"], best.get("pipeline"), best["metrics"])]
+    rows += [(name, b["loader"], b.get("pipeline"), b["metrics"])
+             for name, b in best["baselines"].items()]  # fmt: skip
     winner_speed = _median(best["metrics"], "samples_per_s")
     out = []
-    for name, loader, metrics in rows:
+    for name, loader, pipeline, metrics in rows:
         speed = _median(metrics, "samples_per_s")
         out.append(
             {
                 "config": name,
-                **{key: loader.get(key) for key in PARAMS},
+                **config_from_sections(loader, pipeline).values(),
                 "samples_per_s": speed,
                 "samples_per_s_range": _range(metrics, "samples_per_s"),
                 "util": _median(metrics, "util"),
@@ -99,7 +102,10 @@ def param_importances(trials: pd.DataFrame, objective: str) -> dict[str, float] 
 
     done = trials[(trials["status"] == "ok") & trials[objective].notna()]
     done = done.assign(prefetch_factor=done["prefetch"])  # 0 for workers=0: one fixed range
-    varying = [p for p in PARAMS if done[p].nunique() > 1]
+    known = [p for p in CONFIG_KEYS if p in done]  # older files lack the pipeline's columns
+    done = done.assign(**{p: done[p].fillna("default").astype(str) for p in known
+                          if p not in ORDERED})  # fmt: skip
+    varying = [p for p in known if done[p].nunique() > 1]
     if len(done) < 2 or not varying:
         return None
     dists = {p: _distribution(done[p]) for p in varying}
@@ -126,7 +132,7 @@ def _distribution(values: pd.Series) -> Any:
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     choices = sorted(values.unique().tolist())
-    if values.name in ("num_workers", "prefetch_factor"):
+    if values.name in ORDERED:
         return IntDistribution(choices[0], choices[-1])
     return CategoricalDistribution(choices)
 
@@ -318,10 +324,10 @@ def _intro(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
 
 
 def _winner(best: dict[str, Any]) -> list[str]:
-    header = ["config", "workers", "prefetch", "pin", "persistent", "batch", "samples/s"]
+    header = ["config", *LABELS.values(), "samples/s"]
     header += ["range", "util", "data wait", "tuned speedup"]
     rows = [
-        [r["config"], *(_cell(r[k]) for k in PARAMS), _cell(r["samples_per_s"])]
+        [r["config"], *(_cell(r[k]) for k in CONFIG_KEYS), _cell(r["samples_per_s"])]
         + [r["samples_per_s_range"] or "-", _cell(r["util"], "pct")]
         + [_cell(r["data_wait_frac"], "pct"), _cell(r["tuned_speedup"], "x")]
         for r in summary_rows(best)
@@ -340,7 +346,7 @@ def _winner(best: dict[str, Any]) -> list[str]:
     kind = "pct1" if objective == "util" else ""
     for r in sel.get("runners_up", []):
         median, low, high = (_cell(r["objective"].get(k), kind) for k in ("median", "min", "max"))
-        settings = ", ".join(f"{k} {_cell(r['loader'].get(k))}" for k in PARAMS)
+        settings = config_from_sections(r["loader"], r.get("pipeline")).label()
         lines.append(f"- {r['name']}: {settings}; {objective} {median} ({low}-{high})")
     return lines
 
@@ -433,10 +439,10 @@ def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
 
 
 def _all_trials(trials: pd.DataFrame) -> list[str]:
-    header = ["#", "trial", "status", "reason", "baseline", "workers", "prefetch", "pin"]
-    header += ["persistent", "batch", "effective batch", "OOM back-offs", "samples/s", "util"]
-    header += ["data wait", "efficiency"]
-    keys = ["trial", "trial_id", "status", "reason", "baseline", *PARAMS]
+    known = [k for k in CONFIG_KEYS if k in trials]  # older files lack the pipeline's columns
+    header = ["#", "trial", "status", "reason", "baseline", *(LABELS[k] for k in known)]
+    header += ["effective batch", "OOM back-offs", "samples/s", "util", "data wait", "efficiency"]
+    keys = ["trial", "trial_id", "status", "reason", "baseline", *known]
     keys += ["effective_batch_size", "oom_backoffs", "samples_per_s"]
     hosts = ["hostname"] if trials.get("hostname", pd.Series()).nunique() > 1 else []
     rows = [

@@ -149,6 +149,16 @@ class BestConfig:
 _LEGACY = {"cpu": "pil", "main process": "process"}
 
 
+def config_from_sections(
+    loader: dict[str, Any], pipeline: dict[str, Any] | None = None
+) -> LoaderConfig:
+    """The configuration a JSON ``loader`` section and ``pipeline`` section describe
+    (baselines have no pipeline section: the default pipeline)."""
+    pipeline = pipeline or {}
+    chosen = {k: _LEGACY.get(pipeline[k], pipeline[k]) for k in PIPELINE_KEYS if k in pipeline}
+    return LoaderConfig.from_dict({**loader, **chosen})
+
+
 def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
     """Read and validate a best_config.json; raises ConfigError saying what is wrong."""
     file = Path(path)
@@ -174,8 +184,7 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
     if not isinstance(pipeline, dict):
         raise ConfigError(f"{file}: 'pipeline' must be a JSON object")
     try:
-        chosen = {k: _LEGACY.get(pipeline[k], pipeline[k]) for k in PIPELINE_KEYS if k in pipeline}
-        loader = LoaderConfig.from_dict({**data["loader"], **chosen})
+        loader = config_from_sections(data["loader"], pipeline)
     except ConfigError as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
     except TypeError as exc:

@@ -14,10 +14,9 @@ import logging
 import sys
 from typing import NoReturn
 
-from raytune_loader import __version__
+from raytune_loader import __version__, sources
 from raytune_loader.api import run_search
 from raytune_loader.console import TerminalProgress, notes, print_summary
-from raytune_loader.datasets import KNOWN, SYNTHETIC
 from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
 from raytune_loader.options import PRECISIONS, SearchOptions
 
@@ -59,8 +58,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dataset",
-        default=SYNTHETIC,
-        help=f"one of {', '.join(KNOWN)}, or package.module:function (default {SYNTHETIC})",
+        default=sources.DEFAULT,
+        help=sources.help_text(),
     )
     p.add_argument("--data-root", help="where the data is")
     p.add_argument("--download", action="store_true", help="let torchvision download cifar/mnist")

@@ -10,7 +10,7 @@ reservation.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from raytune_loader.errors import ConfigError
@@ -24,11 +24,14 @@ DECODES = ("pil", "tensor", "device")  # JPEGs decoded in the workers to PIL ima
 # tensors (both libjpeg-turbo), or on the device with nvJPEG, batched (CUDA only)
 WORKER_KINDS = ("process", "thread")  # DataLoader worker processes, or torchdata threads
 START_METHODS = (None, "forkserver", "spawn")  # None: the platform's default (fork on Linux)
-LOADER_KEYS = (
-    "batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
-    "in_order", "multiprocessing_context",
-)  # fmt: skip
-PIPELINE_KEYS = ("transfer", "decode", "workers")
+
+
+def _knob(default: Any, label: str, role: str = "loader", shown_as: str | None = None) -> Any:
+    """A field of :class:`LoaderConfig`: a DataLoader argument (``role="loader"``) or a
+    stage of the pipeline around it (``"pipeline"``); ``label`` heads its column in
+    tables; ``shown_as`` also lists a DataLoader argument in the JSON's ``pipeline``
+    section under that name. Every list of keys below is derived from these."""
+    return field(default=default, metadata={"label": label, "role": role, "shown_as": shown_as})
 
 
 @dataclass(frozen=True)
@@ -41,16 +44,16 @@ class LoaderConfig:
     and decoding, cropping and normalizing happen on the device (``transfer`` is
     then ``uint8``: the images reach float32 there)."""
 
-    batch_size: int
-    num_workers: int = 0
-    prefetch_factor: int | None = None
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    in_order: bool = True
-    multiprocessing_context: str | None = None
-    transfer: str = "float32"
-    decode: str = "pil"
-    workers: str = "process"
+    batch_size: int = field(metadata={"label": "batch", "role": "loader", "shown_as": None})
+    num_workers: int = _knob(0, "workers")
+    prefetch_factor: int | None = _knob(None, "prefetch")
+    pin_memory: bool = _knob(False, "pin")
+    persistent_workers: bool = _knob(False, "persistent")
+    in_order: bool = _knob(True, "in order", shown_as="in_order")
+    multiprocessing_context: str | None = _knob(None, "start method", shown_as="start_method")
+    transfer: str = _knob("float32", "transfer", role="pipeline")
+    decode: str = _knob("pil", "decode", role="pipeline")
+    workers: str = _knob("process", "worker kind", role="pipeline")
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool):
@@ -138,14 +141,17 @@ class LoaderConfig:
 
     def pipeline(self) -> dict[str, Any]:
         """How the pipeline around the DataLoader is built (``best_config.json``'s
-        ``pipeline`` section)."""
-        return {
-            "transfer": self.transfer,
-            "decode": self.decode,
-            "workers": self.workers,
-            "in_order": self.in_order,
-            "start_method": self.multiprocessing_context or "default",
-        }
+        ``pipeline`` section): the pipeline stages, and the DataLoader arguments that
+        shape it (``in_order``, the start method: ``default`` for the platform's)."""
+        out = {k: getattr(self, k) for k in PIPELINE_KEYS}
+        for name, shown_as in SHOWN_IN_PIPELINE.items():
+            value = getattr(self, name)
+            out[shown_as] = "default" if name == "multiprocessing_context" and not value else value
+        return out
+
+    def values(self) -> dict[str, Any]:
+        """Every field, DataLoader arguments then pipeline stages (trials.csv's columns)."""
+        return {k: getattr(self, k) for k in CONFIG_KEYS}
 
     def with_batch_size(self, batch_size: int) -> LoaderConfig:
         return LoaderConfig(**{**asdict(self), "batch_size": batch_size})
@@ -164,6 +170,14 @@ class LoaderConfig:
             f"pin={_yn(self.pin_memory)} persistent={_yn(self.persistent_workers)} "
             f"bs={self.batch_size}{extra}"
         )
+
+
+CONFIG_KEYS = tuple(f.name for f in fields(LoaderConfig))
+LOADER_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "loader")
+PIPELINE_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "pipeline")
+LABELS = {f.name: f.metadata["label"] for f in fields(LoaderConfig)}
+SHOWN_IN_PIPELINE = {f.name: f.metadata["shown_as"] for f in fields(LoaderConfig)
+                     if f.metadata["shown_as"]}  # fmt: skip
 
 
 def _yn(flag: bool) -> str:
@@ -287,30 +301,33 @@ class SearchSpace:
         )
 
     def as_point(self, config: LoaderConfig) -> dict[str, Any]:
-        """The parameters Optuna would suggest for ``config`` (for enqueuing it)."""
-        point: dict[str, Any] = {"num_workers": config.num_workers}
-        if self.pipeline and len(self.decodes) > 1:
-            point["decode"] = config.decode
-        if config.num_workers > 0:
-            if self.pipeline and self.thread_workers:
-                point["workers"] = config.workers
-            point["prefetch_factor"] = config.prefetch_factor
-            if config.workers == "process":
-                point["persistent_workers"] = config.persistent_workers
-            if self.pipeline:
-                point["in_order"] = config.in_order
-                if config.workers == "process":
-                    point["multiprocessing_context"] = config.multiprocessing_context
-        if self.cuda:
-            point["pin_memory"] = config.pin_memory
-        if len(self.batch_sizes) > 1:
-            point["batch_size"] = config.batch_size
-        if self.pipeline and config.decode != "device":
-            point["transfer"] = config.transfer
-        return point
+        """The parameters Optuna would suggest for ``config`` (for enqueuing it): the
+        space itself, replayed with ``config``'s values as the answers."""
+        replay = _Replay(config)
+        self.define_by_run(replay)
+        return replay.point
 
     def baseline_name(self, config: LoaderConfig) -> str | None:
         for name, baseline in self.baselines().items():
             if baseline == config:
                 return name
         return None
+
+
+class _Replay:
+    """Stands in for an Optuna trial: each suggestion is answered with ``config``'s value
+    and recorded, so the space's own branches say which parameters ``config`` sets."""
+
+    def __init__(self, config: LoaderConfig) -> None:
+        self.values = asdict(config)
+        self.point: dict[str, Any] = {}
+
+    def suggest_int(self, name: str, low: int, high: int) -> Any:
+        return self._answer(name)
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        return self._answer(name)
+
+    def _answer(self, name: str) -> Any:
+        self.point[name] = self.values[name]
+        return self.point[name]

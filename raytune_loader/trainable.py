@@ -25,7 +25,7 @@ from raytune_loader.hardware import cpu_and_gpu_summary, hardware_class
 from raytune_loader.job import DATA_SLOT, TrialJob
 from raytune_loader.measure import InputRate, TrialOutcome
 from raytune_loader.ranks import measure_ceiling, measure_input, run_trial
-from raytune_loader.space import LoaderConfig, reserved_cpus
+from raytune_loader.space import LoaderConfig
 
 
 def _node() -> dict[str, Any]:
@@ -49,7 +49,7 @@ def _node() -> dict[str, Any]:
 def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     """Tune function trainable: one candidate configuration, one short training segment."""
     loader_config = LoaderConfig.from_trial_config(config)
-    cpus = reserved_cpus(loader_config.num_workers, job.cpus_per_worker, job.node_cpus, job.ranks)
+    cpus = job.cpus_for(loader_config.num_workers)
     # in every report, early stops included
     node = {**_node(), "cpus_reserved": cpus, **({"ranks": job.ranks} if job.ranks > 1 else {})}
 
@@ -59,8 +59,7 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     # A sample that never returns in the main process (num_workers=0) cannot be
     # interrupted from inside: past the limit and a grace period, end this trial's
     # process; Tune records the error and the search goes on.
-    grace = min(60.0, job.segment.time_limit_s)
-    watchdog = threading.Timer(job.segment.time_limit_s + grace, os._exit, args=(3,))
+    watchdog = threading.Timer(job.segment.give_up_s, os._exit, args=(3,))
     watchdog.daemon = True
     watchdog.start()
     try:

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from raytune_loader.job import TrialJob
 from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
 from raytune_loader.records import TrialRecord, record_from_report
 from raytune_loader.searcher import LoaderSearcher
-from raytune_loader.space import LoaderConfig, SearchSpace, reserved_cpus
+from raytune_loader.space import LoaderConfig, SearchSpace
 from raytune_loader.trainable import ceiling_task, input_task, measure_task, trial_fn
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def trainable(job: TrialJob, gpus_per_trial: float, cluster: RayCluster) -> Any:
 
     def resources(config: dict[str, Any]) -> dict[str, float]:
         workers = config.get("num_workers", 0)
-        cpus = reserved_cpus(workers, job.cpus_per_worker, cluster.node_cpus, job.ranks)
+        cpus = job.cpus_for(workers)
         return cluster.bundle(cpus, gpus_per_trial)
 
     return tune.with_resources(tune.with_parameters(trial_fn, job=job), resources=resources)
@@ -183,9 +183,28 @@ def can_resume(storage: str, name: str) -> bool:
     return tune.Tuner.can_restore(_experiment_path(storage, name))
 
 
+@dataclass(frozen=True)
+class AshaSettings:
+    """How ASHA stops losers: one rung per report to Tune, halving at each."""
+
+    max_t: int  # reports of a whole segment (interim and final)
+    grace_period: int = 1
+    reduction_factor: int = 2
+
+    @classmethod
+    def for_job(cls, job: TrialJob) -> AshaSettings:
+        return cls(max_t=job.segment.reports)
+
+    def scheduler(self) -> ASHAScheduler:
+        return ASHAScheduler(time_attr="training_iteration", **asdict(self))
+
+    def __str__(self) -> str:
+        return "ASHA(" + ", ".join(f"{k}={v}" for k, v in asdict(self).items()) + ")"
+
+
 def scheduler_description(job: TrialJob) -> str:
-    """ASHA as ``best_config.json`` records it (the same values :func:`run_tune` uses)."""
-    return f"ASHA(max_t={job.segment.reports}, grace_period=1, reduction_factor=2)"
+    """ASHA as ``best_config.json`` records it: the settings :func:`run_tune` uses."""
+    return str(AshaSettings.for_job(job))
 
 
 @dataclass(frozen=True)
@@ -236,12 +255,7 @@ def _new_tuner(
     searcher = LoaderSearcher(
         space, settings.objective, settings.seed, deadline=deadline, cold=job.cold
     )
-    scheduler = ASHAScheduler(
-        time_attr="training_iteration",
-        max_t=job.segment.reports,
-        grace_period=1,
-        reduction_factor=2,
-    )
+    scheduler = AshaSettings.for_job(job).scheduler()
     return tune.Tuner(
         fn,
         tune_config=tune.TuneConfig(
@@ -344,39 +358,35 @@ class RayMeasurer:
 
     cluster: RayCluster
     gpus: float  # the GPU (fraction) each task reserves
-    node_cpus: float  # CPUs of the node the tasks run on (reservations are capped there)
     node_id: str | None = None
 
     def _bundle(self, cpus: float) -> dict[str, Any]:
         return _task_options(self.cluster.bundle(cpus, self.gpus), self.node_id)
 
     def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
-        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus, job.ranks)
+        cpus = job.cpus_for(config.num_workers)
         ref = measure_task.options(**self._bundle(cpus)).remote(job, config, slot)
-        limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
         try:
-            return ray.get(ref, timeout=limit)
-        except ray.exceptions.GetTimeoutError:  # a sample that never returns, workers=0
-            ray.cancel(ref, force=True)
-            detail = f"no result after {limit:.0f}s (--trial-timeout)"
-            return TrialOutcome(config, cpus, 0, failure="timeout", detail=detail)
-        except ray.exceptions.RayError as exc:  # the task crashed or its worker died
+            return self._result(ref, job, "the measurement")
+        except DataPipelineError as exc:  # past its time: a sample that never returns
+            return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
+        except (ray.exceptions.RayError, Exception) as exc:  # noqa: BLE001 - crashed, or died
             return TrialOutcome(config, cpus, 0, failure="error", detail=last_line(exc))
 
     def ceiling(
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]:
-        cpus = reserved_cpus(0, job.cpus_per_worker, self.node_cpus, job.ranks)  # a CPU a rank
+        cpus = job.cpus_for(0)  # a CPU a rank
         ref = ceiling_task.options(**self._bundle(cpus)).remote(job, batch_size, windows)
         return self._result(ref, job, "the ceiling")
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
-        cpus = reserved_cpus(config.num_workers, job.cpus_per_worker, self.node_cpus, job.ranks)
+        cpus = job.cpus_for(config.num_workers)
         ref = input_task.options(**self._bundle(cpus)).remote(job, config)
         return self._result(ref, job, "the input pipeline")
 
     def _result(self, ref: Any, job: TrialJob, what: str) -> Any:
-        limit = job.segment.time_limit_s + min(60.0, job.segment.time_limit_s)
+        limit = job.segment.give_up_s
         try:
             return ray.get(ref, timeout=limit)
         except ray.exceptions.GetTimeoutError:  # a sample that never returns

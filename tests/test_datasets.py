@@ -47,7 +47,7 @@ def test_synthetic_dataset_uses_imagenet_transforms(tiny_imagenet: Path) -> None
     image, label = dataset[0]
     assert tuple(image.shape) == (3, 224, 224)
     assert -3 < float(image.mean()) < 3 and 0 <= label < 8
-    assert num_classes(dataset) == 8
+    assert num_classes(DatasetSpec("synthetic-imagenet", str(tiny_imagenet)), dataset) == 8
 
 
 def test_unknown_dataset_lists_the_known_ones() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raytune_loader import load_best_config
-from raytune_loader.datasets import IMAGENET_STD, DatasetSpec, build_dataset, pipeline_searchable
+from raytune_loader.datasets import DatasetSpec, build_dataset, pipeline_searchable
 from raytune_loader.errors import CorruptSampleError
 from raytune_loader.loader import build_dataloader
 from raytune_loader.pipeline import (
@@ -21,6 +21,7 @@ from raytune_loader.pipeline import (
     to_device,
 )
 from raytune_loader.space import LoaderConfig
+from raytune_loader.transforms import IMAGENET_STD
 
 TOLERANCE = 1e-5  # the same decoder (PIL) on both sides: only float rounding differs
 # PIL and TorchCodec (or torchvision.io) both decode with libjpeg-turbo; PIL's resize and

@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 from raytune_loader import ConfigError, HardwareMismatchWarning, load_best_config
 from raytune_loader.errors import OutputError
 from raytune_loader.hardware import cpu_and_gpu_summary
-from raytune_loader.results import atomic_write_text, ensure_writable
+from raytune_loader.results import REQUIRED_KEYS, atomic_write_text, ensure_writable
 
 
 def _best(**overrides: object) -> dict:
@@ -101,3 +101,19 @@ def test_unwritable_output_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(OutputError, match="choose another --out"):
         ensure_writable(blocker / "results")
+
+
+def test_every_field_of_a_configuration_survives_the_json(tmp_path: Path) -> None:
+    """best_config.json's loader and pipeline sections, read back, give the same
+    configuration, whichever fields differ from their defaults."""
+    from raytune_loader.space import LoaderConfig
+
+    tuned = LoaderConfig(
+        16, num_workers=3, prefetch_factor=4, pin_memory=True, in_order=False,
+        transfer="uint8", decode="tensor", workers="thread",
+    )  # fmt: skip
+    path = tmp_path / "best_config.json"
+    best = {key: {} for key in REQUIRED_KEYS}
+    best.update(schema_version=1, loader=tuned.kwargs(), pipeline=tuned.pipeline())
+    path.write_text(json.dumps(best))
+    assert load_best_config(path).loader == tuned

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import optuna
@@ -14,7 +14,11 @@ from raytune_loader.errors import ConfigError
 from raytune_loader.loader import build_dataloader
 from raytune_loader.pipeline import EncodedBatch
 from raytune_loader.space import (
+    CONFIG_KEYS,
     HEURISTIC,
+    LABELS,
+    LOADER_KEYS,
+    PIPELINE_KEYS,
     PYTORCH_DEFAULT,
     RANK_SHARE,
     LoaderConfig,
@@ -222,3 +226,30 @@ def test_the_widened_space_proposes_only_valid_pipelines_and_all_of_them(
             images = images.files()
         assert len(images) == len(labels) == 4
         del loader
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_every_proposal_replays_as_the_point_optuna_suggested(cuda: bool) -> None:
+    """as_point replays define_by_run: for every branch of the space (workers or none,
+    processes or threads, each decoder, searched batch sizes), the point it gives for
+    a proposed configuration is the parameters Optuna suggested for it."""
+    decodes = ("pil", "tensor", "device") if cuda else ("pil", "tensor")
+    space = SearchSpace(max_workers=3, batch_sizes=(4, 8), cuda=cuda, usable_cpus=3,
+                        pipeline=True, decodes=decodes, thread_workers=True)  # fmt: skip
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(150):
+        trial = study.ask()
+        space.define_by_run(trial)
+        config = LoaderConfig.from_trial_config(trial.params)
+        assert space.as_point(config) == trial.params
+        study.tell(trial, 0.0)
+
+
+def test_every_field_is_a_dataloader_argument_or_a_pipeline_stage() -> None:
+    """The lists of keys come from the fields: a new field lands in exactly one of
+    them, and the JSON's pipeline section shows every stage."""
+    names = [f.name for f in fields(LoaderConfig)]
+    assert sorted(LOADER_KEYS + PIPELINE_KEYS) == sorted(names) == sorted(CONFIG_KEYS)
+    assert set(LOADER_KEYS) == set(LoaderConfig(8).kwargs())
+    assert set(PIPELINE_KEYS) <= set(LoaderConfig(8).pipeline())
+    assert set(LABELS) == set(names)

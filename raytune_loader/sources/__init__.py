@@ -1,0 +1,42 @@
+"""Data sources: one module per kind, one registry.
+
+Each module defines the :class:`~raytune_loader.sources.base.Source` of one kind of
+data (timm's ``readers/`` pattern); :data:`REGISTRY` lists them, and the command
+line's help and the unknown-dataset error list from it. A new data format is a new
+module with its ``Source`` and one line here.
+"""
+
+from __future__ import annotations
+
+from raytune_loader.errors import DatasetError
+from raytune_loader.sources import factory, image_folders, torchvision_sets
+from raytune_loader.sources.base import Source
+
+REGISTRY: tuple[Source, ...] = (
+    *image_folders.SOURCES,
+    *torchvision_sets.SOURCES,
+    factory.SOURCE,  # last: it answers to any name with a colon
+)
+DEFAULT = image_folders.SYNTHETIC.names[0]
+
+
+def names() -> list[str]:
+    """Every ``--dataset`` value the registry answers to, in its order."""
+    return [name for source in REGISTRY for name in source.names]
+
+
+def source_for(name: str) -> Source:
+    for source in REGISTRY:
+        if source.matches(name):
+            return source
+    raise DatasetError(f"unknown dataset {name!r}: use one of {', '.join(names())}")
+
+
+def help_text() -> str:
+    """The ``--dataset`` help: every source's names and what it is."""
+    return "; ".join(f"{' or '.join(s.names)} ({s.summary})" for s in REGISTRY) + (
+        f"; default {DEFAULT}"
+    )
+
+
+__all__ = ["DEFAULT", "REGISTRY", "Source", "help_text", "names", "source_for"]

@@ -1,0 +1,148 @@
+"""Folders of image files in the ImageFolder layout (``<class>/<image>``).
+
+``synthetic-imagenet``, the embedded default, generated on first use;
+``imagenet``, the ``train/`` folder of an ImageNet copy; ``imagefolder``, any such
+folder. The whole pipeline is searched: where JPEGs are decoded (PIL or tensors in
+the workers, or nvJPEG on a CUDA device when the files are JPEGs), the dtype that
+crosses to the device, thread workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from raytune_loader import synthetic
+from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
+from raytune_loader.sources.base import Source
+from raytune_loader.transforms import imagenet_train_transform
+
+if TYPE_CHECKING:
+    from raytune_loader.datasets import DatasetSpec
+    from raytune_loader.progress import Progress
+
+
+def load_rgb(path: str) -> Image.Image:
+    """ImageFolder loader whose error names the file it could not decode."""
+    try:
+        with open(path, "rb") as handle:
+            return Image.open(handle).convert("RGB")
+    except OSError as exc:  # PIL's UnidentifiedImageError and truncated files are OSErrors
+        raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
+
+
+def load_encoded(path: str) -> Any:
+    """The file's bytes as a 1-D uint8 tensor, for decoding on the device."""
+    with open(path, "rb") as handle:
+        return torch.frombuffer(bytearray(handle.read()), dtype=torch.uint8)
+
+
+def load_decoded(path: str) -> Any:
+    """The image as an RGB uint8 (3, H, W) tensor (:mod:`raytune_loader.decoders`:
+    libjpeg-turbo for JPEG; PNG, GIF and WebP too)."""
+    from raytune_loader.decoders import decode_one
+
+    try:
+        return decode_one(load_encoded(path))
+    except (RuntimeError, ValueError) as exc:  # torchvision.io raises the one, TorchCodec the other
+        raise CorruptSampleError(f"corrupt sample {path}: {last_line(exc)}") from None
+
+
+LOADERS = {"pil": load_rgb, "tensor": load_decoded, "device": load_encoded}
+
+
+def is_jpeg(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(3) == b"\xff\xd8\xff"
+
+
+class ImageFolders(Source):
+    """One ImageFolder layout: under the data root itself or its ``subfolder``."""
+
+    def __init__(self, name: str, summary: str, subfolder: str = "") -> None:
+        self.names = (name,)
+        self.summary = summary
+        self.subfolder = subfolder
+
+    def folder(self, spec: DatasetSpec) -> Path:
+        root = self.root(spec)
+        if root is None:
+            where = f"a folder with {self.subfolder}/" if self.subfolder else "<class>/<image>"
+            raise DatasetError(f"{spec.name} needs --data-root pointing at {where}")
+        return root / self.subfolder if self.subfolder else root
+
+    def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+        from torchvision.datasets import ImageFolder
+
+        folder = self.folder(spec)
+        layout = f"{folder}/<class>/<image>.JPEG"
+        if not folder.is_dir():
+            raise DatasetError(
+                f"{spec.name}: folder {folder} does not exist; expected the ImageFolder "
+                f"layout {layout} (pass the parent folder with --data-root)"
+            )
+        try:
+            transform = imagenet_train_transform(transfer, decode)
+            return ImageFolder(str(folder), transform=transform, loader=LOADERS[decode])
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise DatasetError(
+                f"{spec.name}: no images under {folder} ({exc}); expected the ImageFolder "
+                f"layout {layout}"
+            ) from None
+
+    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+        return True
+
+    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+        """PIL or tensors in the workers; nvJPEG on a CUDA device when the files are
+        JPEGs (the first one is looked at)."""
+        found = ("pil", "tensor")
+        if not cuda:
+            return found
+        try:
+            first = self.build(spec, "uint8", "device").samples[0][0]  # type: ignore[attr-defined]
+        except DatasetError:
+            return found
+        return (*found, "device") if is_jpeg(first) else found
+
+    def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
+        samples = getattr(dataset, "samples", None) or []
+        return [samples[i][0] for i in indices] if samples else []
+
+
+class SyntheticImageNet(ImageFolders):
+    """The embedded default: real JPEG files, generated once into a cache folder."""
+
+    def root(self, spec: DatasetSpec) -> Path | None:
+        if spec.data_root:
+            return Path(spec.data_root)
+        return synthetic.default_root(spec.synthetic_images)
+
+    def prepare(self, spec: DatasetSpec, progress: Progress) -> None:
+        from raytune_loader import hardware
+
+        root = self.root(spec)
+        assert root is not None  # a synthetic spec always resolves to a folder
+        progress.stage(f"Synthetic ImageNet: {spec.synthetic_images} JPEG files in {root}")
+        synthetic.ensure_synthetic_imagenet(
+            root,
+            spec.synthetic_images,
+            processes=hardware.usable_cpus(),
+            progress=lambda done, total: progress.count("generating JPEG files", done, total),
+        )
+
+
+SYNTHETIC = SyntheticImageNet(
+    "synthetic-imagenet",
+    "real JPEG files of ImageNet-like sizes, generated on first use",
+    subfolder="train",
+)
+SOURCES = (
+    SYNTHETIC,
+    ImageFolders("imagenet", "the ImageFolder layout under --data-root/train", "train"),
+    ImageFolders("imagefolder", "--data-root/<class>/<image>"),
+)
