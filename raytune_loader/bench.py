@@ -26,14 +26,13 @@ from typing import Any
 
 from raytune_loader import hardware, synthetic
 from raytune_loader.bestconfig import metrics_of
-from raytune_loader.console import ceiling_line, summary_table
+from raytune_loader.console import ceiling_line, exit_status, summary_table
 from raytune_loader.errors import (
     ConfigError,
     ModelError,
     OutputError,
     RaytuneLoaderError,
     SearchFailedError,
-    UserInputError,
 )
 from raytune_loader.factories import import_factory
 from raytune_loader.job import SegmentSpec, TrialJob, job_from_options, prepare_data
@@ -299,12 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {note}")
         if args.json is not None:
             _write_figures(args.json, measured)
-    except RaytuneLoaderError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, UserInputError) else 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except (RaytuneLoaderError, KeyboardInterrupt) as exc:
+        return exit_status(exc, "interrupted")
     return 0
 
 

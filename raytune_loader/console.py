@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from raytune_loader.errors import RaytuneLoaderError
+from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
 from raytune_loader.records import TrialRecord, trial_status
 from raytune_loader.report import limit_line, pipeline_line, summary_rows
 from raytune_loader.space import LoaderConfig
@@ -189,3 +189,17 @@ def notes(trials: Sequence[TrialRecord]) -> list[str]:
     if failed:
         out.append(f"{len(failed)} trial(s) failed; reasons are in trials.csv")
     return out
+
+
+def exit_status(exc: RaytuneLoaderError | KeyboardInterrupt, interrupted: str) -> int:
+    """Say why a command line stops, in one line on stderr, and return its exit status:
+    130 interrupted (``interrupted`` says what is kept), 2 a mistake in the input, 1 a
+    failure of the run."""
+    if isinstance(exc, SearchInterruptedError):
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return 130
+    if isinstance(exc, KeyboardInterrupt):
+        print(interrupted, file=sys.stderr)
+        return 130
+    print(f"error: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, UserInputError) else 1

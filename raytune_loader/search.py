@@ -16,8 +16,8 @@ from typing import NoReturn
 
 from raytune_loader import __version__, sources
 from raytune_loader.api import run_search
-from raytune_loader.console import TerminalProgress, notes, print_summary
-from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
+from raytune_loader.console import TerminalProgress, exit_status, notes, print_summary
+from raytune_loader.errors import RaytuneLoaderError
 from raytune_loader.options import PRECISIONS, SearchOptions
 
 
@@ -237,18 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(result.best_config, result.out_dir)
         for note in notes(result.trials):
             print(f"note: {note}")
-    except SearchInterruptedError as exc:
-        print(f"interrupted: {exc}", file=sys.stderr)
-        return 130
-    except UserInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except RaytuneLoaderError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; finished trials are kept, continue with --resume", file=sys.stderr)
-        return 130
+    except (RaytuneLoaderError, KeyboardInterrupt) as exc:
+        return exit_status(exc, "interrupted; finished trials are kept, continue with --resume")
     return 0
 
 
