@@ -90,10 +90,12 @@ def main() -> None:
                     print(f"paired  {name:<60} {paired[name][-1]:7.1f} samples/s", flush=True)
     speeds_alone = [_speed(alone[n]) for n in names]
     speeds_paired = [statistics.median(paired[n]) for n in names]
+    # only a per-process reading compares with the device's: the device-wide fallbacks
+    # (nvml-device, nvml-device-other-pids) are the device figure itself
     nvml = {
         name: {"process": o.metrics.util, "device": o.metrics.device_util}
         for name, o in alone.items()
-        if o.metrics and o.metrics.util_source.startswith("nvml") and o.metrics.device_util
+        if o.metrics and o.metrics.util_source == "nvml-process" and o.metrics.device_util
     }
     gaps = [v["device"] - v["process"] for v in nvml.values()]
     save(
