@@ -277,9 +277,9 @@ def table(limits: dict[str, StageLimit], stages: tuple[str, ...]) -> str:
 
 def shell(plan: dict[str, Flags], limits: dict[str, StageLimit], stages: tuple[str, ...],
           dry_run: bool) -> str:  # fmt: skip
-    """stages=(the selected ones); for every stage NAME=(flags...), limit_NAME=seconds
-    and note_NAME='where the limit comes from'."""
-    lines = [f"stages=({' '.join(stages)})"]
+    """stages=(the selected ones), all_stages=(...); for every stage NAME=(flags...),
+    limit_NAME=seconds and note_NAME='where the limit comes from'."""
+    lines = [f"stages=({' '.join(stages)})", f"all_stages=({' '.join(STAGES)})"]
     for name in STAGES:
         stage = limits[name]
         flags = [part for pair in plan[name].items() for part in pair]
