@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -11,7 +12,7 @@ from typing import Any
 
 from torch.utils.data import Subset
 
-from raytune_loader import SearchOptions, datasets, hardware
+from raytune_loader import SearchOptions, datasets, hardware, synthetic
 from raytune_loader.job import TrialJob, job_from_options, prepare_data, subset_indices
 from raytune_loader.measure import worker_side_rate
 from raytune_loader.models import default_model
@@ -22,15 +23,28 @@ RESULTS = Path(
 )
 
 
-def default_job(steps: int = 60, largest_batch: int = 0) -> TrialJob:
-    """The job the default search runs: synthetic-imagenet, the per-device model.
+def add_images_flag(parser: argparse.ArgumentParser) -> None:
+    """--synthetic-images: the size of the generated dataset, so that every stage of a
+    run reads the one dataset its search read (experiments/gpu_check.sh)."""
+    parser.add_argument(
+        "--synthetic-images", type=int, default=synthetic.DEFAULT_IMAGES,
+        help=f"images in the generated dataset (default {synthetic.DEFAULT_IMAGES})",
+    )  # fmt: skip
+
+
+def default_job(
+    steps: int = 60, largest_batch: int = 0, images: int = synthetic.DEFAULT_IMAGES
+) -> TrialJob:
+    """The job the default search runs: synthetic-imagenet of ``images`` files, the
+    per-device model.
 
     Its subset holds 1024 samples, or one batch of ``largest_batch`` if that is more.
     """
     cuda = hardware.cuda_available()
     opts = SearchOptions(
-        steps=steps, report_every=steps, samples_per_trial=max(1024, largest_batch)
-    )
+        steps=steps, report_every=steps, samples_per_trial=max(1024, largest_batch),
+        synthetic_images=images,
+    )  # fmt: skip
     job = job_from_options(
         opts,
         default_model(cuda),

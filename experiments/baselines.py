@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import default_job, save
+from _common import add_images_flag, default_job, save
 from raytune_loader import SearchOptions, load_best_config, run_search
 from raytune_loader.measure import run_trial
 from raytune_loader.selection import rotated
@@ -52,12 +52,13 @@ def main() -> None:
     parser.add_argument("--config", help="an existing best_config.json (default: search now)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60, help="measured steps per run")
+    add_images_flag(parser)
     args = parser.parse_args()
     tuned, baselines, search_s = tuned_config(args.config)
     configs = {PYTORCH_DEFAULT: baselines[PYTORCH_DEFAULT], HEURISTIC: baselines[HEURISTIC],
                "tuned": tuned}  # fmt: skip
     largest = max(config.batch_size for config in configs.values())
-    job = default_job(steps=args.steps, largest_batch=largest)
+    job = default_job(steps=args.steps, largest_batch=largest, images=args.synthetic_images)
     speed: dict[str, list[float]] = {name: [] for name in configs}
     util: dict[str, list[float]] = {name: [] for name in configs}
     for repeat, name in rotated(list(configs), args.repeats):

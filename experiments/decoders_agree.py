@@ -17,7 +17,7 @@ import argparse
 import torch
 from torch.utils.data import default_collate
 
-from _common import default_job, save
+from _common import add_images_flag, default_job, save
 from raytune_loader import datasets, decoders
 from raytune_loader.pipeline import collate_encoded, to_device
 from raytune_loader.transforms import IMAGENET_STD
@@ -28,8 +28,9 @@ VARIANTS = [("tensor", "float32"), ("tensor", "uint8"), ("device", "uint8")]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=32)
+    add_images_flag(parser)
     args = parser.parse_args()
-    job = default_job(steps=1)
+    job = default_job(steps=1, images=args.synthetic_images)
     device = torch.device(job.device)
     level = 1 / 255 / min(IMAGENET_STD)  # one uint8 level after normalization
     reference = datasets.build_dataset(job.dataset, "float32", "pil")

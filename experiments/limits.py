@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from _common import RESULTS, decode_rate, default_job, save
+from _common import RESULTS, add_images_flag, decode_rate, default_job, save
 from raytune_loader import hardware, load_best_config
 from raytune_loader.measure import measure_ceiling, run_trial
 
@@ -27,10 +27,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="results/synthetic-imagenet/best_config.json")
     parser.add_argument("--steps", type=int, default=60, help="measured steps per run")
+    add_images_flag(parser)
     args = parser.parse_args()
     best = load_best_config(args.config) if Path(args.config).exists() else None
     batch = best.loader.batch_size if best else 32  # the ceiling at the tuned batch size
-    job = default_job(steps=args.steps, largest_batch=batch)
+    job = default_job(steps=args.steps, largest_batch=batch, images=args.synthetic_images)
     cpus = hardware.usable_cpus()
     recorded = RESULTS / "baselines.json"
     figures = json.loads(recorded.read_text()) if recorded.exists() else {}

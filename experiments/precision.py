@@ -16,7 +16,7 @@ import argparse
 import statistics
 from dataclasses import replace
 
-from _common import default_job, save
+from _common import add_images_flag, default_job, save
 from raytune_loader.measure import measure_ceiling
 from raytune_loader.selection import rotated
 
@@ -26,8 +26,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="default: 256 on CUDA, 32 on a CPU")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30, help="steps per measured window")
+    add_images_flag(parser)
     args = parser.parse_args()
-    base = default_job(steps=args.steps)
+    base = default_job(steps=args.steps, images=args.synthetic_images)
     cuda = base.device == "cuda"
     batch = args.batch_size or (256 if cuda else 32)
     variants = {

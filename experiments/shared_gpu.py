@@ -25,7 +25,7 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
-from _common import default_job, save
+from _common import add_images_flag, default_job, save
 from raytune_loader import hardware
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import TrialOutcome, run_trial
@@ -43,6 +43,16 @@ def candidates(cuda: bool, batch: int, count: int) -> dict[str, LoaderConfig]:
         configs.append(LoaderConfig(batch, 4, 2, True, True, transfer="uint8", decode="device"))
     chosen = configs[:: max(1, len(configs) // count)][:count]
     return {config.label(): config for config in chosen}
+
+
+def pairings(names: list[str]) -> list[tuple[str, str]]:
+    """The pairs run two at a time, in order: each configuration at an even place with
+    the next one, then with the one after that (wrapping around)."""
+    return [
+        (names[i], names[(i + shift) % len(names)])
+        for shift in (1, 2)
+        for i in range(0, len(names), 2)
+    ]
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -68,9 +78,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--configs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=0, help="0: the device's default")
+    add_images_flag(parser)
     args = parser.parse_args()
     batch = args.batch_size or (256 if hardware.cuda_available() else 32)
-    job = replace(default_job(steps=args.steps, largest_batch=batch), gpu_memory_share=1.0)
+    job = default_job(steps=args.steps, largest_batch=batch, images=args.synthetic_images)
+    job = replace(job, gpu_memory_share=1.0)
     configs = candidates(job.device == "cuda", batch, args.configs)
     names = list(configs)
     alone: dict[str, TrialOutcome] = {}
@@ -81,19 +93,19 @@ def main() -> None:
     paired: dict[str, list[float]] = {name: [] for name in names}
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(2, mp_context=context) as pool:
-        for shift in (1, 2):  # two different partners for each configuration
-            for i in range(0, len(names), 2):
-                first, second = names[i], names[(i + shift) % len(names)]
-                runs = [pool.submit(_run, half, configs[n]) for n in (first, second)]
-                for name, run in zip((first, second), runs, strict=True):
-                    paired[name].append(_speed(run.result()))
-                    print(f"paired  {name:<60} {paired[name][-1]:7.1f} samples/s", flush=True)
+        for first, second in pairings(names):
+            runs = [pool.submit(_run, half, configs[n]) for n in (first, second)]
+            for name, run in zip((first, second), runs, strict=True):
+                paired[name].append(_speed(run.result()))
+                print(f"paired  {name:<60} {paired[name][-1]:7.1f} samples/s", flush=True)
     speeds_alone = [_speed(alone[n]) for n in names]
     speeds_paired = [statistics.median(paired[n]) for n in names]
+    # only a per-process reading compares with the device's: the device-wide fallbacks
+    # (nvml-device, nvml-device-other-pids) are the device figure itself
     nvml = {
         name: {"process": o.metrics.util, "device": o.metrics.device_util}
         for name, o in alone.items()
-        if o.metrics and o.metrics.util_source.startswith("nvml") and o.metrics.device_util
+        if o.metrics and o.metrics.util_source == "nvml-process" and o.metrics.device_util
     }
     gaps = [v["device"] - v["process"] for v in nvml.values()]
     save(

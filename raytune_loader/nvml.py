@@ -4,9 +4,13 @@ A `UtilizationSampler` polls NVML in a background thread between `start()` and
 `stop()` and reports how busy the GPU was for *this* process over that window
 (per-process SM samples, attributed by pid so another trial sharing the GPU is not
 counted), with the device-wide utilization recorded beside it. When per-process
-samples are unavailable it falls back to the device-wide figure, and when NVML
-itself is unusable (no driver, no library, no device UUID) it reports
-`source="step-timing"` so the caller can substitute its own compute-time share.
+samples are unavailable it falls back to the device-wide figure (`nvml-device`).
+When NVML has per-process samples but none for this pid (a PID namespace, as in a
+container, shows NVML's host pids, not ours) it falls back too, but with a warning
+and `source="nvml-device-other-pids"`: that figure counts every process sharing the
+GPU, such as a neighbouring 0.5-GPU trial. When NVML itself is unusable (no
+driver, no library, no device UUID) it reports `source="step-timing"` so the
+caller can substitute its own compute-time share.
 The sampler never raises because of NVML. The binding module is injectable so the
 whole path can be exercised on a CPU with a stand-in.
 """
@@ -108,6 +112,7 @@ class UtilizationSampler:
         self._device_supported = True
         self._last_seen_us = 0
         self._process_sm: list[int] = []
+        self._other_pids: set[int] = set()
         self._device_gpu: list[int] = []
 
     # -- lifecycle -----------------------------------------------------------------
@@ -245,6 +250,7 @@ class UtilizationSampler:
             return
         self._last_seen_us = max(int(s.timeStamp) for s in fresh)
         self._process_sm.extend(int(s.smUtil) for s in fresh if int(s.pid) == self.pid)
+        self._other_pids.update(int(s.pid) for s in fresh if int(s.pid) != self.pid)
 
     def _query_process_samples(self, last_seen_us: int) -> list[Any]:
         """Samples newer than `last_seen_us`; [] when there are none or the call is unsupported."""
@@ -283,11 +289,19 @@ class UtilizationSampler:
                 source="nvml-process",
                 samples=len(self._process_sm),
             )
-        if device_util is not None:
-            return UtilReading(
-                util=device_util, device_util=device_util, source="nvml-device", samples=0
+        if device_util is None:
+            return _STEP_TIMING
+        source = "nvml-device"
+        if self._process_supported and self._other_pids:
+            source = "nvml-device-other-pids"
+            logger.warning(
+                "NVML has per-process GPU samples for pids %s but none for this process "
+                "(pid %d; a PID namespace hides it): util is device-wide and counts "
+                "every process on this GPU",
+                sorted(self._other_pids),
+                self.pid,
             )
-        return _STEP_TIMING
+        return UtilReading(util=device_util, device_util=device_util, source=source, samples=0)
 
 
 def _is_no_sample(nvml: Any, err: Exception) -> bool:

@@ -97,7 +97,7 @@ class Trainer:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             from torch.nn.parallel import DistributedDataParallel  # one rank of several
 
-            ids = [device.index or torch.cuda.current_device()] if device.type == "cuda" else None
+            ids = [_cuda_index(device)] if device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         forward = torch.compile(model) if compile_model else model
@@ -137,6 +137,12 @@ class Trainer:
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _cuda_index(device: torch.device) -> int:
+    """The index of a CUDA device; a bare ``cuda`` means the current one (index 0 is a
+    device like any other, not a missing index)."""
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 class TrainStepError(ModelError):

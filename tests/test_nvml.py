@@ -6,6 +6,7 @@ the sampler is exercised against the same failure modes it meets on a GPU host.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Iterable
@@ -148,6 +149,39 @@ def test_not_found_means_no_sample_and_device_mean_is_used() -> None:
     assert reading.device_util == pytest.approx(0.50)
     # NOT_FOUND is not a failure: the per-process call was retried on every poll.
     assert len(fake.timestamps_passed) == 4
+
+
+def test_samples_only_of_other_pids_give_a_warning_and_say_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # In a PID namespace NVML reports host pids: this process's own pid never matches.
+    fake = FakeNvml(
+        process=[
+            [],
+            [sample(OTHER_PID, 10, 70), sample(OTHER_PID + 1, 11, 30)],
+            [sample(OTHER_PID, 20, 90)],
+        ],
+        device=[60, 80],
+    )
+    with caplog.at_level(logging.WARNING, logger="raytune_loader.nvml"):
+        reading = run_window(fake, polls=1)
+    assert reading.source == "nvml-device-other-pids"
+    assert reading.util == pytest.approx(0.70)  # the device-wide mean, neighbours included
+    assert reading.samples == 0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"{[OTHER_PID, OTHER_PID + 1]}" in warnings[0].getMessage()
+    assert f"pid {OUR_PID}" in warnings[0].getMessage()
+
+
+def test_no_per_process_sample_at_all_is_device_wide_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeNvml(process=[[], [], []], device=[40, 60])
+    with caplog.at_level(logging.WARNING, logger="raytune_loader.nvml"):
+        reading = run_window(fake, polls=1)
+    assert reading.source == "nvml-device"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_zero_count_success_error_means_no_sample() -> None:

@@ -56,3 +56,27 @@ def test_fp16_trains_with_a_gradient_scaler_on_the_cpu() -> None:
     trainer = Trainer.for_model(model, torch.device("cpu"), precision="fp16")
     trainer.step([torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class _StaysOnTheCpu(torch.nn.Linear):
+    """A model whose move to the GPU is a no-op: the only CUDA call it stands in for."""
+
+    def to(self, *args: object, **kwargs: object) -> _StaysOnTheCpu:
+        return self
+
+
+@pytest.mark.parametrize(("device", "expected"), [("cuda:0", 0), ("cuda:2", 2), ("cuda", 3)])
+def test_a_rank_s_ddp_model_is_placed_on_its_own_cuda_device(
+    monkeypatch: pytest.MonkeyPatch, device: str, expected: int
+) -> None:
+    placed: list[list[int] | None] = []
+
+    def ddp(model: torch.nn.Module, device_ids: list[int] | None = None) -> torch.nn.Module:
+        placed.append(device_ids)
+        return model
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", ddp)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # not 0: a fallback shows
+    Trainer.for_model(_StaysOnTheCpu(4, 2), torch.device(device))
+    assert placed == [[expected]]
