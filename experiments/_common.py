@@ -51,8 +51,7 @@ def default_job(
         device="cuda" if cuda else "cpu",
         node_cpus=hardware.usable_cpus(),
     )
-    prepare_data(job, max(32, largest_batch))
-    return job
+    return prepare_data(job, max(32, largest_batch))
 
 
 def decode_rate(

@@ -29,10 +29,11 @@
 #
 # The interpreter is $PYTHON, else python, else python3. The checkout is put on
 # PYTHONPATH. Where Ray or Optuna is not importable (the GPU image lacks them), the
-# wheels in .whl/ are installed into /tmp/site: build them here with
-# `../shared/device/wheels.sh torchdata` and carry `.whl` (see its header). TorchCodec
-# is left out (its binary follows torch releases): the decoders fall back to
-# torchvision.io.
+# wheels in .whl/ are installed into /tmp/site: download them on a machine with a
+# network for the GPU machine's Python (`pip download --only-binary=:all:
+# --python-version 3.12 -d .whl ray[tune] optuna torchdata` and their dependencies)
+# and bring .whl/ along. TorchCodec is left out (its binary follows torch releases):
+# the decoders fall back to torchvision.io.
 #
 # Each stage has its own time limit and the next stage runs even if one fails, so a
 # failure leaves the output of everything before it; the exit status is the first
@@ -65,7 +66,7 @@ if ! importable; then
     if ! importable; then
         if ! compgen -G '.whl/*.whl' >/dev/null; then
             echo "error: Ray or Optuna is not importable by $py and there is no .whl/ here:" \
-                "build it with ../shared/device/wheels.sh torchdata and carry .whl" >&2
+                "download their wheels into .whl/ (see --help)" >&2
             exit 2
         fi
         echo "installing .whl/ into $site"

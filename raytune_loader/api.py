@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import datasets, hardware, records
+from raytune_loader import hardware, records
 from raytune_loader.bestconfig import SearchContext, best_config
 from raytune_loader.errors import ConfigError, ModelError, SearchInterruptedError
 from raytune_loader.factories import import_factory
@@ -56,11 +56,12 @@ def search_space(
     cuda: bool,
     progress: Progress,
     quiet: bool = False,
-    pipeline: bool = False,
-    decodes: tuple[str, ...] = ("pil",),
+    job: TrialJob | None = None,
 ) -> SearchSpace:
     """The search space; ``usable`` is the CPUs of the largest node a trial may run on,
-    shared by the trial's ranks: each rank's workers are bounded by usable // ranks."""
+    shared by the trial's ranks: each rank's workers are bounded by usable // ranks,
+    and by what the prepared ``job``'s stream can keep busy. Its source says what else
+    is searched (the pipeline, decoders, thread workers, how it is read and batched)."""
     ranks = max(1, opts.ranks_per_node)
     per_rank = usable // ranks
     max_workers = per_rank if opts.max_workers is None else opts.max_workers
@@ -72,15 +73,25 @@ def search_space(
             )
         max_workers = per_rank
     batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
+    if job is None:
+        return SearchSpace(max_workers, batch_sizes, cuda, usable, ranks=ranks)
+    spec, source = job.dataset, job.dataset.source
+    if job.stream_workers is not None and job.stream_workers < max_workers:
+        max_workers = job.stream_workers
+        if not quiet and job.stream_note:
+            progress.warn(job.stream_note)
+    pipeline = source.pipeline_searched(spec)
     return SearchSpace(
         max_workers=max_workers,
         batch_sizes=batch_sizes,
         cuda=cuda,
         usable_cpus=usable,
         pipeline=pipeline,
-        decodes=decodes,
-        thread_workers=pipeline,
+        decodes=source.decoders(spec, cuda) if pipeline else ("pil",),
+        thread_workers=source.thread_workers(spec),
         ranks=ranks,
+        accesses=source.accesses(spec),
+        batchings=source.batchings(spec),
     )
 
 
@@ -149,7 +160,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     started = time.time()
     opts, job, gpus_per_trial, out_dir = _job(opts, progress)
     assert opts.batch_sizes is not None  # filled in for the device
-    prepare_data(job, max(opts.batch_sizes), progress)
+    job = prepare_data(job, max(opts.batch_sizes), progress)
     if not is_loopback(opts.dashboard_host):
         progress.warn(
             f"the Ray dashboard listens on {opts.dashboard_host}: anyone who can reach it and "
@@ -162,9 +173,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         _announce_dashboard(cluster, progress)
         node_cpus = int(cluster.node_cpus) if cluster.joined else hardware.usable_cpus()
         cuda = job.device == "cuda"
-        pipeline = datasets.pipeline_searchable(job.dataset)
-        decodes = datasets.decodes(job.dataset, cuda) if pipeline else ("pil",)
-        space = search_space(opts, node_cpus, cuda, progress, True, pipeline, decodes)
+        space = search_space(opts, node_cpus, cuda, progress, quiet=False, job=job)
         opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial)

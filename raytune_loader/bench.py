@@ -119,6 +119,9 @@ def options_from_file(
             data_root=data_root or spec.get("data_root"),
             download=bool(spec.get("download", False)),
             synthetic_images=int(spec.get("synthetic_images", synthetic.DEFAULT_IMAGES)),
+            image_column=str(spec.get("image_column", "image")),
+            label_column=str(spec.get("label_column", "label")),
+            shuffle_buffer=spec.get("shuffle_buffer"),
             model=str(best.data["model"]),
             steps=steps or int(segment.steps),
             warmup_steps=int(segment.warmup_steps),
@@ -263,7 +266,7 @@ def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Cand
     job = plan.job
     batch_sizes = sorted({config.batch_size for config in plan.configs.values()})
     say(f"==> Preparing {job.dataset.name} ({job.samples_per_trial} samples, pre-warmed)")
-    prepare_data(job, max(batch_sizes))
+    job = prepare_data(job, max(batch_sizes))
     say(f"==> Ceiling: {job.model} on a resident batch, {job.device}")
     measurer = LocalMeasurer()
     ceilings = measure_ceilings(job, batch_sizes, measurer, LogProgress(), required=False)

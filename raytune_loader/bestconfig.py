@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raytune_loader import hardware, trainers
+from raytune_loader import hardware, streams, trainers
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import InputRate
@@ -20,7 +20,7 @@ from raytune_loader.options import SearchOptions
 from raytune_loader.records import TrialRecord
 from raytune_loader.results import SCHEMA_VERSION
 from raytune_loader.selection import Candidate, fitting, select
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, SearchSpace
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, LoaderConfig, SearchSpace
 
 CLASS_FACTS = ("hardware_class", "cpu_model", "node_cpus", "gpu_name", "node_gpus", "ram_bytes")
 
@@ -53,7 +53,7 @@ def _versions() -> dict[str, str]:
 
 def metrics_of(candidate: Candidate) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for metric in ("samples_per_s", "data_wait_frac", "util"):
+    for metric in ("samples_per_s", "data_wait_frac", "util", "first_batch_s"):
         stats = candidate.stats(metric)
         out[metric] = stats.as_dict() if stats else None
     sources = {o.metrics.util_source for o in candidate.ok if o.metrics}
@@ -178,6 +178,7 @@ def best_config(
         },
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
         **({"pipeline": winner.config.pipeline()} if ctx.space.pipeline else {}),
+        "source": source_section(ctx.job, fitting(winner)),
         "trainers": trainers.section(),
         "hardware": _hardware(ctx, records),
         "search": {
@@ -208,6 +209,24 @@ def best_config(
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def source_section(job: TrialJob, config: LoaderConfig) -> dict[str, Any]:
+    """What the data was and how the winner reads it: for a stream, its shards, the
+    user's shuffle settings (recorded, never tuned) and where batches are made."""
+    spec = job.dataset
+    out: dict[str, Any] = {**spec.source.describe(spec), "access": config.access}
+    if config.access == "stream":
+        buffer = streams.variant(job, config).shuffle_buffer
+        out.update(
+            shuffle_buffer=buffer,
+            shard_shuffle=buffer > 0 and job.stream_shards > 0,
+            batching=config.batching,
+            shards_per_trial=job.stream_shards or None,
+        )
+    if job.stream_note:
+        out["note"] = job.stream_note
+    return out
 
 
 def job_section(job: TrialJob, space: SearchSpace, chosen_batch_size: int) -> dict[str, Any]:

@@ -101,8 +101,8 @@ def _label(config: dict[str, Any]) -> str:
 
 
 HEADER = ("config", "workers", "prefetch", "pin", "persist", "batch", "samples/s", "range",
-          "util", "wait", "eff", "tuned x")  # fmt: skip
-WIDTHS = (16, 8, 9, 5, 8, 6, 11, 12, 6, 6, 6, 8)
+          "util", "wait", "eff", "1st s", "tuned x")  # fmt: skip
+WIDTHS = (16, 8, 9, 5, 8, 6, 11, 12, 6, 6, 6, 7, 8)
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -131,7 +131,7 @@ def summary_table(best: dict[str, Any]) -> list[str]:
             row["samples_per_s_range"] or "-", _number(row["util"], ".2f"),
             _number(row["data_wait_frac"], ".2f"),
             _number(efficiency["median"] if efficiency else None, ".2f"),
-            _number(row["tuned_speedup"], ".2f"),
+            _number(row["first_batch_s"], ".2f"), _number(row["tuned_speedup"], ".2f"),
         ]  # fmt: skip
         lines.append(_join(cells))
     return lines
@@ -171,7 +171,8 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
         )
     print(f"\nbest config: {out_dir}/best_config.json   report: {out_dir}/report.md", file=stream)
     print(
-        f"use it: loader = load_best_config('{out_dir}/best_config.json').dataloader(dataset)",
+        f"use it: tuned = load_best_config('{out_dir}/best_config.json'); "
+        "loader = tuned.dataloader(tuned.dataset())",
         file=stream,
     )
 

@@ -33,6 +33,9 @@ class DatasetSpec:
     data_root: str | None = None
     download: bool = False
     synthetic_images: int = synthetic.DEFAULT_IMAGES
+    image_column: str = "image"  # tables (Hugging Face datasets, Parquet): the image
+    label_column: str = "label"  # and the class
+    shuffle_buffer: int | None = None  # a stream's shuffle buffer; None: its format's usual
 
     def __post_init__(self) -> None:
         sources.source_for(self.name)  # an unknown name is a DatasetError listing the known

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from raytune_loader import datasets
+from raytune_loader import datasets, streams
 from raytune_loader.errors import DatasetError
 from raytune_loader.options import SearchOptions
 from raytune_loader.progress import LogProgress, Progress
@@ -77,6 +77,9 @@ class TrialJob:
     compile: bool = False  # torch.compile the model; compiled during warm-up
     train_step: str | None = None  # the user's module:function step factory
     ranks: int = 1  # data-parallel ranks of every measurement, each with its own loader
+    stream_shards: int = 0  # shards a trial reads, for a stream that has them (prepare_data)
+    stream_workers: int | None = None  # the most loader workers a rank's stream can keep busy
+    stream_note: str | None = None  # why, when that bound binds
 
     def cpus_for(self, num_workers: int) -> float:
         """CPUs a measurement with ``num_workers`` loader workers per rank reserves."""
@@ -84,7 +87,10 @@ class TrialJob:
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
-    return datasets.DatasetSpec(opts.dataset, opts.data_root, opts.download, opts.synthetic_images)
+    return datasets.DatasetSpec(
+        opts.dataset, opts.data_root, opts.download, opts.synthetic_images,
+        opts.image_column, opts.label_column, opts.shuffle_buffer,
+    )  # fmt: skip
 
 
 def job_from_options(
@@ -137,15 +143,24 @@ def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[in
     return order.roll(-start)[:count].tolist()
 
 
-def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = None) -> int:
-    """Generate the default dataset if needed, check the data, pre-warm the subset.
-
-    Returns the dataset's length. Without ``--cold`` every measurement then starts
-    from the same page-cache state.
-    """
+def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = None) -> TrialJob:
+    """Generate the default dataset if needed, check the data, pre-warm what the trials
+    read (the subset of samples, or of a stream's shards), and return the job ready to
+    measure. Without ``--cold`` every measurement then starts from the same page-cache
+    state."""
     progress = progress or LogProgress()
     spec = job.dataset
     datasets.prepare(spec, progress)
+    accesses = spec.source.accesses(spec)
+    if "stream" in accesses:
+        job = streams.prepare_stream(job, largest_batch, progress)
+    if "map" in accesses:
+        _prepare_map(job, largest_batch, progress)
+    return job
+
+
+def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> None:
+    spec = job.dataset
     full = datasets.build_dataset(spec)
     length = len(full)  # type: ignore[arg-type]
     if min(length, job.samples_per_trial) < largest_batch:
@@ -167,4 +182,3 @@ def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = 
     if files and not job.cold:
         progress.stage(f"Pre-warming {len(files)} files of the trial subset")
         log.info("pre-warmed %.1f MB", datasets.prewarm(files) / 1e6)
-    return length

@@ -16,7 +16,10 @@ their loaders the same way.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +34,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from raytune_loader.errors import ConfigError
 from raytune_loader.pipeline import collate_encoded
-from raytune_loader.sharding import RankBatches, ShardSampler, process_group
+from raytune_loader.sharding import RankBatches, ShardSampler, as_thread_worker, process_group
 from raytune_loader.space import LoaderConfig
 
 
@@ -45,7 +48,7 @@ def build_dataloader(
     seed: int | None = None,
     samples_per_epoch: int | None = None,
     **overrides: Any,
-) -> TunedDataLoader | ThreadLoader:
+) -> TunedDataLoader | ThreadLoader | DataLoader[Any] | ThreadStreamLoader:
     """The tuned loader over ``dataset``; ``overrides`` (DataLoader arguments) win over
     the config. Thread workers take ``sampler`` and ``collate_fn`` among them.
 
@@ -63,7 +66,9 @@ def build_dataloader(
     if config.decode == "device":
         kwargs["collate_fn"] = collate_encoded  # JPEGs of different lengths stay a list
     kwargs.update(overrides)
-    _refuse_unsupported(dataset, config, kwargs.get("sampler"))
+    if isinstance(dataset, IterableDataset):
+        return _stream_loader(dataset, config, kwargs, set(overrides), drop_last, timeout_s)
+    _refuse_unsupported(config, kwargs.get("sampler"))
     if "batch_sampler" in kwargs:
         raise ConfigError(
             "the tuned loader makes its own batches (batch_size is tuned): "
@@ -90,13 +95,8 @@ def build_dataloader(
     return TunedDataLoader(dataset, drop_last=drop_last, timeout=timeout_s, **kwargs)
 
 
-def _refuse_unsupported(dataset: Dataset[Any], config: LoaderConfig, sampler: Any) -> None:
+def _refuse_unsupported(config: LoaderConfig, sampler: Any) -> None:
     """Refuse now, in one line, what would fail or silently duplicate data later."""
-    if isinstance(dataset, IterableDataset):
-        raise ConfigError(
-            "the tuned loader reads map-style datasets (with __getitem__ and __len__); "
-            f"{type(dataset).__name__} is an IterableDataset"
-        )
     world = process_group()[1]
     if (
         config.workers == "thread"
@@ -109,6 +109,36 @@ def _refuse_unsupported(dataset: Dataset[Any], config: LoaderConfig, sampler: An
             f"gives every one of the {world} ranks the same samples: pass a "
             "DistributedSampler, or no sampler (the tuned loader then shards itself)"
         )
+
+
+def _stream_loader(
+    dataset: IterableDataset[Any],
+    config: LoaderConfig,
+    kwargs: dict[str, Any],
+    overridden: set[str],
+    drop_last: bool,
+    timeout_s: float,
+) -> DataLoader[Any] | ThreadStreamLoader:
+    """The tuned loader over a stream: no sampler (the stream splits itself by rank and
+    worker); batches made by the loader, or already by the stream's pipeline in each
+    worker (``batching="workers"``: DataLoader ``batch_size=None``)."""
+    if {"sampler", "batch_sampler"} & overridden:
+        raise ConfigError(
+            f"{type(dataset).__name__} is a stream (an IterableDataset): it takes no sampler; "
+            "it splits itself by rank and worker"
+        )
+    batch_size = None if config.batching == "workers" else kwargs["batch_size"]
+    collate = kwargs.get("collate_fn") if batch_size is not None else None
+    if config.workers == "thread":
+        return ThreadStreamLoader(
+            dataset, batch_size, collate or default_collate, config.num_workers,
+            kwargs["prefetch_factor"] or 2, kwargs["in_order"], kwargs["pin_memory"], drop_last,
+        )  # fmt: skip
+    options = {k: v for k, v in kwargs.items() if k not in ("sampler", "batch_size", "collate_fn")}
+    return DataLoader(
+        dataset, batch_size=batch_size, drop_last=drop_last and batch_size is not None,
+        collate_fn=collate, timeout=timeout_s, **options,
+    )  # fmt: skip
 
 
 class TunedDataLoader(DataLoader):  # type: ignore[type-arg]
@@ -184,6 +214,143 @@ class ThreadLoader:
 
     def __len__(self) -> int:
         return len(self._batches)
+
+
+class ThreadStreamLoader:
+    """Batches of a stream (an IterableDataset) from ``num_workers`` threads.
+
+    Each thread iterates the stream as thread worker i of n
+    (:func:`~raytune_loader.sharding.as_thread_worker`), so a stream that splits its
+    shards by :func:`~raytune_loader.sharding.worker_share` gives each thread its own
+    share, and makes whole batches (or takes the stream's own). Up to
+    ``prefetch_factor`` batches wait per thread. In order, batches come round-robin
+    from the threads, as a DataLoader's workers' do; otherwise as they are ready. A
+    thread's error reaches the loop with its type and message; every thread is stopped
+    when an epoch ends, fails or is abandoned."""
+
+    def __init__(
+        self,
+        dataset: IterableDataset[Any],
+        batch_size: int | None,
+        collate_fn: Callable[[list[Any]], Any],
+        num_workers: int,
+        prefetch_factor: int,
+        in_order: bool,
+        pin_memory: bool,
+        drop_last: bool,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.collate_fn = collate_fn
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.in_order = in_order
+        self.pin_memory = pin_memory
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[Any]:
+        stop = threading.Event()
+        shared: queue.Queue[Any] = queue.Queue(self.prefetch_factor * self.num_workers)
+        queues = [
+            queue.Queue(self.prefetch_factor) if self.in_order else shared
+            for _ in range(self.num_workers)
+        ]
+        threads = [
+            threading.Thread(target=self._work, args=(i, queues[i], stop), daemon=True,
+                             name=f"raytune-stream-{i}")
+            for i in range(self.num_workers)
+        ]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        try:
+            yield from self._ordered(queues) if self.in_order else self._ready(shared)
+        finally:
+            stop.set()
+            for out in {id(q): q for q in queues}.values():
+                _drain(out)  # a thread waiting to put sees the stop
+            for thread in threads:
+                thread.join(timeout=60)  # one stuck in the stream's own read is a daemon
+
+    def _ordered(self, queues: list[queue.Queue[Any]]) -> Iterator[Any]:
+        live = list(range(self.num_workers))
+        while live:
+            for worker in list(live):
+                item = queues[worker].get()
+                if item is _DONE:
+                    live.remove(worker)
+                    continue
+                yield _raised(item)
+
+    def _ready(self, shared: queue.Queue[Any]) -> Iterator[Any]:
+        done = 0
+        while done < self.num_workers:
+            item = shared.get()
+            if item is _DONE:
+                done += 1
+                continue
+            yield _raised(item)
+
+    def _work(self, worker: int, out: queue.Queue[Any], stop: threading.Event) -> None:
+        try:
+            with as_thread_worker(worker, self.num_workers):
+                pending: list[Any] = []
+                for sample in self.dataset:
+                    if stop.is_set():
+                        return
+                    if self.batch_size is not None:
+                        pending.append(sample)
+                        if len(pending) < self.batch_size:
+                            continue
+                        sample, pending = self.collate_fn(pending), []
+                    _put(out, _pinned(sample) if self.pin_memory else sample, stop)
+                if pending and not self.drop_last:
+                    _put(out, self.collate_fn(pending), stop)
+        except Exception as exc:  # noqa: BLE001 - the loop raises it, with its type
+            _put(out, _Failure(exc), stop)
+        finally:
+            _put(out, _DONE, stop)
+
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: Exception
+
+
+def _raised(item: Any) -> Any:
+    if isinstance(item, _Failure):
+        raise item.error
+    return item
+
+
+def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+
+
+def _drain(out: queue.Queue[Any]) -> None:
+    while True:
+        try:
+            out.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _pinned(batch: Any) -> Any:
+    """``batch`` in pinned host memory (tensors at any depth, or objects that pin)."""
+    if isinstance(batch, torch.Tensor) or hasattr(batch, "pin_memory"):
+        return batch.pin_memory()
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_pinned(item) for item in batch)
+    if isinstance(batch, dict):
+        return {k: _pinned(v) for k, v in batch.items()}
+    return batch
 
 
 def _stop_threads(node: Any, seen: set[int] | None = None) -> None:

@@ -22,9 +22,9 @@ from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, IterableDataset, Subset
 
-from raytune_loader import datasets, hardware, nvml
+from raytune_loader import datasets, hardware, nvml, streams
 from raytune_loader.backoff import run_with_backoff
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
@@ -54,6 +54,7 @@ class SegmentMetrics:
     device_util: float | None
     samples: int
     wall_s: float
+    first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
 
 
 @dataclass(frozen=True)
@@ -266,8 +267,8 @@ def train_segment(
     ceiling: float | None = None,
 ) -> SegmentMetrics:
     """Warm up, then train ``spec.steps`` measured steps; report every ``report_every``."""
-    size = len(dataset)  # type: ignore[arg-type]
-    if size < config.batch_size:
+    size = None if isinstance(dataset, IterableDataset) else len(dataset)  # type: ignore[arg-type]
+    if size is not None and size < config.batch_size:
         raise DataPipelineError(
             "data_loader", f"{size} samples, fewer than one batch of {config.batch_size}"
         )
@@ -276,8 +277,14 @@ def train_segment(
     sampler: nvml.UtilizationSampler | None = None
     with segment_batches(dataset, config, spec, seed) as batches:
         try:
-            for _ in range(spec.warmup_steps):
-                trainer.step(_on_device(trainer, next(batches), non_blocking, config))
+            started = time.perf_counter()
+            first = _on_device(trainer, next(batches), non_blocking, config)
+            trainer.sync()
+            first_batch_s = time.perf_counter() - started  # workers' start-up, shards opened
+            for warm_up in range(spec.warmup_steps):
+                trainer.step(first if warm_up == 0 else _on_device(
+                    trainer, next(batches), non_blocking, config))  # fmt: skip
+            first = None if spec.warmup_steps else first  # trained in the warm-up, or measured
             trainer.sync()
             sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
@@ -290,11 +297,13 @@ def train_segment(
                         f"(--trial-timeout) after {step - 1} of {spec.steps} measured steps",
                     )
                 fetch_start = time.perf_counter()
-                batch = next(batches)
+                batch = next(batches) if first is None else None
                 window.wait_s += time.perf_counter() - fetch_start
                 # the copy to the device is part of the step: a pageable copy waits for
                 # the previous step's kernels, which is compute, not waiting for data
-                on_device = _on_device(trainer, batch, non_blocking, config)
+                on_device = first if batch is None else _on_device(
+                    trainer, batch, non_blocking, config)  # fmt: skip
+                first = None
                 cpu_start = window.cpu_clock()
                 trainer.step(on_device)
                 window.compute_cpu_s += window.cpu_clock() - cpu_start
@@ -318,6 +327,7 @@ def train_segment(
         device_util=reading.device_util,
         samples=window.samples,
         wall_s=wall,
+        first_batch_s=first_batch_s,
     )
 
 
@@ -338,9 +348,18 @@ def _device_uuid(device: torch.device) -> str | None:
 def prepare(
     job: TrialJob, slot: int = 0, config: LoaderConfig | None = None
 ) -> tuple[Dataset[Any], int]:
-    """The trial's subset, with the worker-side stages of ``config``'s pipeline variant,
-    and the bytes of one of its samples."""
+    """What a measurement of ``config`` reads, with the worker-side stages of its
+    pipeline variant: the trial's subset, or its stream over the trial's shards; and
+    the bytes of one of its samples."""
     config = config or LoaderConfig(batch_size=1)
+    accesses = job.dataset.source.accesses(job.dataset)
+    if config.access not in accesses:  # the ceiling's one batch, from a stream-only source
+        config = replace(config, access=accesses[0], batching="loader")
+    if config.access == "stream":
+        stream = streams.stream_for_trial(job, config, slot)
+        first = _first_sample(stream)
+        per_item = config.batch_size if config.batching == "workers" else 1
+        return stream, sample_nbytes(first) // per_item
     full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)
     indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
     subset = Subset(full, indices)
@@ -348,8 +367,14 @@ def prepare(
 
 
 def _first_sample(dataset: Dataset[Any]) -> Any:
-    """Sample 0, with its failure turned into the same reasons a loader failure gets."""
+    """Sample 0 (a stream's first), with its failure turned into the same reasons a
+    loader failure gets."""
     with pipeline_failures():
+        if isinstance(dataset, IterableDataset):
+            first = next(iter(dataset), None)
+            if first is None:
+                raise DataPipelineError("data_loader", "the stream yielded no sample")
+            return first
         return dataset[0]
 
 
@@ -475,10 +500,20 @@ def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRa
 
 
 def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
-    """Samples per second one core reads, decodes and augments (what a worker does)."""
+    """Samples per second one core reads, decodes and augments (what a worker does); a
+    stream is read in order, a batch made in its pipeline counting as its samples."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        if isinstance(dataset, IterableDataset):
+            items = iter(dataset)
+            for _ in range(8):  # warm the code paths
+                next(items)
+            started, count = time.perf_counter(), 0
+            while count < samples:
+                item = next(items)
+                count += batch_samples(item) if _batched(dataset) else 1
+            return count / (time.perf_counter() - started)
         count = min(samples, len(dataset))  # type: ignore[arg-type]
         for i in range(min(8, count)):  # warm the code paths
             dataset[i]
@@ -488,3 +523,7 @@ def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
         return count / (time.perf_counter() - started)
     finally:
         torch.set_num_threads(threads)
+
+
+def _batched(dataset: Any) -> bool:
+    return getattr(dataset, "batched_in_workers", False)

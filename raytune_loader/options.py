@@ -29,6 +29,9 @@ class SearchOptions:
     data_root: str | None = None
     download: bool = False
     synthetic_images: int = synthetic.DEFAULT_IMAGES
+    image_column: str = "image"  # Hugging Face datasets and Parquet: the image's column
+    label_column: str = "label"  # and the class's
+    shuffle_buffer: int | None = None  # a stream's; None: its format's usual (1000)
     model: str | None = None
     num_samples: int = 12
     time_budget_s: float | None = None
@@ -105,6 +108,7 @@ class SearchOptions:
             "--warmup-steps": self.warmup_steps, "--verify-top": self.verify_top,
             "--max-workers": self.max_workers or 0, "--gpus-per-trial": self.gpus_per_trial or 0,
             "--ranks-per-node": self.ranks_per_node,
+            "--shuffle-buffer": self.shuffle_buffer or 0,
         }  # fmt: skip
         for flag, value in non_negative.items():
             if value < 0:

@@ -167,6 +167,7 @@ def node_outcome(
         device_util=slowest.device_util,  # type: ignore[union-attr]
         samples=sum(m.samples for m in metrics),  # type: ignore[union-attr]
         wall_s=max(m.wall_s for m in metrics),  # type: ignore[union-attr]
+        first_batch_s=max((m.first_batch_s or 0.0) for m in metrics),  # type: ignore[union-attr]
     )
     return replace(
         first,

@@ -71,6 +71,7 @@ class TrialRecord:
     device_util: float | None = None
     ceiling_samples_per_s: float | None = None
     efficiency: float | None = None
+    first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
     training_iteration: int | None = None
     time_total_s: float | None = None
     finished_at: float | None = None

@@ -52,6 +52,7 @@ def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
                 "samples_per_s_range": _range(metrics, "samples_per_s"),
                 "util": _median(metrics, "util"),
                 "data_wait_frac": _median(metrics, "data_wait_frac"),
+                "first_batch_s": _median(metrics, "first_batch_s"),
                 "tuned_speedup": (winner_speed / speed) if speed and winner_speed else None,
             }
         )
@@ -325,11 +326,12 @@ def _intro(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
 
 def _winner(best: dict[str, Any]) -> list[str]:
     header = ["config", *LABELS.values(), "samples/s"]
-    header += ["range", "util", "data wait", "tuned speedup"]
+    header += ["range", "util", "data wait", "first batch (s)", "tuned speedup"]
     rows = [
         [r["config"], *(_cell(r[k]) for k in CONFIG_KEYS), _cell(r["samples_per_s"])]
         + [r["samples_per_s_range"] or "-", _cell(r["util"], "pct")]
-        + [_cell(r["data_wait_frac"], "pct"), _cell(r["tuned_speedup"], "x")]
+        + [_cell(r["data_wait_frac"], "pct"), _cell(r["first_batch_s"])]
+        + [_cell(r["tuned_speedup"], "x")]
         for r in summary_rows(best)
     ]
     sel, objective = best.get("selection", {}), best["objective"]
@@ -406,6 +408,9 @@ def pipeline_line(pipeline: dict[str, Any]) -> str:
     order = "in order" if pipeline.get("in_order", True) else "out of order"
     start = pipeline.get("start_method", "default")
     where = f"{kind}, {order}" + (f", start method {start}" if kind == "process workers" else "")
+    if pipeline.get("access") == "stream":
+        made = "in the workers" if pipeline.get("batching") == "workers" else "by the loader"
+        where += f", read as a stream, batches made {made}"
     return f"{_DECODES.get(decode, decode)}, {transfer}, {where}"
 
 
@@ -441,9 +446,10 @@ def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
 def _all_trials(trials: pd.DataFrame) -> list[str]:
     known = [k for k in CONFIG_KEYS if k in trials]  # older files lack the pipeline's columns
     header = ["#", "trial", "status", "reason", "baseline", *(LABELS[k] for k in known)]
-    header += ["effective batch", "OOM back-offs", "samples/s", "util", "data wait", "efficiency"]
+    header += ["effective batch", "OOM back-offs", "samples/s", "first batch (s)", "util"]
+    header += ["data wait", "efficiency"]
     keys = ["trial", "trial_id", "status", "reason", "baseline", *known]
-    keys += ["effective_batch_size", "oom_backoffs", "samples_per_s"]
+    keys += ["effective_batch_size", "oom_backoffs", "samples_per_s", "first_batch_s"]
     hosts = ["hostname"] if trials.get("hostname", pd.Series()).nunique() > 1 else []
     rows = [
         [_cell(row.get(k)) for k in keys]

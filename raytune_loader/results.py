@@ -107,6 +107,33 @@ class BestConfig:
         spec = DatasetSpec("imagefolder", str(root))
         return build_dataset(spec, self.loader.transfer, self.loader.decode)
 
+    def dataset(self, data_root: str | os.PathLike[str] | None = None) -> Dataset[Any]:
+        """The tuned dataset, for training: the search's dataset (under ``data_root``
+        on this machine, or where the search read it) with the chosen pipeline's
+        worker side. A stream (webdataset, a Hugging Face dataset read as one) covers
+        all its shards, split by rank and loader worker, shuffled with the recorded
+        buffer and batched in the workers where that was chosen; feed it to
+        :meth:`dataloader`."""
+        from raytune_loader.datasets import DatasetSpec
+        from raytune_loader.sources.base import StreamVariant
+
+        recorded = (self.data.get("search") or {}).get("dataset_spec")
+        if not isinstance(recorded, dict) or "name" not in recorded:
+            raise ConfigError(f"{self.path} does not say which dataset was searched; re-run it")
+        root = str(data_root) if data_root is not None else recorded.get("data_root")
+        spec = DatasetSpec(**{**recorded, "data_root": root})
+        if self.loader.access != "stream":
+            return spec.source.build(spec, self.loader.transfer, self.loader.decode)
+        source = self.data.get("source") or {}
+        variant = StreamVariant(
+            transfer=self.loader.transfer,
+            decode=self.loader.decode,
+            batch_size=self.loader.batch_size if self.loader.batching == "workers" else None,
+            shuffle_buffer=int(source.get("shuffle_buffer", spec.shuffle_buffer or 0)),
+            seed=None,
+        )
+        return spec.source.build_stream(spec, [], variant)
+
     def to_device(self, batch: Any, device: str | torch.device) -> Any:
         """A batch from :meth:`dataloader` on ``device``, with the chosen pipeline's
         device-side stages done: JPEGs decoded, cropped and flipped there with

@@ -70,6 +70,18 @@ def get_args_parser() -> argparse.ArgumentParser:
         help=f"images in the generated default dataset (default {SearchOptions.synthetic_images})",
     )
     p.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        help="a stream's shuffle buffer in samples, as your training uses it (default 1000, "
+        "webdataset's and Hugging Face's usual; 0: no shuffling); never shrunk to win speed",
+    )
+    p.add_argument(
+        "--image-column", default="image", help="hf: the column holding the image (image)"
+    )
+    p.add_argument(
+        "--label-column", default="label", help="hf: the column holding the class (label)"
+    )
+    p.add_argument(
         "--model",
         help="torchvision model name, small-cnn or package.module:function "
         "(default resnet50 on a GPU, small-cnn on a CPU)",
@@ -205,7 +217,9 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
     objective = "samples_per_s" if args.objective == "throughput" else args.objective
     return SearchOptions(
         dataset=args.dataset, data_root=args.data_root, download=args.download,
-        synthetic_images=args.synthetic_images, model=args.model, num_samples=args.num_samples,
+        synthetic_images=args.synthetic_images, image_column=args.image_column,
+        label_column=args.label_column, shuffle_buffer=args.shuffle_buffer,
+        model=args.model, num_samples=args.num_samples,
         time_budget_s=args.time_budget, max_concurrent=args.max_concurrent,
         gpus_per_trial=args.gpus_per_trial, cpus_per_worker=args.cpus_per_worker,
         ranks_per_node=args.ranks_per_node,

@@ -66,7 +66,7 @@ class Candidate:
         return tuple(o for o in self.outcomes if o.metrics is not None)
 
     def stats(self, metric: str) -> Stats | None:
-        values = [float(getattr(o.metrics, metric)) for o in self.ok]
+        values = [float(v) for o in self.ok if (v := getattr(o.metrics, metric)) is not None]
         return Stats.of(values) if values else None
 
     def efficiency(self) -> Stats | None:

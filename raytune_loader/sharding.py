@@ -15,17 +15,61 @@ even where nobody calls ``set_epoch``; ``set_epoch(n)`` (which Lightning,
 accelerate and a DDP loop call) sets it. Every rank draws the same permutation
 (``seed`` + epoch) and takes every world-size-th index of it, padded to an equal
 count per rank, as ``DistributedSampler`` does, so ranks step in lockstep.
+
+Streaming sources split their shards instead: by rank (:func:`split_by_rank`) and
+by loader worker, process or thread (:func:`split_by_worker`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
-from collections.abc import Iterator, Sized
-from typing import Any
+import threading
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
+
+T = TypeVar("T")
+
+
+_thread_worker = threading.local()
+
+
+def worker_share() -> tuple[int, int]:
+    """(worker, workers) of the loader worker this code runs in: a DataLoader worker
+    process (``get_worker_info``), or a thread of the tuned thread loader; (0, 1) in the
+    main process. Streaming sources split their shards by it, so thread workers split
+    them too (``get_worker_info`` knows only processes)."""
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        return info.id, info.num_workers
+    return getattr(_thread_worker, "share", (0, 1))
+
+
+@contextlib.contextmanager
+def as_thread_worker(worker: int, workers: int) -> Iterator[None]:
+    """Run the block as thread worker ``worker`` of ``workers`` (see :func:`worker_share`)."""
+    _thread_worker.share = (worker, workers)
+    try:
+        yield
+    finally:
+        del _thread_worker.share
+
+
+def split_by_rank(items: Iterable[T]) -> Iterator[T]:
+    """This rank's share of ``items``: every world-size-th, from its rank."""
+    rank, world = process_group()
+    return itertools.islice(items, rank, None, world)
+
+
+def split_by_worker(items: Iterable[T]) -> Iterator[T]:
+    """This loader worker's share of ``items`` (process or thread)."""
+    worker, workers = worker_share()
+    return itertools.islice(items, worker, None, workers)
 
 
 def process_group() -> tuple[int, int]:

@@ -23,6 +23,9 @@ TRANSFERS = ("float32", "uint8")  # float32 normalized in the workers, or uint8 
 DECODES = ("pil", "tensor", "device")  # JPEGs decoded in the workers to PIL images or to
 # tensors (both libjpeg-turbo), or on the device with nvJPEG, batched (CUDA only)
 WORKER_KINDS = ("process", "thread")  # DataLoader worker processes, or torchdata threads
+ACCESSES = ("map", "stream")  # samples by index (a sampler), or an IterableDataset's stream
+BATCHINGS = ("loader", "workers")  # a stream's batches made by the DataLoader, or by the
+# dataset's own pipeline in each worker (webdataset's .batched(); DataLoader batch_size=None)
 START_METHODS = (None, "forkserver", "spawn")  # None: the platform's default (fork on Linux)
 
 
@@ -54,6 +57,8 @@ class LoaderConfig:
     transfer: str = _knob("float32", "transfer", role="pipeline")
     decode: str = _knob("pil", "decode", role="pipeline")
     workers: str = _knob("process", "worker kind", role="pipeline")
+    access: str = _knob("map", "access", role="pipeline")
+    batching: str = _knob("loader", "batching", role="pipeline")
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool):
@@ -92,6 +97,13 @@ class LoaderConfig:
             raise ConfigError("decode=device finishes the images on the device: transfer uint8")
         if self.workers not in WORKER_KINDS:
             raise ConfigError(f"workers must be one of {', '.join(WORKER_KINDS)}")
+        if self.access not in ACCESSES or self.batching not in BATCHINGS:
+            raise ConfigError(
+                f"access must be one of {', '.join(ACCESSES)} and batching one of "
+                f"{', '.join(BATCHINGS)}, got {self.access!r} and {self.batching!r}"
+            )
+        if self.batching == "workers" and self.access != "stream":
+            raise ConfigError("batching in the workers is a choice of streams (access stream)")
         if self.workers == "thread" and (
             self.num_workers == 0 or self.multiprocessing_context or self.persistent_workers
         ):
@@ -127,6 +139,8 @@ class LoaderConfig:
             merged["persistent_workers"] = False
         if merged.get("decode") == "device":
             merged["transfer"] = "uint8"
+        if merged.get("access", "map") == "map":
+            merged["batching"] = "loader"  # a map-style loader batches in its workers anyway
         return cls(**merged)
 
     @classmethod
@@ -160,6 +174,8 @@ class LoaderConfig:
         """Short human-readable form for tables and progress lines."""
         extra = " uint8" if self.transfer == "uint8" and self.decode != "device" else ""
         extra += {"pil": "", "tensor": " tensor-decode", "device": " device-decode"}[self.decode]
+        extra += " stream" if self.access == "stream" else ""
+        extra += " batched-in-workers" if self.batching == "workers" else ""
         if self.num_workers == 0:
             return f"workers=0 pin={_yn(self.pin_memory)} bs={self.batch_size}{extra}"
         extra += " threads" if self.workers == "thread" else ""
@@ -205,6 +221,8 @@ class SearchSpace:
     decodes: tuple[str, ...] = ("pil",)  # where JPEGs may be decoded (built-in image data)
     thread_workers: bool = False  # thread workers are a candidate too
     ranks: int = 1  # data-parallel ranks per trial; the configuration is per rank
+    accesses: tuple[str, ...] = ("map",)  # how the source may be read: by index, as a stream
+    batchings: tuple[str, ...] = ("loader",)  # where a stream's batches may be made
 
     def __post_init__(self) -> None:
         if "device" in self.decodes and not self.cuda:
@@ -215,12 +233,22 @@ class SearchSpace:
             raise ConfigError(f"batch sizes must be positive integers, got {self.batch_sizes}")
 
     def constants(self) -> dict[str, Any]:
-        """Values the space fixes rather than searches (a single batch size)."""
-        return {"batch_size": self.batch_sizes[0]} if len(self.batch_sizes) == 1 else {}
+        """Values the space fixes rather than searches (a single batch size, a stream)."""
+        fixed: dict[str, Any] = {}
+        if len(self.batch_sizes) == 1:
+            fixed["batch_size"] = self.batch_sizes[0]
+        if self.accesses == ("stream",):
+            fixed["access"] = "stream"
+        return fixed
 
     def define_by_run(self, trial: Any) -> dict[str, Any] | None:
         """Optuna define-by-run space; returns the constants that are not searched."""
         workers = trial.suggest_int("num_workers", 0, self.max_workers)
+        access = self.accesses[0]
+        if len(self.accesses) > 1:
+            access = trial.suggest_categorical("access", list(self.accesses))
+        if access == "stream" and len(self.batchings) > 1:
+            trial.suggest_categorical("batching", list(self.batchings))
         decode = "pil"
         if self.pipeline and len(self.decodes) > 1:
             decode = trial.suggest_categorical("decode", list(self.decodes))
@@ -244,6 +272,11 @@ class SearchSpace:
         return self.constants() or None
 
     @property
+    def baseline_access(self) -> str:
+        """How the baselines read the data: by index where the source allows it."""
+        return "map" if "map" in self.accesses else self.accesses[0]
+
+    @property
     def baseline_batch_size(self) -> int:
         return self.batch_sizes[0]
 
@@ -254,7 +287,9 @@ class SearchSpace:
         thumb on each rank's share of the CPUs."""
         ranks = self.ranks > 1
         found = {
-            PYTORCH_DEFAULT: LoaderConfig(batch_size=self.baseline_batch_size),
+            PYTORCH_DEFAULT: LoaderConfig(
+                batch_size=self.baseline_batch_size, access=self.baseline_access
+            ),  # fmt: skip
             HEURISTIC: self._rule_of_thumb(
                 self._heuristic_rule if ranks else min(self._heuristic_rule, self.max_workers)
             ),
@@ -271,6 +306,7 @@ class SearchSpace:
                 "prefetch_factor": 2 if workers else None,
                 "pin_memory": self.cuda,
                 "persistent_workers": workers > 0,
+                "access": self.baseline_access,
             },
             batch_size=self.baseline_batch_size,
         )

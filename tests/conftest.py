@@ -74,3 +74,34 @@ def searched(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> S
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return Searched(result, tmp / "results" / "synthetic-imagenet", before)
+
+
+def write_shards(images: Path, out: Path, shards: int) -> list[Path]:
+    """The ImageFolder ``images`` as webdataset tar shards (``jpg`` and ``cls`` per
+    sample), round-robin over ``shards`` files, in a stable order."""
+    import contextlib
+    import io
+    import tarfile
+
+    classes = sorted(p.name for p in images.iterdir() if p.is_dir())
+    files = sorted(images.rglob("*.JPEG"))
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"shard-{i:04d}.tar" for i in range(shards)]
+    with contextlib.ExitStack() as stack:
+        tars = [stack.enter_context(tarfile.open(path, "w")) for path in paths]
+        for index, file in enumerate(files):
+            members = {"jpg": file.read_bytes(),
+                       "cls": str(classes.index(file.parent.name)).encode()}  # fmt: skip
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"sample{index:06d}.{ext}")
+                info.size = len(data)
+                tars[index % shards].addfile(info, io.BytesIO(data))
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_imagenet's 96 JPEG files as 4 webdataset shards of 24 samples."""
+    folder = tmp_path_factory.mktemp("shards")
+    write_shards(tiny_imagenet / "train", folder, 4)
+    return folder

@@ -278,3 +278,38 @@ def step_oom_on_rank_one_above_4(device: torch.device) -> object:
         dist.all_reduce(torch.ones(images.shape[0]))  # peers at another size would not match
 
     return step
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A user's stream of 64 tiny images; ``split``: each loader worker yields its own
+    share (by get_worker_info), as a stream must; otherwise every worker yields all."""
+
+    def __init__(self, split: bool, length: int = 64) -> None:
+        self.split = split
+        self.length = length
+
+    def __iter__(self):  # noqa: ANN204
+        info = torch.utils.data.get_worker_info()
+        indices = range(self.length)
+        if self.split and info is not None:
+            indices = indices[info.id :: info.num_workers]
+        for index in indices:
+            noise = torch.rand(3, 8, 8)  # augmented: the same draws only from the same state
+            yield torch.full((3, 8, 8), float(index)) + noise, index % 4
+
+
+def stream_that_splits() -> torch.utils.data.IterableDataset:
+    return _Stream(split=True)
+
+
+def stream_that_repeats() -> torch.utils.data.IterableDataset:
+    return _Stream(split=False)
+
+
+class _Empty(torch.utils.data.IterableDataset):
+    def __iter__(self):  # noqa: ANN204
+        return iter(())
+
+
+def empty_stream() -> torch.utils.data.IterableDataset:
+    return _Empty()

@@ -118,7 +118,7 @@ def test_summary_rows_compare_tuned_with_both_baselines() -> None:
 def test_report_shows_speedups_selection_and_efficiency(results: Path) -> None:
     text = report.write_report(results).read_text()
 
-    row = "| pytorch-default | 32 | 0 | - | no | no | yes | - | float32 | pil | process | 200 |"
+    row = "| pytorch-default | 32 | 0 | - | no | no | yes | - | float32 | pil | process | map |"
     assert row in text  # every field of the configuration, the pipeline's included
     assert "| heuristic |" in text and "1.25x |" in text
     assert "cheapest within noise of the best" in text and "- top-2:" in text

@@ -121,7 +121,7 @@ def test_a_new_source_is_one_class_and_one_registry_line(monkeypatch: pytest.Mon
     assert "squares (grey squares)" in sources.help_text()
     job = TrialJob(dataset=spec, model="small-cnn", node_cpus=2, samples_per_trial=32,
                    segment=SegmentSpec(warmup_steps=1, steps=2, report_every=1))  # fmt: skip
-    assert prepare_data(job, 8) == 48 and source.prepared == ["squares"]
+    assert prepare_data(job, 8) == job and source.prepared == ["squares"]
     assert dataset_for_trial(spec, "uint8")[1][0].dtype == torch.uint8
     outcome = run_trial(job, LoaderConfig(8, num_workers=1, workers="thread", transfer="uint8"))
     assert outcome.failure is None, outcome.detail

@@ -11,16 +11,39 @@ never branches on a dataset's name.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, IterableDataset, Subset
 
 from raytune_loader.errors import DatasetError
 
 if TYPE_CHECKING:
     from raytune_loader.datasets import DatasetSpec
     from raytune_loader.progress import Progress
+
+
+@dataclass(frozen=True)
+class StreamVariant:
+    """How a stream is read: a pipeline variant's worker side, batches made in the
+    workers (``batch_size``) or by the loader (``None``), and the user's shuffling."""
+
+    transfer: str = "float32"
+    decode: str = "pil"
+    batch_size: int | None = None  # batched by the stream itself, in each worker
+    shuffle_buffer: int = 0  # samples; shards are shuffled too when it is above 0
+    seed: int | None = 0  # of the shard order; None: another order each run (training)
+    repeat: bool = False  # its shards over and over: one loader epoch as long as needed
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard, as read once before the search (pre-warmed, counted, checked)."""
+
+    path: str
+    samples: int
+    bytes: int
 
 
 class Source:
@@ -42,7 +65,44 @@ class Source:
         """Make the data exist before the search reads it (generate it); most have it."""
 
     def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+        """The dataset read by index (map-style), with the variant's worker side."""
         raise NotImplementedError
+
+    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+        """How it may be read: ``map`` (by index: :meth:`build`), ``stream`` (an
+        IterableDataset: :meth:`build_stream`), or either, the search choosing."""
+        return ("map",)
+
+    def batchings(self, spec: DatasetSpec) -> tuple[str, ...]:
+        """Where a stream's batches may be made: by the loader, or by the stream's own
+        pipeline in each worker (``workers``)."""
+        return ("loader",)
+
+    def shards(self, spec: DatasetSpec) -> list[str]:
+        """A stream's shards, in their order; a DatasetError when there are none."""
+        return []
+
+    def read_shard(self, spec: DatasetSpec, path: str) -> ShardInfo:
+        """Read one shard through once (pre-warming it), count its samples and check
+        them; a DatasetError naming the shard and the sample when one is broken."""
+        raise NotImplementedError
+
+    def build_stream(
+        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+    ) -> IterableDataset:
+        """The stream over ``shards``, split by rank and by loader worker
+        (:func:`raytune_loader.sharding.split_by_rank`, ``split_by_worker``)."""
+        raise NotImplementedError
+
+    def thread_workers(self, spec: DatasetSpec) -> bool:
+        """Whether thread workers are a candidate: where its pipeline is searched (a
+        stream must split its shards by :func:`raytune_loader.sharding.worker_share`,
+        which knows threads; a stream of the user's splits by ``get_worker_info``)."""
+        return self.pipeline_searched(spec)
+
+    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+        """What ``best_config.json``'s ``source`` section says about it."""
+        return {"kind": self.names[0] if self.names else spec.name}
 
     def pipeline_searched(self, spec: DatasetSpec) -> bool:
         """Whether the search may choose how the pipeline is built (decoder, transfer,

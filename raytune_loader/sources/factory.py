@@ -1,23 +1,27 @@
 """A user's own dataset: ``--dataset package.module:function``.
 
 The factory is called with no arguments, or with ``data_root=`` when it accepts it,
-and returns a map-style ``torch.utils.data.Dataset`` of (input, target) samples. A
-factory that accepts ``transfer=`` opts into the pipeline search: it returns uint8
-image tensors for ``transfer="uint8"`` and float32 normalized ones otherwise, and
-thread workers are tried for it; decoding stays in its own code. It is called for
-every measurement, since its dataset may hold state that must not carry over.
+and returns a ``torch.utils.data.Dataset`` of (input, target) samples: map-style, or
+an ``IterableDataset`` (MosaicML streaming, LitData, a stream of your own), which
+then splits itself across loader workers by ``get_worker_info()`` and across ranks
+as it does in training. A factory that accepts ``transfer=`` opts into the pipeline
+search: it returns uint8 image tensors for ``transfer="uint8"`` and float32
+normalized ones otherwise, and, map-style, thread workers are tried for it; decoding
+stays in its own code. It is called for every measurement, since its dataset may
+hold state that must not carry over.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from raytune_loader.errors import DatasetError
 from raytune_loader.factories import import_factory
-from raytune_loader.sources.base import Source
+from raytune_loader.sources.base import Source, StreamVariant
 
 if TYPE_CHECKING:
     from raytune_loader.datasets import DatasetSpec
@@ -37,6 +41,15 @@ class Factory(Source):
         return import_factory(spec.name, kind="dataset", error=DatasetError)
 
     def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+        dataset = self._called(spec, transfer)
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise DatasetError(
+                f"{spec.name} returned {type(dataset).__name__}, not a map-style torch Dataset "
+                "(it needs __getitem__ and __len__) nor an IterableDataset"
+            )
+        return dataset  # type: ignore[no-any-return]
+
+    def _called(self, spec: DatasetSpec, transfer: str) -> Any:
         factory = self._factory(spec)
         params = inspect.signature(factory).parameters
         kwargs: dict[str, Any] = {"data_root": spec.data_root} if "data_root" in params else {}
@@ -46,15 +59,34 @@ class Factory(Source):
             dataset = factory(**kwargs)
         except (OSError, ValueError, TypeError) as exc:
             raise DatasetError(f"{spec.name} failed to build the dataset: {exc}") from None
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise DatasetError(
-                f"{spec.name} returned {type(dataset).__name__}, not a map-style torch Dataset "
-                "(it needs __getitem__ and __len__)"
-            )
-        return dataset  # type: ignore[no-any-return]
+        return dataset
 
     def pipeline_searched(self, spec: DatasetSpec) -> bool:
         return TRANSFER_KEYWORD in inspect.signature(self._factory(spec)).parameters
+
+    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+        return ("stream",) if _streams(self, spec) else ("map",)
+
+    def thread_workers(self, spec: DatasetSpec) -> bool:
+        # a stream of the user's splits by get_worker_info, which threads do not set
+        return self.pipeline_searched(spec) and not _streams(self, spec)
+
+    def build_stream(
+        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+    ) -> IterableDataset:
+        dataset = self._called(spec, variant.transfer)
+        if not isinstance(dataset, IterableDataset):
+            raise DatasetError(f"{spec.name} returned {type(dataset).__name__}, not a stream")
+        return dataset
+
+    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+        return {"kind": "factory", "factory": spec.name}
+
+
+@functools.lru_cache(maxsize=8)
+def _streams(source: Factory, spec: DatasetSpec) -> bool:
+    """Whether the factory returns a stream (found once per process, by calling it)."""
+    return isinstance(source._called(spec, "float32"), IterableDataset)
 
 
 SOURCE = Factory()

@@ -1,0 +1,195 @@
+"""WebDataset tar shards: ``--dataset webdataset --data-root DIR`` or a brace pattern.
+
+A folder of ``.tar`` shards, or a pattern such as ``/data/shards-{0000..0127}.tar``,
+read with the maintained ``webdataset`` package (``pip install webdataset``). Each
+sample has an image under one of the keys ``jpg``, ``jpeg``, ``png`` or ``webp`` and
+its class under ``cls``, as webdataset names them, and gets the ImageNet training
+transforms of the chosen pipeline variant (decoded by PIL or to tensors in the
+workers, or, JPEGs, on the device). Shards are split across ranks by webdataset's
+``split_by_node`` and across loader workers by
+:func:`raytune_loader.sharding.split_by_worker` (webdataset's rule, for threads
+too); batches are made by the loader or by the pipeline's ``batched()`` in each
+worker, a searched choice. Shards are shuffled and samples pass a shuffle buffer
+(``--shuffle-buffer``) as training would; the buffer is the user's, never shrunk.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import IterableDataset, default_collate
+
+from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
+from raytune_loader.sharding import split_by_worker
+from raytune_loader.sources.base import ShardInfo, Source, StreamVariant
+from raytune_loader.transforms import imagenet_train_transform
+
+if TYPE_CHECKING:
+    from raytune_loader.datasets import DatasetSpec
+
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
+_transform = functools.cache(imagenet_train_transform)  # stateless: one per variant
+LABEL_KEY = "cls"
+INSTALL = "pip install webdataset"
+
+
+def _webdataset() -> Any:
+    try:
+        import webdataset
+    except ImportError:
+        raise DatasetError(
+            f"--dataset webdataset needs the webdataset package: {INSTALL}"
+        ) from None
+    return webdataset
+
+
+class WebDatasetShards(Source):
+    names = ("webdataset",)
+    summary = "tar shards under --data-root, or a brace pattern shards-{0000..0127}.tar"
+    cached = False
+
+    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+        return ("stream",)
+
+    def batchings(self, spec: DatasetSpec) -> tuple[str, ...]:
+        return ("loader", "workers")
+
+    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+        return True
+
+    def shards(self, spec: DatasetSpec) -> list[str]:
+        if not spec.data_root:
+            raise DatasetError(
+                "webdataset needs --data-root: a folder of .tar shards, or a pattern "
+                "like /data/shards-{0000..0127}.tar"
+            )
+        root = spec.data_root
+        if Path(root).is_dir():
+            found = sorted(glob.glob(os.path.join(root, "*.tar")))
+        else:
+            found = [p for p in _webdataset().shardlists.expand_urls(root) if Path(p).is_file()]
+        if not found:
+            raise DatasetError(f"webdataset: {root} matches no .tar shard")
+        return found
+
+    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+        found = ("pil", "tensor")
+        if not cuda:
+            return found
+        first = _first_image(self.shards(spec)[0])
+        return (*found, "device") if first[:3] == b"\xff\xd8\xff" else found
+
+    def read_shard(self, spec: DatasetSpec, path: str) -> ShardInfo:
+        samples: dict[str, set[str]] = {}
+        member = "its first member"
+        try:
+            with tarfile.open(path, "r|*") as tar:
+                for entry in tar:
+                    member = entry.name
+                    if entry.isfile():
+                        key, _, ext = _split(entry.name)
+                        samples.setdefault(key, set()).add(ext)
+                        tar.extractfile(entry).read()  # type: ignore[union-attr]
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise DatasetError(
+                f"webdataset: shard {path} is truncated or not a tar file after {member} "
+                f"({last_line(exc)}); rewrite it or leave it out"
+            ) from None
+        for key, exts in samples.items():
+            if not exts & set(IMAGE_KEYS) or LABEL_KEY not in exts:
+                missing = LABEL_KEY if exts & set(IMAGE_KEYS) else "/".join(IMAGE_KEYS)
+                raise DatasetError(
+                    f"webdataset: shard {path}, sample {key}, has no {missing} "
+                    f"(it has {', '.join(sorted(exts)) or 'nothing'}); every sample needs an "
+                    f"image ({', '.join(IMAGE_KEYS)}) and a {LABEL_KEY}"
+                )
+        return ShardInfo(path, len(samples), Path(path).stat().st_size)
+
+    def build_stream(
+        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+    ) -> IterableDataset:
+        from raytune_loader.pipeline import collate_encoded
+
+        wds = _webdataset()
+        shuffled = variant.shuffle_buffer > 0
+        shards = shards or self.shards(spec)
+        pipeline = wds.WebDataset(
+            shards,
+            shardshuffle=len(shards) if shuffled else False,
+            nodesplitter=wds.split_by_node,
+            workersplitter=split_by_worker,
+            seed=variant.seed,
+            empty_check=False,
+        )
+        if shuffled:
+            pipeline = pipeline.shuffle(variant.shuffle_buffer)
+        pipeline = pipeline.map(_Decoded(variant.transfer, variant.decode))
+        if variant.batch_size:
+            collate = collate_encoded if variant.decode == "device" else default_collate
+            pipeline = pipeline.batched(variant.batch_size, collation_fn=collate, partial=False)
+        if variant.repeat:
+            pipeline = pipeline.repeat()
+        pipeline.batched_in_workers = bool(variant.batch_size)
+        return pipeline  # type: ignore[no-any-return]
+
+    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+        return {"kind": "webdataset", "shards": len(self.shards(spec))}
+
+
+def _split(name: str) -> tuple[str, str, str]:
+    """webdataset's key and extension: ``dir/n0001.jpg`` -> (``dir/n0001``, ``jpg``)."""
+    folder, _, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), _, ext.lower()
+
+
+def _first_image(path: str) -> bytes:
+    with tarfile.open(path, "r|*") as tar:
+        for entry in tar:
+            if entry.isfile() and _split(entry.name)[2] in IMAGE_KEYS:
+                return tar.extractfile(entry).read(3)  # type: ignore[union-attr]
+    return b""
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """A webdataset sample (a dict of bytes) as ``(image, class)`` with the variant's
+    worker side; a picklable callable, for worker processes started by spawn."""
+
+    transfer: str
+    decode: str
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
+        key = next((k for k in IMAGE_KEYS if k in sample), None)
+        where = f"{sample.get('__url__', '?')}: sample {sample.get('__key__', '?')}"
+        if key is None or LABEL_KEY not in sample:
+            raise CorruptSampleError(f"{where} lacks an image or a {LABEL_KEY}")
+        data = sample[key]
+        label = int(bytes(sample[LABEL_KEY]).decode().strip())
+        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if self.decode == "device":
+            return encoded, label
+        transform = _transform(self.transfer, self.decode)
+        try:
+            if self.decode == "tensor":
+                from raytune_loader.decoders import decode_one
+
+                image: Any = decode_one(encoded)
+            else:
+                from PIL import Image
+
+                image = Image.open(io.BytesIO(data)).convert("RGB")
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise CorruptSampleError(f"corrupt sample {where}: {last_line(exc)}") from None
+        return transform(image) if transform else image, label  # type: ignore[misc]
+
+
+SOURCE = WebDatasetShards()
