@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, job_from_options, subset_indices
+from raytune_loader.job import SegmentSpec, job_from_options, prepare_data, subset_indices
 from raytune_loader.options import SearchOptions
+from raytune_loader.progress import LogProgress
 
 
 def test_cold_slots_read_disjoint_samples_warm_ones_the_same() -> None:
@@ -55,3 +58,26 @@ def test_a_user_step_keeps_its_own_settings_unless_asked() -> None:
     asked = SearchOptions(train_step="m:f", precision="tf32", channels_last=True)
     job = job_from_options(asked, "m:f", device="cuda", node_cpus=16)
     assert (job.precision, job.channels_last) == ("tf32", True)
+
+
+class _Warnings(LogProgress):
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+@pytest.mark.parametrize(("cold", "samples", "warned"), [(True, 64, True), (True, 208, False),
+                                                        (False, 64, False)])  # fmt: skip
+def test_cold_warns_when_a_trial_would_read_its_block_twice(
+    cold: bool, samples: int, warned: bool
+) -> None:
+    """Batches of 16 x (1 warm-up + 12 steps) = 208 samples a trial reads."""
+    progress = _Warnings()
+    opts = SearchOptions(dataset="datasets_for_tests:fast", cold=cold, batch_sizes=(8, 16),
+                         samples_per_trial=samples, steps=12, warmup_steps=1)  # fmt: skip
+    prepare_data(job_from_options(opts, "small-cnn", device="cpu", node_cpus=2), 16, progress)
+    assert bool(progress.warnings) == warned
+    if warned:
+        assert "raise --samples-per-trial to 208" in progress.warnings[0]
