@@ -10,7 +10,7 @@ import pytest
 from conftest import Searched
 from raytune_loader import SearchOptions
 from raytune_loader.api import search_space
-from raytune_loader.job import job_from_options
+from raytune_loader.job import SegmentSpec, job_from_options
 
 
 class _Recorder:
@@ -58,9 +58,13 @@ def test_every_figure_is_against_one_final_ceiling(searched: Searched) -> None:
 
 
 def test_the_record_says_how_the_search_ran(searched: Searched) -> None:
+    """The sampler and the scheduler of this search, ASHA's rungs counted in its reports
+    (test_tuner.py checks that the scheduler Tune runs does what this text says)."""
     search = json.loads((searched.folder / "best_config.json").read_text())["search"]
     assert search["sampler"] == "optuna TPESampler(seed=0, n_startup_trials=4)"
-    assert search["scheduler"] == "ASHA(max_t=2, grace_period=1, reduction_factor=2)"
+    reports = SegmentSpec(**search["segment"]).reports  # 6 steps, a report every 3
+    assert reports == 2
+    assert search["scheduler"] == f"ASHA(max_t={reports}, grace_period=1, reduction_factor=2)"
     assert search["trials"] == 4 and search["ok"] + search["stopped_early"] == 4
 
 
