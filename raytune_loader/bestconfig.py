@@ -1,7 +1,7 @@
 """The content of best_config.json: the verified winner, both baselines, how it ran.
 
 Built from the verification measurements (:mod:`raytune_loader.selection`) and the
-trial records of one hardware class; the schema is the contract in DESIGN.md.
+trial records of one hardware class; the schema is the contract in docs/best_config.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Files a search leaves behind and the API that reads them back.
 
-``best_config.json`` (schema version 1, contract in DESIGN.md), ``trials.csv``
+``best_config.json`` (schema version 1, contract in docs/best_config.md), ``trials.csv``
 and the report are written atomically (temporary file, then rename), so a
 second search on the same dataset never leaves a half-written result.
 :func:`load_best_config` validates a JSON file, never evaluates it, and returns

@@ -1,6 +1,6 @@
 """Command line: ``python -m raytune_loader.search --dataset NAME [options]``.
 
-Parses the options (contract in DESIGN.md) into
+Parses the options (contract in docs/cli.md) into
 :class:`~raytune_loader.options.SearchOptions`, runs
 :func:`~raytune_loader.api.run_search` with live progress, prints the summary
 table and exits 0, or prints one line saying what went wrong and exits 2 for a

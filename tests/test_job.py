@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, job_from_options, subset_indices
+from dataclasses import Field, fields, is_dataclass
+from typing import Any
+
+import pytest
+
+from raytune_loader.job import SegmentSpec, job_from_options, prepare_data, subset_indices
 from raytune_loader.options import SearchOptions
+from raytune_loader.progress import LogProgress
 
 
 def test_cold_slots_read_disjoint_samples_warm_ones_the_same() -> None:
@@ -20,19 +25,48 @@ def test_reports_cover_a_last_partial_interval() -> None:
     assert SegmentSpec(steps=60, report_every=20).reports == 3
 
 
+# TrialJob fields named otherwise in SearchOptions (and in DatasetSpec, SegmentSpec)
+OPTION_OF = {"name": "dataset", "time_limit_s": "trial_timeout_s", "ranks": "ranks_per_node"}
+# TrialJob fields that are not options: job_from_options' arguments, measured later, fixed
+NOT_OPTIONS = {"model", "device", "node_cpus", "gpu_memory_share", "ceilings",
+               "loader_timeout_s"}  # fmt: skip
+
+
+def _unlike_the_default(option: Field[Any]) -> Any:
+    """A value of ``option``'s type that no default gives."""
+    chosen = {"dataset": "imagefolder", "precision": "fp16", "batch_sizes": (8, 16)}
+    if option.name in chosen:
+        return chosen[option.name]
+    kind = str(option.type)
+    if kind.startswith("bool"):
+        return not option.default
+    if kind.startswith(("int", "float")):
+        return (option.default or 0) + 7
+    return f"{option.name}-value"  # str, str | None
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """The job's fields, with its dataset's and segment's fields in their place."""
+    if not is_dataclass(value):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for f in fields(value):
+        out.update(_leaves(getattr(value, f.name), f.name))
+    return out
+
+
 def test_the_job_takes_every_knob_from_the_options() -> None:
-    opts = SearchOptions(
-        dataset="imagefolder", data_root="/data", steps=7, warmup_steps=2, report_every=3,
-        compute_threads=2, trial_timeout_s=30, samples_per_trial=99, seed=5, min_batch_size=4,
-        cpus_per_worker=0.5, cold=True,
-    )  # fmt: skip
+    """Every field of the job (its dataset and segment too) is its option's value,
+    however many fields there are: a new field of TrialJob without its line in
+    job_from_options fails here."""
+    opts = SearchOptions(**{f.name: _unlike_the_default(f) for f in fields(SearchOptions)})
     job = job_from_options(opts, "resnet18", device="cuda", node_cpus=16, gpu_memory_share=0.5)
-    assert job.dataset == DatasetSpec("imagefolder", "/data", False, opts.synthetic_images)
-    assert job.segment == SegmentSpec(2, 7, 3, 2, time_limit_s=30)
-    assert (job.model, job.device, job.node_cpus, job.gpu_memory_share) == (
-        "resnet18", "cuda", 16, 0.5)  # fmt: skip
-    assert (job.samples_per_trial, job.seed, job.min_batch_size) == (99, 5, 4)
-    assert (job.cpus_per_worker, job.cold, job.ceilings) == (0.5, True, {})
+    taken = {
+        name: value for name, value in _leaves(job).items() if name not in NOT_OPTIONS
+    }  # fmt: skip
+    assert taken == {name: getattr(opts, OPTION_OF.get(name, name)) for name in taken}
+    assert (job.model, job.device, job.node_cpus, job.gpu_memory_share, job.ceilings) == (
+        "resnet18", "cuda", 16, 0.5, {})  # fmt: skip
 
 
 def test_the_step_s_defaults_follow_the_device() -> None:
@@ -55,3 +89,26 @@ def test_a_user_step_keeps_its_own_settings_unless_asked() -> None:
     asked = SearchOptions(train_step="m:f", precision="tf32", channels_last=True)
     job = job_from_options(asked, "m:f", device="cuda", node_cpus=16)
     assert (job.precision, job.channels_last) == ("tf32", True)
+
+
+class _Warnings(LogProgress):
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+@pytest.mark.parametrize(("cold", "samples", "warned"), [(True, 64, True), (True, 208, False),
+                                                        (False, 64, False)])  # fmt: skip
+def test_cold_warns_when_a_trial_would_read_its_block_twice(
+    cold: bool, samples: int, warned: bool
+) -> None:
+    """Batches of 16 x (1 warm-up + 12 steps) = 208 samples a trial reads."""
+    progress = _Warnings()
+    opts = SearchOptions(dataset="datasets_for_tests:fast", cold=cold, batch_sizes=(8, 16),
+                         samples_per_trial=samples, steps=12, warmup_steps=1)  # fmt: skip
+    prepare_data(job_from_options(opts, "small-cnn", device="cpu", node_cpus=2), 16, progress)
+    assert bool(progress.warnings) == warned
+    if warned:
+        assert "raise --samples-per-trial to 208" in progress.warnings[0]

@@ -80,63 +80,118 @@ def test_bad_input_is_one_line_and_exit_2(
     assert ray_processes() <= before  # rejected before Ray starts
 
 
-def test_search_end_to_end(searched: Searched) -> None:
-    out = searched.result.stdout
-    dashboard = out.index("Ray dashboard: http://127.0.0.1:")
-    assert dashboard < out.index("[1/4]")  # URL printed before the first trial ends
-    assert re.search(r"^tuned\s+\d", out, re.M) and re.search(r"^pytorch-default\s+0", out, re.M)
+# The real search end to end, once per session (conftest.searched), read by one test per
+# behaviour: the name of a failing test says what broke.
 
-    folder = searched.folder
-    best = json.loads((folder / "best_config.json").read_text())
+
+def _best(searched: Searched) -> dict:
+    return json.loads((searched.folder / "best_config.json").read_text())
+
+
+def _trials(searched: Searched) -> list[dict[str, str]]:
+    with open(searched.folder / "trials.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_the_dashboard_url_is_printed_before_the_first_trial_ends(searched: Searched) -> None:
+    out = searched.result.stdout
+    assert out.index("Ray dashboard: http://127.0.0.1:") < out.index("[1/4]")
+
+
+def test_the_output_names_the_job_and_ends_with_the_table_and_the_limit(
+    searched: Searched,
+) -> None:
+    out, best = searched.result.stdout, _best(searched)
+    assert "small-cnn, bf16 on synthetic-imagenet, batch 8 on cpu" in out
+    assert re.search(r"^tuned\s+\d", out, re.M) and re.search(r"^pytorch-default\s+0", out, re.M)
+    assert f"{best['limit']['bound']}-bound: " in out
+
+
+def test_best_config_json_has_the_contract_s_keys_at_schema_version_1(
+    searched: Searched,
+) -> None:
+    best = _best(searched)
     for key in ("schema_version", "dataset", "model", "objective", "loader", "metrics",
                 "baselines", "speedup", "hardware", "search", "created"):  # fmt: skip
         assert key in best
     assert best["schema_version"] == 1 and best["model"] == "small-cnn"
-    assert "small-cnn, bf16 on synthetic-imagenet, batch 8 on cpu" in out
+    assert best["hardware"]["usable_cpus"] >= 1 and best["search"]["trials"] == 4
+
+
+def test_best_config_json_records_the_job_its_pipeline_and_the_trainers(
+    searched: Searched,
+) -> None:
+    best = _best(searched)
     assert best["job"]["precision"] == "bf16" and best["job"]["requested_batch_size"] == 8
     assert best["pipeline"]["transfer"] in ("float32", "uint8")  # its pipeline was searched
     assert best["pipeline"]["decode"] in ("pil", "tensor")  # not "device": no CUDA here
     assert set(best["trainers"]["checked"]) == {"lightning", "accelerate", "ray_train",
                                                 "torchrun_ddp"}  # fmt: skip
+
+
+def test_the_limit_compares_the_input_pipeline_alone_with_training(searched: Searched) -> None:
+    best = _best(searched)
     limit = best["limit"]  # the winner's input pipeline alone, beside training
     assert limit["bound"] in ("input", "model") and limit["input_samples_per_s"] > 0
     assert limit["headroom"] == pytest.approx(
         limit["input_samples_per_s"] / metrics_median(best) - 1
     )
-    assert f"{limit['bound']}-bound: " in out
-    assert set(best["baselines"]) == {"pytorch-default", "heuristic"}
-    assert best["baselines"]["pytorch-default"]["loader"]["num_workers"] == 0
-    metrics = best["metrics"]
+
+
+def test_the_winner_s_metrics_are_its_verification_runs_against_the_ceiling(
+    searched: Searched,
+) -> None:
+    metrics = _best(searched)["metrics"]
     assert metrics["util_source"] == "step-timing"
-    assert len(metrics["samples_per_s"]["values"]) == 2
+    assert len(metrics["samples_per_s"]["values"]) == 2  # --verify-repeats 2
     assert metrics["samples_per_s"]["min"] <= metrics["samples_per_s"]["median"] > 0
     assert metrics["ceiling_samples_per_s"] > 0
     assert "too low" in metrics.get("ceiling_note", "") or 0 < metrics["efficiency"]["median"] <= 1
-    assert best["speedup"]["vs_pytorch_default"] > 0
-    assert best["hardware"]["usable_cpus"] >= 1 and best["search"]["trials"] == 4
 
-    with open(folder / "trials.csv") as handle:
-        rows = list(csv.DictReader(handle))
+
+def test_both_baselines_are_measured_and_the_speedup_over_them_given(searched: Searched) -> None:
+    best = _best(searched)
+    assert set(best["baselines"]) == {"pytorch-default", "heuristic"}
+    assert best["baselines"]["pytorch-default"]["loader"]["num_workers"] == 0
+    assert best["speedup"]["vs_pytorch_default"] > 0
+
+
+def test_trials_csv_has_every_trial_with_its_node_and_its_reservation(
+    searched: Searched,
+) -> None:
+    rows, usable = _trials(searched), _best(searched)["hardware"]["usable_cpus"]
     assert len(rows) == 4
     assert {r["baseline"] for r in rows} >= {"pytorch-default", "heuristic"}
     assert all(r["node_id"] and r["status"] in ("ok", "stopped_early") for r in rows)
     for row in rows:
-        expected_cpus = min(1 + int(row["num_workers"]), best["hardware"]["usable_cpus"])
-        assert float(row["cpus_reserved"]) == expected_cpus
-    assert "## Where the limit is" in (folder / "report.md").read_text()
-    assert not (folder / "last_search.json").exists()  # nothing left for --resume
+        assert float(row["cpus_reserved"]) == min(1 + int(row["num_workers"]), usable)
 
-    # Tune's own experiment folder stays usable (and holds TensorBoard event files)
+
+def test_the_report_says_where_the_limit_is(searched: Searched) -> None:
+    assert "## Where the limit is" in (searched.folder / "report.md").read_text()
+
+
+def test_a_finished_search_leaves_nothing_to_resume(searched: Searched) -> None:
+    assert not (searched.folder / "last_search.json").exists()
+    assert not (searched.folder / "trials.partial.csv").exists()
+
+
+def test_tune_s_experiment_folder_stays_readable(searched: Searched) -> None:
+    """With TensorBoard event files per trial."""
     from ray.tune import ExperimentAnalysis
 
-    (experiment,) = (folder / "tune").glob("search-*")
-    analysis = ExperimentAnalysis(str(experiment))
-    assert len(analysis.trials) == 4
+    (experiment,) = (searched.folder / "tune").glob("search-*")
+    assert len(ExperimentAnalysis(str(experiment)).trials) == 4
     assert list(experiment.glob("trial_fn_*/events.out.tfevents.*"))
 
-    loaded = load_best_config(folder / "best_config.json")
-    assert loaded.loader.kwargs() == best["loader"]
-    assert ray_processes() <= searched.ray_before  # Ray shut down, nothing left behind
+
+def test_load_best_config_gives_back_the_tuned_loader(searched: Searched) -> None:
+    loaded = load_best_config(searched.folder / "best_config.json")
+    assert loaded.loader.kwargs() == _best(searched)["loader"]
+
+
+def test_ray_is_shut_down_and_nothing_left_behind(searched: Searched) -> None:
+    assert ray_processes() <= searched.ray_before
 
 
 @pytest.mark.slow

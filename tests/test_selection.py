@@ -79,3 +79,18 @@ def test_all_failed_gives_none() -> None:
 
 def test_rotation_starts_each_round_one_later() -> None:
     assert [name for _, name in rotated("abc", 3)] == list("abcbcacab")
+
+
+def test_by_samples_per_s_a_busier_but_slower_candidate_loses() -> None:
+    """Decoding on the GPU keeps it busier, yet trains fewer samples a second: GPU
+    utilization would pick it, samples/s (the objective of such searches) does not."""
+
+    def measured(decode: str, speed: float, util: float) -> Candidate:
+        config = LoaderConfig(256, 8, 2, True, True, transfer="uint8", decode=decode)
+        metrics = SegmentMetrics(speed, 0.1, util, "nvml-process", util, 256 * 60, 1.0)
+        return Candidate(decode, config, tuple(TrialOutcome(config, 9, 0, metrics)
+                                               for _ in range(3)))  # fmt: skip
+
+    busy, fast = measured("device", 900.0, 0.95), measured("pil", 1000.0, 0.80)
+    assert select([busy, fast], "util").winner is busy  # type: ignore[union-attr]
+    assert select([busy, fast], "samples_per_s").winner is fast  # type: ignore[union-attr]

@@ -1,0 +1,132 @@
+"""The contracts under docs/ say what the code does: every flag with its default, every
+trials.csv column in order, every best_config.json key; and nothing points outside."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, Searched
+from raytune_loader import bench, search
+from raytune_loader.records import TrialRecord, write_trials_csv
+from raytune_loader.space import LoaderConfig
+
+DOCS = REPO / "docs"
+SEARCH_HEADING = "## `python -m raytune_loader.search`"
+BENCH_HEADING = "## `python -m raytune_loader.bench`"
+
+
+def _section(text: str, heading: str) -> str:
+    """From ``heading`` to the next heading of the same level or higher."""
+    level = heading.split(" ")[0]
+    start = text.index(heading + "\n")
+    rest = text[start + len(heading) :]
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", rest, re.M)]
+    return rest[: ends[0]] if ends else rest
+
+
+def _rows(section: str) -> dict[str, list[str]]:
+    """Markdown table rows by the code-quoted names in their first cell, in order."""
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            for name in re.findall(r"`([^`]+)`", cells[0]):
+                rows[name] = cells
+    return rows
+
+
+def _flag_rows(heading: str) -> dict[str, list[str]]:
+    """The option tables of one command line, by flag (``--steps S`` is ``--steps``)."""
+    rows = _rows(_section((DOCS / "cli.md").read_text(), heading))
+    return {name.split(" ")[0]: cells for name, cells in rows.items()}
+
+
+def _shows(cell: str, default: object) -> bool:
+    """Whether a table cell gives ``default`` (600.0 written 600), as a word of its own."""
+    shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return re.search(rf"(?<![\w.-]){re.escape(shown)}(?![\w-]|\.\w)", cell) is not None
+
+
+def _keys(value: object, skip: tuple[str, ...] = ("baselines", "per_class")) -> set[str]:
+    """Every key of the nested objects in ``value`` (those under ``skip`` are names)."""
+    if isinstance(value, list):
+        return set().union(*(_keys(item) for item in value))
+    if not isinstance(value, dict):
+        return set()
+    nested = (_keys(item) for key, item in value.items() if key not in skip)
+    return set(value).union(*nested)
+
+
+@pytest.mark.parametrize(
+    ("parser", "heading"),
+    [(search.get_args_parser(), SEARCH_HEADING), (bench.get_args_parser(), BENCH_HEADING)],
+    ids=["search", "bench"],
+)
+def test_every_flag_is_documented_with_its_default(
+    parser: argparse.ArgumentParser, heading: str
+) -> None:
+    rows = _flag_rows(heading)
+    for action in parser._actions:  # argparse lists its options nowhere public
+        flags = [s for s in action.option_strings if s.startswith("--") and s != "--help"]
+        for flag in flags:
+            assert flag in rows, f"{flag} is missing from docs/cli.md under {heading}"
+        if flags and action.default not in (None, False, argparse.SUPPRESS):
+            cell = rows[flags[0]][1]
+            assert _shows(cell, action.default), f"{flags[0]}: default {action.default!r}"
+
+
+def test_the_trials_csv_columns_are_documented_in_the_order_they_are_written(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "trials.csv"
+    write_trials_csv(path, [TrialRecord("t1", "ok", config=LoaderConfig(8))])
+    with open(path) as handle:
+        written = next(csv.reader(handle))
+    documented = list(_rows(_section((DOCS / "outputs.md").read_text(), "## `trials.csv`")))
+    assert documented == written
+
+
+def test_every_key_of_a_real_best_config_json_is_documented(searched: Searched) -> None:
+    best = json.loads((searched.folder / "best_config.json").read_text())
+    doc = (DOCS / "best_config.md").read_text()
+    top = _rows(_section(doc, "## Top-level keys"))
+    assert [key for key in best if key not in top] == []
+    nested = sorted(_keys(best) - set(best))
+    assert [key for key in nested if not re.search(rf"\b{re.escape(key)}\b", doc)] == []
+
+
+def test_the_report_s_sections_are_documented_in_order(searched: Searched) -> None:
+    written = [
+        line for line in (searched.folder / "report.md").read_text().splitlines()
+        if line.startswith("#")
+    ]  # fmt: skip
+    documented = _rows(_section((DOCS / "outputs.md").read_text(), "## `report.md`"))
+    patterns = [re.escape(name).replace(r"<dataset>", ".+").replace(r"<model>", ".+")
+                for name in documented]  # fmt: skip
+    assert len(written) == len(patterns)
+    for line, pattern in zip(written, patterns, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+POINTERS = re.compile(r"DESIGN\.md|/work/shared|\bissue\s*#?\s*\d+|\bnote of issue", re.I)
+
+
+def test_the_repository_points_at_nothing_a_clone_lacks() -> None:
+    """No design note or issue tracker a user cloning the repository does not have."""
+    files = [REPO / "README.md", REPO / "ARCHITECTURE.md"]
+    for folder in ("raytune_loader", "tests", "experiments", "docs"):
+        files += [p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".md", ".sh")]
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in files
+        if path.resolve() != Path(__file__).resolve()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if POINTERS.search(line)
+    ]
+    assert found == []

@@ -1,0 +1,238 @@
+"""The driver side of Ray, on the CPU without starting Ray: the bundle a trial reserves,
+the scheduler Tune runs, Ctrl-C during the run, resuming a saved experiment.
+
+``tune.Tuner`` is replaced by a stand-in that keeps what it was given, so a test sees
+the real trainable, searcher and scheduler that :func:`tuner.run_tune` hands Tune.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from ray.tune.schedulers import TrialScheduler
+from ray.tune.trainable import wrap_function
+
+from conftest import Searched
+from raytune_loader import tuner
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.job import SegmentSpec, TrialJob
+from raytune_loader.space import LoaderConfig, SearchSpace
+
+JOB = TrialJob(
+    DatasetSpec("datasets_for_tests:fast"), "small-cnn", SegmentSpec(steps=60, report_every=20),
+    cpus_per_worker=0.5, node_cpus=4,
+)  # fmt: skip
+SPACE = SearchSpace(max_workers=2, batch_sizes=(16,), cuda=False, usable_cpus=2)
+
+
+def _cluster(node_type: str | None = None) -> tuner.RayCluster:
+    return tuner.RayCluster(None, node_cpus=4.0, gpus=1.0, max_node_gpus=1.0, nodes=1,
+                            joined=False, node_type=node_type)  # fmt: skip
+
+
+def _settings(tmp_path: Path, **changes: Any) -> tuner.TuneSettings:
+    values: dict[str, Any] = dict(
+        objective="util", num_samples=1, max_concurrent=1, time_budget_s=None,
+        gpus_per_trial=0.0, seed=0, storage=str(tmp_path), name="search-test",
+        verbose=True,  # leaves the process's Tune and Optuna logging settings alone
+    )  # fmt: skip
+    return tuner.TuneSettings(**{**values, **changes})
+
+
+def _finished(trial_id: str, timestamp: float, error: Exception | None = None) -> Any:
+    """One trial of a result grid, as Tune gives it."""
+    return SimpleNamespace(
+        error=error, path=f"/tune/search-test/trial_fn_{trial_id}_0_num_workers=0",
+        config={"num_workers": 0}, metrics={"final": True, "trial_id": trial_id,
+                                            "timestamp": timestamp, "util": 0.5},
+    )  # fmt: skip
+
+
+def _tune_s_handler(signum: int, frame: Any) -> None:
+    pass
+
+
+def _tune_ends_by_itself() -> None:
+    """What Tune's fit does to SIGINT when no Ctrl-C comes: installs its handler, and
+    leaves it installed."""
+    signal.signal(signal.SIGINT, _tune_s_handler)
+
+
+@dataclass
+class FakeTune:
+    """What ``run_tune`` gave ``tune.Tuner``, and what its ``fit`` does and returns."""
+
+    results: list[Any] = field(default_factory=lambda: [_finished("t1", 1.0)])
+    during_fit: Callable[[], None] = _tune_ends_by_itself
+    made: list[dict[str, Any]] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def fake_tune(monkeypatch: pytest.MonkeyPatch) -> FakeTune:
+    fake = FakeTune()
+
+    class Tuner:
+        def __init__(self, trainable: Any, **kwargs: Any) -> None:
+            fake.made.append({"trainable": trainable, **kwargs})
+
+        @classmethod
+        def restore(cls, path: str, trainable: Any, **kwargs: Any) -> Tuner:
+            fake.restored.append(path)
+            return cls(trainable)
+
+        def fit(self) -> list[Any]:
+            fake.during_fit()
+            return fake.results
+
+    monkeypatch.setattr(tuner.tune, "Tuner", Tuner)
+    return fake
+
+
+def _ignore(event: tuner.TrialEvent) -> None:
+    pass
+
+
+def test_a_bundle_is_the_cpus_the_gpu_share_and_a_sliver_of_the_node_type() -> None:
+    assert _cluster().bundle(3, 0) == {"CPU": 3}
+    assert _cluster().bundle(3, 0.5) == {"CPU": 3, "GPU": 0.5}
+    labelled = _cluster("a100-node").bundle(3, 0.5)
+    assert labelled == {"CPU": 3, "GPU": 0.5, "a100-node": tuner.NODE_TYPE_SHARE}
+    assert 0 < tuner.NODE_TYPE_SHARE <= 0.01  # pins the node type, never limits trials on it
+
+
+@pytest.mark.parametrize(
+    ("workers", "ranks", "cpus"), [(0, 1, 1.0), (2, 1, 2.0), (10, 1, 4.0), (1, 2, 3.0)]
+)
+def test_each_trial_asks_tune_for_its_workers_cpus_capped_at_the_node(
+    workers: int, ranks: int, cpus: float
+) -> None:
+    """1 + 0.5 CPU a worker, per rank, never more than the node's 4; plus the GPU share."""
+    from dataclasses import replace
+
+    trainable = tuner.trainable(replace(JOB, ranks=ranks), 0.5, _cluster())
+    asked = wrap_function(trainable).default_resource_request({"num_workers": workers})
+    assert asked == {"CPU": cpus, "GPU": 0.5}
+
+
+def test_asha_stops_trials_as_the_recorded_description_says(
+    fake_tune: FakeTune, tmp_path: Path
+) -> None:
+    """The scheduler Tune runs behaves as best_config.json's ``search.scheduler`` says:
+    rungs counted in reports, a trial stopped from its first report when it falls out of
+    the top half, done after max_t reports."""
+    settings = _settings(tmp_path)
+    tuner.run_tune(JOB, SPACE, settings, _cluster(), _ignore)
+    assert JOB.segment.reports == 3
+    assert tuner.scheduler_description(JOB) == ("ASHA(max_t=3, grace_period=1, reduction_factor=2)")
+    tune_config = fake_tune.made[0]["tune_config"]
+    asha = tune_config.scheduler
+    asha.set_search_properties(tune_config.metric, tune_config.mode)  # as Tune does
+
+    def report(trial_id: str, reports: int, util: float) -> str:
+        trial = SimpleNamespace(trial_id=trial_id)
+        if reports == 1:
+            asha.on_trial_add(None, trial)
+        return asha.on_trial_result(None, trial, {"training_iteration": reports, "util": util})
+
+    assert tune_config.metric == "util" and tune_config.mode == "max"
+    assert report("a", 1, 0.9) == TrialScheduler.CONTINUE
+    assert report("b", 1, 0.1) == TrialScheduler.STOP  # grace period 1: at its first report
+    assert report("c", 1, 0.6) == TrialScheduler.CONTINUE  # top half (factor 3 would stop it)
+    assert report("a", 2, 0.9) == TrialScheduler.CONTINUE
+    assert report("a", 3, 0.9) == TrialScheduler.STOP  # max_t: done after 3 reports
+
+
+def test_tune_gets_the_searcher_the_concurrency_and_no_retries(
+    fake_tune: FakeTune, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, num_samples=7, max_concurrent=2)
+    tuner.run_tune(JOB, SPACE, settings, _cluster(), _ignore)
+    made = fake_tune.made[0]
+    tune_config, run_config = made["tune_config"], made["run_config"]
+    assert (tune_config.num_samples, tune_config.max_concurrent_trials) == (7, 2)
+    assert type(tune_config.search_alg).__name__ == "LoaderSearcher"
+    assert tune_config.reuse_actors  # a trial reuses the last one's process
+    assert (run_config.name, run_config.storage_path) == ("search-test", str(tmp_path))
+    assert run_config.failure_config.max_failures == 0  # a failed trial is a result
+
+
+def test_a_resumed_search_restores_the_saved_experiment(
+    fake_tune: FakeTune, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, resume=True)
+    tuner.run_tune(JOB, SPACE, settings, _cluster(), _ignore)
+    assert fake_tune.restored == [f"{tmp_path}/search-test"]
+
+
+def test_trials_come_back_typed_in_completion_order(fake_tune: FakeTune, tmp_path: Path) -> None:
+    fake_tune.results = [
+        _finished("late", 2.0),
+        _finished("early", 1.0, error=RuntimeError("Traceback ...\nValueError: sample 3")),
+    ]
+    run = tuner.run_tune(JOB, SPACE, _settings(tmp_path, num_samples=2), _cluster(), _ignore)
+    assert [(r.trial_id, r.status) for r in run.records] == [("early", "error"), ("late", "ok")]
+    assert run.records[0].reason == "RuntimeError: ValueError: sample 3"
+    assert run.records[1].config == LoaderConfig(16)  # the space's fixed batch size added
+    assert not run.interrupted
+
+
+def test_ctrl_c_during_the_run_is_an_interrupt(fake_tune: FakeTune, tmp_path: Path) -> None:
+    """Tune's handler, on Ctrl-C, ends the run and puts back the handler it found: ours."""
+    before = signal.getsignal(signal.SIGINT)
+
+    def tune_s_handler_catches_ctrl_c() -> None:
+        found = signal.signal(signal.SIGINT, _tune_s_handler)
+        signal.signal(signal.SIGINT, found)  # the run ended on Ctrl-C, the state saved
+
+    fake_tune.during_fit = tune_s_handler_catches_ctrl_c
+    run = tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore)
+    assert run.interrupted
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_run_that_ends_by_itself_is_not_an_interrupt(fake_tune: FakeTune, tmp_path: Path) -> None:
+    """Tune leaves its own handler installed after a normal end; ours come back after."""
+    before = signal.getsignal(signal.SIGINT)
+    run = tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore)
+    assert not run.interrupted
+    assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C in verification interrupts
+
+
+def test_without_tune_s_handler_only_unfinished_trials_mean_an_interrupt(
+    fake_tune: FakeTune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    fake_tune.during_fit = lambda: None  # so ours is still installed after the run
+    assert not tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore).interrupted
+    fake_tune.results = [SimpleNamespace(**{**vars(_finished("t1", 1.0)), "metrics": {}})]
+    assert tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore).interrupted
+
+
+def test_a_second_ctrl_c_interrupts_at_once(fake_tune: FakeTune, tmp_path: Path) -> None:
+    """Tune handles the first Ctrl-C; the second reaches our handler, which raises."""
+    before = signal.getsignal(signal.SIGINT)
+
+    def second_ctrl_c() -> None:
+        ours = signal.getsignal(signal.SIGINT)  # Tune's, after the first, put ours back
+        assert callable(ours)
+        ours(signal.SIGINT, None)
+
+    fake_tune.during_fit = second_ctrl_c
+    with pytest.raises(KeyboardInterrupt):
+        tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_only_a_saved_experiment_can_be_resumed(searched: Searched) -> None:
+    storage = searched.folder / "tune"
+    (experiment,) = storage.glob("search-*")
+    assert tuner.can_resume(str(storage), experiment.name)
+    assert tuner.can_resume(f"{storage}/", experiment.name)
+    assert not tuner.can_resume(str(storage), "search-never-run")
