@@ -29,7 +29,7 @@ def test_reports_cover_a_last_partial_interval() -> None:
 OPTION_OF = {"name": "dataset", "time_limit_s": "trial_timeout_s", "ranks": "ranks_per_node"}
 # TrialJob fields that are not options: job_from_options' arguments, measured later, fixed
 NOT_OPTIONS = {"model", "device", "node_cpus", "gpu_memory_share", "ceilings",
-               "loader_timeout_s"}  # fmt: skip
+               "loader_timeout_s", "stream_shards", "stream_workers", "stream_note"}  # fmt: skip
 
 
 def _unlike_the_default(option: Field[Any]) -> Any:

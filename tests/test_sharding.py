@@ -114,10 +114,10 @@ def test_in_a_process_group_each_rank_reads_its_own_half_of_every_epoch() -> Non
     assert "gives every one of the 2 ranks the same samples" in read[0]["refused"]
 
 
-def test_an_iterable_dataset_is_refused_in_one_line() -> None:
+def test_a_stream_takes_no_sampler_and_says_so_in_one_line() -> None:
     class Stream(IterableDataset):
         def __iter__(self):  # noqa: ANN204
             yield from range(4)
 
-    with pytest.raises(ConfigError, match="reads map-style datasets.*Stream is an Iterable"):
-        build_dataloader(Stream(), PROCESSES)
+    with pytest.raises(ConfigError, match="Stream is a stream .* it takes no sampler"):
+        build_dataloader(Stream(), PROCESSES, sampler=RandomSampler(range(4)))
