@@ -170,3 +170,57 @@ def test_the_tuned_stream_trains_in_the_readme_s_loop(tiny_shards: Path, tmp_pat
         assert images.dtype == torch.float32 and images.shape[1:] == (3, 224, 224)
         seen += len(labels)
     assert seen == 96  # one epoch: all 4 shards, every sample once
+
+
+@pytest.mark.slow
+def test_a_webdataset_search_end_to_end(tiny_shards: Path, tmp_path: Path) -> None:
+    """The command line on tar shards: the space searches batching in the workers,
+    every trial's first batch is timed, the JSON says how the stream is read."""
+    import csv
+    import json
+
+    from conftest import TINY_SEARCH, ray_processes, run_cli
+
+    before = ray_processes()
+    args = [a for a in TINY_SEARCH if a not in ("--dataset", "synthetic-imagenet",
+                                                "--synthetic-images", "96")]  # fmt: skip
+    result = run_cli(
+        *args, "--dataset", "webdataset", "--data-root", str(tiny_shards), "--num-samples",
+        "5", "--verify-repeats", "1", "--shuffle-buffer", "64", "--samples-per-trial", "48",
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "out" / "webdataset"
+    best = json.loads((folder / "best_config.json").read_text())
+    assert best["source"]["kind"] == "webdataset" and best["source"]["shuffle_buffer"] == 64
+    assert best["source"]["shards"] == 4 and best["pipeline"]["access"] == "stream"
+    assert best["metrics"]["first_batch_s"]["median"] > 0
+    with open(folder / "trials.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert all(r["access"] == "stream" for r in rows)
+    assert all(float(r["first_batch_s"]) > 0 for r in rows if r["status"] == "ok")
+    assert "1st s" in result.stdout and "read as a stream" in result.stdout
+    assert ray_processes() <= before
+
+
+@pytest.mark.slow
+def test_a_user_iterable_dataset_search_end_to_end(tmp_path: Path) -> None:
+    """A factory returning a stream that does not split across workers: the search
+    warns, measures at most one worker, and records why."""
+    import json
+
+    from conftest import ray_processes, run_cli
+
+    before = ray_processes()
+    result = run_cli(
+        "--dataset", "datasets_for_tests:stream_that_repeats", "--batch-size", "8",
+        "--steps", "6", "--warmup-steps", "1", "--report-every", "3", "--num-samples", "3",
+        "--verify-top", "1", "--verify-repeats", "1", "--out", str(tmp_path / "out"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "yields the same samples in every loader worker" in result.stderr + result.stdout
+    best = json.loads(next((tmp_path / "out").glob("*/best_config.json")).read_text())
+    assert best["loader"]["num_workers"] <= 1 and best["source"]["kind"] == "factory"
+    assert "same samples in every loader worker" in best["source"]["note"]
+    assert ray_processes() <= before
