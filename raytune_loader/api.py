@@ -21,7 +21,8 @@ from typing import Any
 
 from raytune_loader import hardware, records
 from raytune_loader.bestconfig import SearchContext, best_config
-from raytune_loader.errors import ConfigError, ModelError, SearchInterruptedError
+from raytune_loader.costmodel import CostModel
+from raytune_loader.errors import ConfigError, ModelError, SearchInterruptedError, last_line
 from raytune_loader.factories import import_factory
 from raytune_loader.job import TrialJob, dataset_spec, job_from_options, prepare_data
 from raytune_loader.models import default_model, validate_model
@@ -178,12 +179,14 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial)
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
+        model = _cost_model(opts, job, space, measurer, node_cpus, progress)
         max_concurrent = opts.max_concurrent or _default_concurrency(gpus_per_trial, cluster)
         name, storage, resume = _experiment(out_dir, opts, cluster, progress)
         settings = tuner.TuneSettings(
             objective=opts.objective, num_samples=opts.num_samples, max_concurrent=max_concurrent,
             time_budget_s=opts.time_budget_s, gpus_per_trial=gpus_per_trial, seed=opts.seed,
             storage=storage, name=name, resume=resume, verbose=opts.verbose,
+            method=opts.search, model=model,
         )  # fmt: skip
         progress.stage(
             f"Searching {opts.num_samples} configurations of {describe_step(job)} on "
@@ -210,10 +213,38 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         tuner.stop_ray()
     context = SearchContext(
         opts, space, job, started, gpus_per_trial, max_concurrent, cluster.joined,
-        sampler=searcher.describe(opts.seed), scheduler=tuner.scheduler_description(job),
+        sampler=searcher.describe(opts.seed, opts.search),
+        scheduler=tuner.scheduler_description(job), search=run.search, model=model,
     )  # fmt: skip
     best, trials = _write_results(out_dir, context, by_class, verified, progress)
     return SearchResult(out_dir, best, trials, cluster.dashboard_url)
+
+
+def _cost_model(
+    opts: SearchOptions,
+    job: TrialJob,
+    space: SearchSpace,
+    measurer: Any,
+    cores: int,
+    progress: Progress,
+) -> CostModel | None:
+    """The profile phase, for the model-guided search: each structure's stages, measured
+    once in one process; None for the other methods, or when it fails (the search then
+    proposes with TPE alone and says so)."""
+    if opts.search != "model":
+        return None
+    structures = [
+        next((c for c in configs if c.num_workers), configs[0])
+        for configs in space.structures().values()
+    ]
+    progress.stage(f"Profiling the pipeline's stages ({len(structures)} structures)")
+    try:
+        found = measurer.profile(job, structures, cores)
+    except Exception as exc:  # noqa: BLE001 - the search goes on without a model
+        progress.warn(f"the profile failed ({last_line(exc)}); searching with TPE alone")
+        return None
+    log.info("profile: %s", found)
+    return CostModel(found, job.ceilings, cuda=job.device.startswith("cuda"), ranks=job.ranks)
 
 
 def _objective(
@@ -276,7 +307,11 @@ def _verify(
         measurer,
         on_measured=lambda done, total, *_: progress.count(what, done, total),
         slot_base=opts.num_samples,
+        objective=opts.objective,
     )
+    if verified.rounds < opts.verify_repeats:
+        progress.stage(f"Verification decided after {verified.rounds} of {opts.verify_repeats} "
+                       "rounds: more runs could not change the winner")  # fmt: skip
     return with_input_rates(verified, job, opts.objective, measurer, progress)
 
 
@@ -294,7 +329,7 @@ def _write_results(
         for hw_class, class_records in by_class.items()
     }  # fmt: skip
     results = {
-        hw_class: best_config(context, v.candidates, rebased[hw_class], v.input_rates)
+        hw_class: best_config(context, v.candidates, rebased[hw_class], v.input_rates, v.rounds)
         for hw_class, v in verified.items()
     }
     primary = next(iter(results))  # the class with the most trials

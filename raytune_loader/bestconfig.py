@@ -9,10 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from raytune_loader import hardware, streams, trainers
+from raytune_loader.costmodel import CostModel, what_if
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import InputRate
@@ -38,6 +39,8 @@ class SearchContext:
     joined: bool
     sampler: str  # as the searcher describes itself
     scheduler: str  # as the tuner describes ASHA
+    search: dict[str, Any] = field(default_factory=dict)  # how the searcher proposed
+    model: CostModel | None = None  # the cost model of a model-guided search
 
 
 def _versions() -> dict[str, str]:
@@ -128,6 +131,7 @@ def best_config(
     candidates: list[Candidate],
     records: list[TrialRecord],
     input_rates: dict[str, InputRate] | None = None,
+    rounds: int | None = None,
 ) -> dict[str, Any]:
     """The best_config.json content; SearchFailedError when every configuration failed."""
     selection = select(candidates, ctx.opts.objective)
@@ -179,6 +183,7 @@ def best_config(
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
         **({"pipeline": winner.config.pipeline()} if ctx.space.pipeline else {}),
         "source": source_section(ctx.job, fitting(winner)),
+        **_what_if(ctx, fitting(winner)),
         "trainers": trainers.section(),
         "hardware": _hardware(ctx, records),
         "search": {
@@ -189,6 +194,7 @@ def best_config(
             "oom_backoffs": sum(r.oom_backoffs or 0 for r in records),
             "wall_time_s": round(time.time() - ctx.started, 1),
             "sampler": ctx.sampler,
+            **_search_method(ctx),
             "scheduler": ctx.scheduler,
             "max_concurrent": ctx.max_concurrent,
             "gpus_per_trial": ctx.gpus_per_trial,
@@ -204,11 +210,41 @@ def best_config(
             "dataset_spec": asdict(ctx.job.dataset),
             "device": ctx.job.device,
             "seed": ctx.opts.seed,
-            "verification": {"top": ctx.opts.verify_top, "repeats": ctx.opts.verify_repeats},
+            "verification": {
+                "top": ctx.opts.verify_top,
+                "repeats": ctx.opts.verify_repeats,
+                "rounds": rounds,  # fewer than repeats where the runs decided sooner
+            },  # fmt: skip
             "versions": _versions(),
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _search_method(ctx: SearchContext) -> dict[str, Any]:
+    """How the searcher proposed; for the model-guided search, the profile and how well
+    the model predicted the trials it ran."""
+    out: dict[str, Any] = {"method": ctx.search.get("method", ctx.opts.search)}
+    if ctx.model is not None:
+        out["model"] = {
+            **{k: v for k, v in ctx.search.items() if k != "method"},
+            "profile": ctx.model.profile.as_dict(),
+        }
+    return out
+
+
+def _what_if(ctx: SearchContext, config: LoaderConfig) -> dict[str, Any]:
+    """Estimates, from the measured per-core costs, of the winner's structure on bigger
+    nodes: where CPUs, not settings, are the limit."""
+    if ctx.model is None:
+        return {}
+    cores = int(ctx.model.profile.cores)
+    sizes = sorted({cores, 2 * cores, 4 * cores, 8 * cores})
+    return {"what_if": {
+        "note": "estimates from the profile's per-core costs, not measurements",
+        "ceiling_samples_per_s": ctx.model.ceilings.get(config.batch_size),
+        "nodes": what_if(ctx.model, config, sizes),
+    }}  # fmt: skip
 
 
 def source_section(job: TrialJob, config: LoaderConfig) -> dict[str, Any]:

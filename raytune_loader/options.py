@@ -19,6 +19,7 @@ OBJECTIVES = ("util", "samples_per_s")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 GPU_BATCH_SIZE = 256
 CPU_BATCH_SIZE = 32
+SEARCH_METHODS = ("model", "tpe", "random")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class SearchOptions:
     shuffle_buffer: int | None = None  # a stream's; None: its format's usual (1000)
     model: str | None = None
     num_samples: int = 12
+    search: str = "model"  # how trials are proposed: model (cost model + TPE), tpe, random
     time_budget_s: float | None = None
     max_concurrent: int | None = None
     gpus_per_trial: float | None = None  # of one trial, all its ranks together
@@ -78,6 +80,7 @@ class SearchOptions:
         """Raise ConfigError naming the first impossible value."""
         self._check_counts()
         self._check_batch_sizes()
+        self._check_search()
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}")
         if self.precision is not None and self.precision not in PRECISIONS:
@@ -123,6 +126,12 @@ class SearchOptions:
         gpus = self.gpus_per_trial or 0
         if gpus > 1 and not float(gpus).is_integer():
             raise ConfigError(f"--gpus-per-trial above 1 must be a whole number, got {gpus}")
+
+    def _check_search(self) -> None:
+        if self.search not in SEARCH_METHODS:
+            raise ConfigError(
+                f"--search must be one of {', '.join(SEARCH_METHODS)}, got {self.search!r}"
+            )
 
     def _check_batch_sizes(self) -> None:
         if self.batch_sizes is None:

@@ -19,6 +19,8 @@ from raytune_loader.errors import ConfigError
 from raytune_loader.results import write_csv
 from raytune_loader.space import CONFIG_KEYS, LoaderConfig, SearchSpace
 
+PREDICTED = "predicted_samples_per_s"  # the cost model's, in a trial's config and trials.csv
+
 MEASURED = ("ok", "stopped_early")
 
 
@@ -72,6 +74,7 @@ class TrialRecord:
     ceiling_samples_per_s: float | None = None
     efficiency: float | None = None
     first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
+    predicted_samples_per_s: float | None = None  # the cost model's, for a model search
     training_iteration: int | None = None
     time_total_s: float | None = None
     finished_at: float | None = None
@@ -144,7 +147,7 @@ def record_from_report(
         "interrupted": "the search was interrupted; --resume re-runs it",
     }
     values = _typed(TrialRecord, metrics)
-    for name in SKIP + ("trial_id", "status", "reason", "baseline", "finished_at"):
+    for name in SKIP + ("trial_id", "status", "reason", "baseline", "finished_at", PREDICTED):
         values.pop(name, None)
     return TrialRecord(
         trial_id=str(metrics.get("trial_id") or trial_id),
@@ -153,6 +156,7 @@ def record_from_report(
         baseline=(space.baseline_name(loader) if loader else None) or "",
         config=loader,
         finished_at=metrics.get("timestamp"),
+        predicted_samples_per_s=config.get(PREDICTED),
         node=NodeFacts(**_typed(NodeFacts, metrics)),
         **values,
     )

@@ -70,6 +70,14 @@ def get_args_parser() -> argparse.ArgumentParser:
         help=f"images in the generated default dataset (default {SearchOptions.synthetic_images})",
     )
     p.add_argument(
+        "--search",
+        choices=("model", "tpe", "random"),
+        default="model",
+        help="how trials are proposed: model (profile the pipeline's stages, predict every "
+        "candidate, run the predicted best of each structure, then TPE around them, skipping "
+        "what the model rules out), tpe or random (default model)",
+    )
+    p.add_argument(
         "--shuffle-buffer",
         type=int,
         help="a stream's shuffle buffer in samples, as your training uses it (default 1000, "
@@ -219,7 +227,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         dataset=args.dataset, data_root=args.data_root, download=args.download,
         synthetic_images=args.synthetic_images, image_column=args.image_column,
         label_column=args.label_column, shuffle_buffer=args.shuffle_buffer,
-        model=args.model, num_samples=args.num_samples,
+        model=args.model, num_samples=args.num_samples, search=args.search,
         time_budget_s=args.time_budget, max_concurrent=args.max_concurrent,
         gpus_per_trial=args.gpus_per_trial, cpus_per_worker=args.cpus_per_worker,
         ranks_per_node=args.ranks_per_node,

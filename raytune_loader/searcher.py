@@ -2,14 +2,22 @@
 
 Tune asks :meth:`LoaderSearcher.suggest` for a configuration per trial and tells
 :meth:`LoaderSearcher.on_trial_complete` its last result. Behind that sits a
-plain Optuna study (seeded TPE, the two baselines enqueued first) driven only
-through Optuna's public ``ask``/``tell``/``enqueue_trial``, with the define-by-run
-space of :class:`~raytune_loader.space.SearchSpace`. On top of a bare TPE it
-stops proposing at the time budget (Tune's own budget kills running trials; the
+plain Optuna study (seeded, the baselines enqueued first) driven only through
+Optuna's public ``ask``/``tell``/``enqueue_trial``, with the define-by-run space of
+:class:`~raytune_loader.space.SearchSpace`. Three methods (``--search``):
+
+- ``model`` (the default): a cost model (:mod:`raytune_loader.costmodel`) predicts
+  every candidate from the profile. After the baselines, the first trials are the
+  predicted best of each structure (decoder x transfer x worker kind) the model
+  does not rule out, then TPE proposes around them; a proposal the model puts
+  below its best by more than its measured error is not run (its prediction is
+  told to TPE instead) and counted.
+- ``tpe``: TPE alone, after the baselines.
+- ``random``: random proposals, after the baselines.
+
+It stops proposing at the time budget (Tune's own budget kills running trials; the
 contract is only to stop starting new ones), and does not measure a
-configuration twice: the space is small on small machines (17 configurations
-on two cores), so TPE often proposes one already measured; its known result is
-told to Optuna and another is asked for.
+configuration twice: its known result is told to Optuna and another is asked for.
 """
 
 from __future__ import annotations
@@ -24,18 +32,26 @@ from typing import Any
 import optuna
 from ray.tune.search import Searcher
 
+from raytune_loader.costmodel import CostModel, median_error
 from raytune_loader.job import DATA_SLOT
-from raytune_loader.space import SearchSpace
+from raytune_loader.records import PREDICTED
+from raytune_loader.space import LoaderConfig, SearchSpace
 
 N_STARTUP_TRIALS = 4  # random trials before TPE models the space
 MAX_RETRIES = 20  # proposals of already-measured configurations before one is re-run
+METHODS = ("model", "tpe", "random")
+FIRST_MARGIN = 0.25  # the model's margin before any trial measured its error
+MIN_MARGIN = 0.05  # never closer than this: the runs' own noise
 
 Key = tuple[tuple[str, Any], ...]
 
 
-def describe(seed: int) -> str:
+def describe(seed: int, method: str = "model") -> str:
     """The sampler as ``best_config.json`` records it."""
-    return f"optuna TPESampler(seed={seed}, n_startup_trials={N_STARTUP_TRIALS})"
+    if method == "random":
+        return f"optuna RandomSampler(seed={seed})"
+    tpe = f"optuna TPESampler(seed={seed}, n_startup_trials={N_STARTUP_TRIALS})"
+    return f"cost model, then {tpe}" if method == "model" else tpe
 
 
 @contextlib.contextmanager
@@ -58,20 +74,82 @@ class LoaderSearcher(Searcher):
         cold: bool = False,
         n_startup_trials: int = N_STARTUP_TRIALS,
         enqueue_baselines: bool = True,
+        method: str = "tpe",
+        model: CostModel | None = None,
     ) -> None:
         super().__init__(metric=metric, mode="max")
         self._space = space
         self._deadline = deadline
         self._cold = cold
         self._slots = 0
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
+        self._model = model if method == "model" else None
+        self._method = method
+        sampler: optuna.samplers.BaseSampler = (
+            optuna.samplers.RandomSampler(seed=seed)
+            if method == "random"
+            else optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
+        )
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
-        if enqueue_baselines:
-            with _baselines_outside_the_bounds():
-                for config in space.baselines().values():
-                    self._study.enqueue_trial(space.as_point(config))
+        self._pairs: list[tuple[float, float]] = []  # (predicted, measured) samples/s
+        first = list(space.baselines().values()) if enqueue_baselines else []
+        self._best = 0.0  # the model's best predicted objective over the space
+        if self._model is not None:
+            self._best = self._best_predicted()
+            first += self._structure_bests(first)
+        self._first = len(first)
+        with _baselines_outside_the_bounds():
+            for config in first:
+                self._study.enqueue_trial(space.as_point(config))
         self._measured: dict[Key, float] = {}
-        self._asked: dict[str, tuple[optuna.trial.Trial, Key]] = {}
+        self._asked: dict[str, tuple[optuna.trial.Trial, Key, float | None]] = {}
+        self.skipped = 0
+
+    # -- the cost model's part ------------------------------------------------------
+
+    def _predicted(self, config: LoaderConfig) -> float | None:
+        """The model's samples/s for ``config`` (None without a model or a prediction)."""
+        if self._model is None:
+            return None
+        found = self._model.predict(config)
+        return found.samples_per_s if found else None
+
+    def _objective(self, config: LoaderConfig, samples_per_s: float) -> float:
+        """The objective a prediction stands for: util is samples/s over the ceiling."""
+        if self.metric != "util" or self._model is None:
+            return samples_per_s
+        return samples_per_s / (self._model.ceilings.get(config.batch_size) or 1.0)
+
+    @property
+    def margin(self) -> float:
+        """How far below its best the model must put a candidate to skip it: its median
+        error on the trials so far (FIRST_MARGIN before any)."""
+        error = median_error(self._pairs)
+        return FIRST_MARGIN if error is None else max(MIN_MARGIN, error)
+
+    def _best_predicted(self) -> float:
+        scored = [self._objective(c, p) for c in self._space.grid()
+                  if (p := self._predicted(c)) is not None]  # fmt: skip
+        return max(scored, default=0.0)
+
+    def _ruled_out(self, config: LoaderConfig, predicted: float | None) -> bool:
+        if predicted is None:
+            return False
+        return self._objective(config, predicted) < self._best * (1 - self.margin)
+
+    def _structure_bests(self, already: list[LoaderConfig]) -> list[LoaderConfig]:
+        """Each structure's predicted best, best first, leaving out the structures the
+        model rules out and configurations already enqueued."""
+        bests = []
+        for configs in self._space.structures().values():
+            scored = [(self._objective(c, p), _preference(c), c) for c in configs
+                      if (p := self._predicted(c)) is not None]  # fmt: skip
+            if scored:
+                value, _, config = max(scored, key=lambda item: item[:2])
+                if config not in already and not self._ruled_out(config, self._predicted(config)):
+                    bests.append((value, config))
+        return [config for _, config in sorted(bests, key=lambda item: -item[0])]
+
+    # -- Tune's interface -----------------------------------------------------------
 
     def _ask(self) -> tuple[optuna.trial.Trial, dict[str, Any], Key]:
         trial = self._study.ask()
@@ -84,16 +162,32 @@ class LoaderSearcher(Searcher):
         if self._deadline is not None and time.time() > self._deadline:
             return Searcher.FINISHED
         trial, config, key = self._ask()
+        predicted = self._predicted(LoaderConfig.from_trial_config(config))
         for _ in range(MAX_RETRIES):
-            if key not in self._measured:
+            if key in self._measured:
+                self._study.tell(trial, self._measured[key])  # TPE learns from the known value
+            elif trial.number >= self._enqueued and self._ruled_out(
+                LoaderConfig.from_trial_config(config), predicted
+            ):
+                self.skipped += 1  # not run: TPE learns the prediction instead
+                self._study.tell(trial, self._objective(
+                    LoaderConfig.from_trial_config(config), predicted or 0.0))  # fmt: skip
+            else:
                 break
-            self._study.tell(trial, self._measured[key])  # TPE learns from the known value
             trial, config, key = self._ask()
-        self._asked[trial_id] = (trial, key)
+            predicted = self._predicted(LoaderConfig.from_trial_config(config))
+        self._asked[trial_id] = (trial, key, predicted)
+        if predicted is not None:
+            config[PREDICTED] = predicted
         if self._cold:
             config[DATA_SLOT] = self._slots  # a subset no earlier trial read
             self._slots += 1
         return config
+
+    @property
+    def _enqueued(self) -> int:
+        """Trials Optuna was given before asking (the baselines and structures' bests)."""
+        return self._first
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
@@ -101,13 +195,30 @@ class LoaderSearcher(Searcher):
         asked = self._asked.pop(trial_id, None)
         if asked is None:
             return
-        trial, key = asked
+        trial, key, predicted = asked
         if error or not result or result.get(self.metric) is None:
             self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
         value = float(result[self.metric])
         self._measured[key] = value
         self._study.tell(trial, value)
+        measured = result.get("samples_per_s")
+        if predicted and measured and result.get("final", True) and not result.get("failure"):
+            self._pairs.append((predicted, float(measured)))
+
+    def summary(self) -> dict[str, Any]:
+        """How the search proposed, for best_config.json and the report."""
+        out: dict[str, Any] = {"method": self._method}
+        if self._model is not None:
+            out.update(
+                skipped=self.skipped,
+                skip_rule="a proposal the cost model puts below its best by more than its "
+                "median error on the trials so far is not run",
+                margin=self.margin,
+                model_median_error=median_error(self._pairs),
+                predictions=len(self._pairs),
+            )
+        return out
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as handle:
@@ -119,3 +230,15 @@ class LoaderSearcher(Searcher):
         # a resumed search does not know how long the interruption lasted: the rest of
         # the asked trials run whatever the original budget
         self._deadline = None
+
+
+def _preference(config: LoaderConfig) -> tuple[Any, ...]:
+    """Among configurations the model cannot tell apart (prefetch, persistence, order,
+    start method do not change its pace), the usual choice first."""
+    return (
+        config.prefetch_factor == 2,
+        config.persistent_workers,
+        config.in_order,
+        config.multiprocessing_context is None,
+        -config.num_workers,
+    )

@@ -3,10 +3,12 @@
 The top configurations of the search and both baselines are re-measured several
 times, interleaved. Each gets a :class:`Stats` (median and range) of its
 objective. A configuration is *within noise* of the best when its median
-reaches the best's lowest measurement and is at most 5% below the best's
-median; among those, the one that reserves the fewest CPUs, then the least host
-memory, then one with persistent workers, wins. The JSON says when this rule, not
-the raw best, decided.
+reaches the best's lowest measurement: the runs cannot tell them apart. Among
+those, the one that reserves the fewest CPUs, then the least host memory, then
+one with persistent workers, wins. The JSON says when this rule, not the raw
+best, decided. :func:`decided` says when the runs are enough to choose: every
+other configuration is either clearly apart from the best (all its runs below the
+best's lowest) or clearly within its noise (all at or above it).
 """
 
 from __future__ import annotations
@@ -18,16 +20,20 @@ from dataclasses import dataclass
 from raytune_loader.measure import TrialOutcome
 from raytune_loader.space import LoaderConfig
 
-NOISE_CAP = 0.05
+MIN_ROUNDS = 2  # verification rounds before the evidence may decide
+
+
+def rotation(names: Sequence[str], repeat: int) -> list[str]:
+    """Round ``repeat``'s order: each round starts one later, so drift over the run hits
+    every configuration alike."""
+    shift = repeat % len(names)
+    return [*names[shift:], *names[:shift]]
 
 
 def rotated(names: Sequence[str], repeats: int) -> Iterator[tuple[int, str]]:
-    """(round, name) for ``repeats`` rounds, each starting one later, so drift over the
-    run hits every configuration alike."""
-    order = list(names)
+    """(round, name) for ``repeats`` rounds of :func:`rotation`."""
     for repeat in range(repeats):
-        shift = repeat % len(order)
-        for name in order[shift:] + order[:shift]:
+        for name in rotation(names, repeat):
             yield repeat, name
 
 
@@ -106,10 +112,26 @@ def select(candidates: Sequence[Candidate], objective: str) -> Selection | None:
     best = ranked[0]
     best_stats = best.stats(objective)
     assert best_stats is not None
-    threshold = max(best_stats.min, best_stats.median * (1 - NOISE_CAP))
-    close = [c for c in ranked if c.stats(objective).median >= threshold]  # type: ignore[union-attr]
+    close = [c for c in ranked if c.stats(objective).median >= best_stats.min]  # type: ignore[union-attr]
     winner = min(close, key=lambda c: (c.cost, not _keeps_workers(c), -c.stats(objective).median))  # type: ignore[union-attr]
     return Selection(winner, best, tuple(close), tuple(ranked))
+
+
+def decided(candidates: Sequence[Candidate], objective: str) -> bool:
+    """Whether more rounds could change the winner: not when every other configuration
+    is clearly apart from the best (all its runs below the best's worst) or clearly
+    within its noise (all its runs at or above the best's worst)."""
+    measured = [c for c in candidates if c.stats(objective) is not None]
+    if len(measured) < 2:
+        return True
+    best = max(measured, key=lambda c: c.stats(objective).median)  # type: ignore[union-attr]
+    low = best.stats(objective).min  # type: ignore[union-attr]
+    for other in measured:
+        stats = other.stats(objective)
+        assert stats is not None
+        if other is not best and stats.min < low <= stats.max:
+            return False  # its runs straddle the best's worst: in or out is not known
+    return True
 
 
 def fitting(candidate: Candidate) -> LoaderConfig:

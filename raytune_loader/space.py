@@ -343,6 +343,33 @@ class SearchSpace:
         self.define_by_run(replay)
         return replay.point
 
+    def grid(self) -> list[LoaderConfig]:
+        """Every configuration of the space: the branches of :meth:`define_by_run`,
+        walked one suggestion at a time."""
+        found: list[LoaderConfig] = []
+        pending: list[list[Any]] = [[]]
+        while pending:
+            answers = pending.pop()
+            walker = _Walk(answers)
+            try:
+                constants = self.define_by_run(walker) or {}
+            except _Branch as branch:
+                pending.extend([*answers, choice] for choice in reversed(branch.choices))
+                continue
+            found.append(LoaderConfig.from_dict({**walker.params, **constants}))
+        return found
+
+    def structures(self) -> dict[tuple[str, ...], list[LoaderConfig]]:
+        """The space's configurations by structure: (decoder, transfer, worker kind,
+        how it is read and batched); configurations without workers are a structure
+        of their own per decoder and transfer."""
+        found: dict[tuple[str, ...], list[LoaderConfig]] = {}
+        for config in self.grid():
+            kind = config.workers if config.num_workers else "none"
+            key = (config.decode, config.transfer, kind, config.access, config.batching)
+            found.setdefault(key, []).append(config)
+        return found
+
     def baseline_name(self, config: LoaderConfig) -> str | None:
         for name, baseline in self.baselines().items():
             if baseline == config:
@@ -367,3 +394,29 @@ class _Replay:
     def _answer(self, name: str) -> Any:
         self.point[name] = self.values[name]
         return self.point[name]
+
+
+class _Branch(Exception):
+    def __init__(self, choices: list[Any]) -> None:
+        self.choices = choices
+
+
+class _Walk:
+    """Stands in for an Optuna trial that answers with ``answers`` in order, and at the
+    first suggestion beyond them says which choices it has (:meth:`SearchSpace.grid`)."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers
+        self.params: dict[str, Any] = {}
+
+    def suggest_int(self, name: str, low: int, high: int) -> Any:
+        return self._answer(name, list(range(low, high + 1)))
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        return self._answer(name, list(choices))
+
+    def _answer(self, name: str, choices: list[Any]) -> Any:
+        if len(self.params) == len(self.answers):
+            raise _Branch(choices)
+        self.params[name] = self.answers[len(self.params)]
+        return self.params[name]

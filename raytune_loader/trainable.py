@@ -24,6 +24,7 @@ from ray import tune
 from raytune_loader.hardware import cpu_and_gpu_summary, hardware_class
 from raytune_loader.job import DATA_SLOT, TrialJob
 from raytune_loader.measure import InputRate, TrialOutcome
+from raytune_loader.profile import Profile, profile
 from raytune_loader.ranks import measure_ceiling, measure_input, run_trial
 from raytune_loader.space import LoaderConfig
 
@@ -72,6 +73,11 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
 @ray.remote(max_calls=1)
 def measure_task(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome:
     return run_trial(job, config, slot=slot)
+
+
+@ray.remote(max_calls=1)
+def profile_task(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
+    return profile(job, structures, cores)
 
 
 @ray.remote(max_calls=1)

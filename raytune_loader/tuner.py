@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,15 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from raytune_loader.costmodel import CostModel
 from raytune_loader.errors import ConfigError, DataPipelineError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
+from raytune_loader.profile import Profile
 from raytune_loader.records import TrialRecord, record_from_report
 from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import LoaderConfig, SearchSpace
-from raytune_loader.trainable import ceiling_task, input_task, measure_task, trial_fn
+from raytune_loader.trainable import ceiling_task, input_task, measure_task, profile_task, trial_fn
 
 log = logging.getLogger(__name__)
 NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
@@ -72,6 +74,8 @@ class TuneSettings:
     name: str
     resume: bool = False
     verbose: bool = False
+    method: str = "tpe"  # how the searcher proposes: model, tpe or random (--search)
+    model: CostModel | None = None  # the cost model, for method "model"
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ class TuneRun:
 
     records: list[TrialRecord]
     interrupted: bool
+    search: dict[str, Any] = field(default_factory=dict)  # how the searcher proposed
 
 
 def run_tune(
@@ -231,30 +236,32 @@ def run_tune(
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     fn = trainable(job, settings.gpus_per_trial, cluster)
+    searcher = None  # a resumed search's searcher is Tune's restored copy
     if settings.resume:
         experiment = _experiment_path(settings.storage, settings.name)
         tuner = tune.Tuner.restore(experiment, trainable=fn, resume_errored=False)
         deadline = None
     else:
         deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
-        tuner = _new_tuner(fn, job, space, settings, deadline, on_event)
+        searcher = LoaderSearcher(
+            space, settings.objective, settings.seed, deadline=deadline, cold=job.cold,
+            method=settings.method, model=settings.model,
+        )  # fmt: skip
+        tuner = _new_tuner(fn, job, searcher, settings, on_event)
     grid, interrupted = _fit(tuner)
     records = [_record(result, space) for result in grid]
     records.sort(key=lambda record: record.finished_at or 0)
-    return TuneRun(records, interrupted or _short(records, settings, deadline))
+    summary = searcher.summary() if searcher is not None else {"method": settings.method}
+    return TuneRun(records, interrupted or _short(records, settings, deadline), summary)
 
 
 def _new_tuner(
     fn: Any,
     job: TrialJob,
-    space: SearchSpace,
+    searcher: LoaderSearcher,
     settings: TuneSettings,
-    deadline: float | None,
     on_event: EventFn,
 ) -> tune.Tuner:
-    searcher = LoaderSearcher(
-        space, settings.objective, settings.seed, deadline=deadline, cold=job.cold
-    )
     scheduler = AshaSettings.for_job(job).scheduler()
     return tune.Tuner(
         fn,
@@ -379,6 +386,11 @@ class RayMeasurer:
         cpus = job.cpus_for(0)  # a CPU a rank
         ref = ceiling_task.options(**self._bundle(cpus)).remote(job, batch_size, windows)
         return self._result(ref, job, "the ceiling")
+
+    def profile(self, job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
+        cpus = job.cpus_for(1)  # the training process and one worker
+        ref = profile_task.options(**self._bundle(cpus)).remote(job, structures, cores)
+        return self._result(ref, job, "the profile")  # type: ignore[no-any-return]
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
         cpus = job.cpus_for(config.num_workers)

@@ -22,10 +22,18 @@ from typing import Protocol
 from raytune_loader.errors import SearchFailedError, UserInputError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
+from raytune_loader.profile import Profile, profile
 from raytune_loader.progress import Progress
 from raytune_loader.ranks import measure_ceiling, measure_input, run_trial
 from raytune_loader.records import MEASURED, TrialRecord
-from raytune_loader.selection import Candidate, fitting, rotated, select
+from raytune_loader.selection import (
+    MIN_ROUNDS,
+    Candidate,
+    decided,
+    fitting,
+    rotation,
+    select,
+)
 from raytune_loader.space import LoaderConfig, SearchSpace
 
 log = logging.getLogger(__name__)
@@ -39,6 +47,7 @@ class Measurer(Protocol):
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]: ...
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate: ...
+    def profile(self, job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile: ...
 
 
 class LocalMeasurer:
@@ -54,6 +63,9 @@ class LocalMeasurer:
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
         return measure_input(job, config)
+
+    def profile(self, job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
+        return profile(job, structures, cores)
 
 
 def measure_ceilings(
@@ -117,6 +129,7 @@ class Verified:
     candidates: list[Candidate]
     ceilings: dict[int, float]
     input_rates: dict[str, InputRate] = field(default_factory=dict)  # by candidate name
+    rounds: int = 0  # verification rounds run (fewer than asked when the runs decided)
 
 
 def verify(
@@ -126,29 +139,45 @@ def verify(
     measurer: Measurer,
     on_measured: MeasuredFn | None = None,
     slot_base: int = 0,
+    objective: str | None = None,
 ) -> Verified:
-    """Each configuration ``repeats`` times, one at a time, the order rotated every round,
-    with the ceiling re-measured in each round at every batch size that has one."""
+    """Each configuration once a round, one at a time, the order rotated every round,
+    with the ceiling re-measured in each round at every batch size that has one; up to
+    ``repeats`` rounds, fewer when the runs already decide the winner (with an
+    ``objective``: :func:`raytune_loader.selection.decided`, after ``MIN_ROUNDS``)."""
     order = list(configs) + ([CEILING] if job.ceilings else [])
     outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in configs}
     ceilings = dict(job.ceilings)
     total = len(configs) * repeats
     done = 0
-    for repeat, name in rotated(order, repeats):
-        if name == CEILING:
-            _remeasure(job, measurer, ceilings)
-            continue
-        done += 1
-        # --cold: verification reads samples no trial read either
-        outcome = measurer.measure(job, configs[name], slot_base + done)
-        outcomes[name].append(outcome)
-        if on_measured is not None:
-            on_measured(done, total, name, repeat + 1, outcome)
-    candidates = [
+    for repeat in range(repeats):
+        for name in rotation(order, repeat):
+            if name == CEILING:
+                _remeasure(job, measurer, ceilings)
+                continue
+            done += 1
+            # --cold: verification reads samples no trial read either
+            outcome = measurer.measure(job, configs[name], slot_base + done)
+            outcomes[name].append(outcome)
+            if on_measured is not None:
+                on_measured(done, total, name, repeat + 1, outcome)
+        candidates = _candidates(configs, outcomes, ceilings)
+        if objective and repeat + 1 >= MIN_ROUNDS and decided(candidates, objective):
+            if on_measured is not None and done < total:
+                log.info("verification decided after %d rounds", repeat + 1)
+            break
+    return Verified(_candidates(configs, outcomes, ceilings), ceilings, rounds=repeat + 1)
+
+
+def _candidates(
+    configs: dict[str, LoaderConfig],
+    outcomes: dict[str, list[TrialOutcome]],
+    ceilings: dict[int, float],
+) -> list[Candidate]:
+    return [
         Candidate(name, configs[name], tuple(_rebased(o, ceilings) for o in outcomes[name]))
         for name in configs
     ]
-    return Verified(candidates, ceilings)
 
 
 def _remeasure(job: TrialJob, measurer: Measurer, ceilings: dict[int, float]) -> None:

@@ -100,3 +100,35 @@ def test_verification_takes_both_baselines_and_the_best_distinct_trials() -> Non
     configs = verification_configs(records, space, top=2, objective="util")
     assert list(configs) == ["pytorch-default", "heuristic", "top-1", "top-2"]
     assert (configs["top-1"], configs["top-2"]) == (two, one)
+
+
+class Scripted(LocalMeasurer):
+    """Each configuration's samples/s come from a script, by its workers, in order."""
+
+    def __init__(self, speeds: dict[int, list[float]]) -> None:
+        self.speeds = speeds
+
+    def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
+        from raytune_loader.measure import SegmentMetrics
+
+        speed = self.speeds[config.num_workers].pop(0)
+        metrics = SegmentMetrics(speed, 0.1, speed / 1000, "step-timing", None, 100, 1.0)
+        return TrialOutcome(config, 1 + config.num_workers, 0, metrics, effective_batch_size=8)
+
+
+@pytest.mark.parametrize(
+    ("speeds", "rounds"),
+    [
+        ({0: [100, 110, 105, 102, 101], 2: [500, 510, 505, 502, 501]}, 2),  # apart: 2 rounds
+        ({0: [480, 520, 500, 490, 510], 2: [500, 510, 495, 505, 498]}, 3),  # the same: 3
+        ({0: [300, 520, 280, 600, 250], 2: [500, 290, 505, 510, 498]}, 5),  # unsettled: all
+    ],
+    ids=["separated", "within-noise", "undecided"],
+)
+def test_verification_runs_as_many_rounds_as_the_evidence_needs(
+    speeds: dict[int, list[float]], rounds: int
+) -> None:
+    configs = {"none": LoaderConfig(8), "two": LoaderConfig(8, 2, 2)}
+    verified = verify(JOB, configs, 5, Scripted(speeds), objective="samples_per_s")
+    assert verified.rounds == rounds
+    assert all(len(c.outcomes) == rounds for c in verified.candidates)

@@ -1,0 +1,170 @@
+"""The profile phase: what each stage of the input pipeline costs, measured before the trials.
+
+A pipeline's speed is bounded by the training step (the ceiling), by its workers
+(how many, times what one core does per sample) and by what the training process
+itself spends per batch besides the step: receiving a batch from a worker process
+(unpickling, rebuilding it from shared memory) or a thread, and the device-side
+stages (normalizing a uint8 batch, decoding JPEGs on the device). :func:`profile`
+measures each of those once, per structure of the space (decoder x transfer, and
+worker kind for what the training process receives), in one measurement process,
+so :mod:`raytune_loader.costmodel` can predict every candidate of the space from
+them. On a CPU it runs the step's thread count, as a trial does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, default_collate
+
+from raytune_loader.job import TrialJob
+from raytune_loader.loader import build_dataloader
+from raytune_loader.measure import prepare, worker_side_rate
+from raytune_loader.pipeline import collate_encoded, to_device
+from raytune_loader.space import LoaderConfig
+
+SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
+BATCHES = 6  # batches a receive or a device-side finish is timed on
+
+
+def structure(config: LoaderConfig) -> str:
+    """The key of a configuration's structure for the worker side: decoder/transfer."""
+    return f"{config.decode}/{config.transfer}"
+
+
+def receiving(config: LoaderConfig) -> str:
+    """The key of what the training process receives: worker kind/transfer."""
+    return f"{config.workers}/{config.transfer}"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured costs; seconds are per batch of ``batch_size`` samples."""
+
+    batch_size: int
+    cores: int  # usable CPUs of the node (workers and the step share them on a CPU)
+    per_core: dict[str, float] = field(default_factory=dict)  # structure -> samples/s a core
+    collate_s: dict[str, float] = field(default_factory=dict)  # structure -> s a batch
+    receive_s: dict[str, float] = field(default_factory=dict)  # kind/transfer -> s a batch
+    finish_s: dict[str, float] = field(default_factory=dict)  # structure -> s a batch
+    seconds: float = 0.0  # how long the profile took
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Profile:
+        return cls(**values)
+
+
+def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
+    """Every cost the cost model needs, for the given structures (one configuration of
+    each decoder x transfer x worker kind the space offers, with workers)."""
+    started = time.perf_counter()
+    batch = max(job.ceilings) if job.ceilings else structures[0].batch_size
+    threads = torch.get_num_threads()
+    torch.set_num_threads(job.segment.compute_threads)
+    per_core, collate_s, receive_s, finish_s = {}, {}, {}, {}
+    try:
+        for config in structures:
+            config = config.with_batch_size(batch)
+            dataset, _ = prepare(job, 0, config)
+            key = structure(config)
+            if key not in per_core:
+                per_core[key] = worker_side_rate(dataset, SAMPLES)
+                samples = _samples(dataset, batch, config)
+                collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
+                finish_s[key] = _finish_cost(job, config, _collate(config)(samples))
+            kind = receiving(config)
+            if kind not in receive_s and config.num_workers > 0:
+                receive_s[kind] = _receive_cost(_samples(dataset, batch, config), config)
+    finally:
+        torch.set_num_threads(threads)
+    return Profile(
+        batch_size=batch,
+        cores=cores,
+        per_core=per_core,
+        collate_s=collate_s,
+        receive_s=receive_s,
+        finish_s=finish_s,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _collate(config: LoaderConfig) -> Any:
+    return collate_encoded if config.decode == "device" else default_collate
+
+
+def _samples(dataset: Dataset[Any], count: int, config: LoaderConfig) -> list[Any]:
+    """``count`` samples of the variant, as a worker gives them to its collate."""
+    if isinstance(dataset, IterableDataset):
+        items = iter(dataset)
+        first = next(items)
+        if config.batching == "workers":  # the stream makes batches: unbatch one
+            return [tuple(part[i] for part in first) for i in range(len(first[1]))][:count]
+        return [first, *(next(items) for _ in range(count - 1))]
+    size = len(dataset)  # type: ignore[arg-type]
+    return [dataset[i % size] for i in range(count)]
+
+
+def _timed(action: Any, repeats: int = 3) -> float:
+    """The fastest of ``repeats`` runs of ``action``, in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _finish_cost(job: TrialJob, config: LoaderConfig, batch: Any) -> float:
+    """The training process's device-side stages for one batch: decoding on the device,
+    converting and normalizing uint8 (nothing for float32 beyond the copy)."""
+    device = torch.device(job.device)
+
+    def finish() -> None:
+        to_device(batch, device, transfer=config.transfer, decode=config.decode,
+                  channels_last=job.channels_last)  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    finish()  # warm: kernels, decoder handles
+    return _timed(finish)
+
+
+class _Ready(Dataset):
+    """Samples already made: a loader over it costs only what moving batches costs."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples) * 64
+
+    def __getitem__(self, index: int) -> Any:
+        return self.samples[index % len(self.samples)]
+
+
+def _receive_cost(samples: list[Any], config: LoaderConfig) -> float:
+    """Seconds the training process spends per batch taking it from one worker (a
+    process: unpickling it, rebuilding its tensors from shared memory; a thread: a
+    queue), timed while the worker is ahead, so the wait is not counted."""
+    one_worker = LoaderConfig.from_dict(
+        {"num_workers": 1, "prefetch_factor": 8, "workers": config.workers,
+         "decode": config.decode, "transfer": config.transfer},
+        batch_size=len(samples),
+    )  # fmt: skip
+    loader = build_dataloader(_Ready(samples), one_worker, seed=0)
+    batches = iter(loader)
+    try:
+        next(batches)  # the worker is up
+        time.sleep(0.5)  # and has its queue full
+        started = time.perf_counter()
+        for _ in range(BATCHES):
+            next(batches)
+        return (time.perf_counter() - started) / BATCHES
+    finally:
+        del batches, loader
