@@ -61,7 +61,8 @@ def test_the_record_says_how_the_search_ran(searched: Searched) -> None:
     """The sampler and the scheduler of this search, ASHA's rungs counted in its reports
     (test_tuner.py checks that the scheduler Tune runs does what this text says)."""
     search = json.loads((searched.folder / "best_config.json").read_text())["search"]
-    assert search["sampler"] == "optuna TPESampler(seed=0, n_startup_trials=4)"
+    assert search["sampler"] == "cost model, then optuna TPESampler(seed=0, n_startup_trials=4)"
+    assert search["method"] == "model" and search["model"]["profile"]["per_core"]
     reports = SegmentSpec(**search["segment"]).reports  # 6 steps, a report every 3
     assert reports == 2
     assert search["scheduler"] == f"ASHA(max_t={reports}, grace_period=1, reduction_factor=2)"

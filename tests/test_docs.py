@@ -53,7 +53,10 @@ def _shows(cell: str, default: object) -> bool:
     return re.search(rf"(?<![\w.-]){re.escape(shown)}(?![\w-]|\.\w)", cell) is not None
 
 
-def _keys(value: object, skip: tuple[str, ...] = ("baselines", "per_class")) -> set[str]:
+NAMED = ("baselines", "per_class", "per_core", "collate_s", "receive_s", "finish_s")
+
+
+def _keys(value: object, skip: tuple[str, ...] = NAMED) -> set[str]:
     """Every key of the nested objects in ``value`` (those under ``skip`` are names)."""
     if isinstance(value, list):
         return set().union(*(_keys(item) for item in value))
