@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import SearchSpace
 
@@ -68,3 +70,49 @@ def test_a_failed_trial_is_told_as_failed_not_as_a_value() -> None:
     searcher.on_trial_complete("t0", None, error=True)
     trial = searcher._study.trials[0]  # noqa: SLF001 - our own study
     assert trial.state.name == "FAIL"
+
+
+def _model_searcher(per_core: float, method: str = "model") -> LoaderSearcher:
+    from raytune_loader.costmodel import CostModel
+    from raytune_loader.profile import Profile
+
+    space = SearchSpace(max_workers=4, batch_sizes=(32,), cuda=False, usable_cpus=4)
+    profile = Profile(32, 4, per_core={"pil/float32": per_core},
+                      receive_s={"process/float32": 0.004})  # fmt: skip
+    model = CostModel(profile, {32: 400.0})
+    return LoaderSearcher(space, "samples_per_s", seed=0, method=method, model=model)
+
+
+@pytest.mark.parametrize(("per_core", "answer"), [(100.0, 4), (1e6, 0)],
+                         ids=["costly-decode", "free-data"])  # fmt: skip
+def test_the_model_s_first_proposals_contain_the_answer(per_core: float, answer: int) -> None:
+    """A costly decode wants every worker the cores can run; free data wants none."""
+    searcher = _model_searcher(per_core)
+    first = [searcher.suggest(f"t{i}") for i in range(3)]  # the 2 baselines, then the model's
+    assert answer in [c["num_workers"] for c in first[2:]] + (
+        [first[0]["num_workers"]] if answer == 0 else []
+    )
+    assert first[2]["predicted_samples_per_s"] > 0
+
+
+def test_proposals_the_model_rules_out_are_not_run_but_counted() -> None:
+    searcher = _model_searcher(100.0)
+    proposed = []
+    for i in range(8):
+        config = searcher.suggest(f"t{i}")
+        proposed.append(config)
+        measured = config["predicted_samples_per_s"] * 0.95  # the model is 5% off
+        searcher.on_trial_complete(f"t{i}", {"samples_per_s": measured, "final": True})
+    assert searcher.skipped > 0  # 0 or 1 worker: predicted far below 4
+    assert all(c["num_workers"] >= 3 for c in proposed[3:])
+    summary = searcher.summary()
+    assert summary["skipped"] == searcher.skipped
+    assert summary["model_median_error"] == pytest.approx(0.05 / 0.95, rel=0.01)
+
+
+@pytest.mark.parametrize("method", ["tpe", "random"])
+def test_the_other_methods_ignore_the_model(method: str) -> None:
+    searcher = _model_searcher(100.0, method)
+    configs = [searcher.suggest(f"t{i}") for i in range(5)]
+    assert all("predicted_samples_per_s" not in c for c in configs) and searcher.skipped == 0
+    assert searcher.summary() == {"method": method}

@@ -253,3 +253,21 @@ def test_every_field_is_a_dataloader_argument_or_a_pipeline_stage() -> None:
     assert set(LOADER_KEYS) == set(LoaderConfig(8).kwargs())
     assert set(PIPELINE_KEYS) <= set(LoaderConfig(8).pipeline())
     assert set(LABELS) == set(names)
+
+
+def test_the_grid_is_every_configuration_the_space_can_propose() -> None:
+    """grid() walks define_by_run's branches: random proposals all fall in it, and it
+    holds every structure of the space."""
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
+                        pipeline=True, decodes=("pil", "tensor"), thread_workers=True)  # fmt: skip
+    grid = space.grid()
+    assert len(grid) == len(set(grid)) == 452
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    for _ in range(100):
+        trial = study.ask()
+        space.define_by_run(trial)
+        assert LoaderConfig.from_trial_config({**trial.params, "batch_size": 8}) in grid
+        study.tell(trial, 0.0)
+    structures = space.structures()
+    assert len(structures) == 12  # (pil, tensor) x (float32, uint8) x (none, process, thread)
+    assert sum(map(len, structures.values())) == len(grid)
