@@ -82,12 +82,12 @@ def median_error(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def what_if(model: CostModel, config: LoaderConfig, cores: list[int]) -> list[dict[str, object]]:
-    """Estimates for ``config``'s structure on nodes of other sizes: per rank, as many
-    workers as its cores allow beside the training process (threads or processes as
-    tuned), from the same measured per-core costs."""
+    """Estimates for ``config``'s structure on nodes of other sizes: per rank, a worker
+    per core of its share (threads or processes as tuned; on a CPU the training step
+    shares those cores, as the model counts), from the same measured per-core costs."""
     out: list[dict[str, object]] = []
     for count in cores:
-        workers = max(0, int(count // model.ranks) - 1)
+        workers = max(1, int(count // model.ranks)) if config.num_workers else 0
         resized = config if workers == config.num_workers else LoaderConfig.from_dict(
             {**config.kwargs(), **{k: getattr(config, k) for k in ("transfer", "decode",
              "workers", "access", "batching")}, "num_workers": workers},

@@ -81,7 +81,19 @@ def load_trials(path: Path) -> pd.DataFrame:
     for flag in ("pin_memory", "persistent_workers"):
         trials[flag] = trials[flag].map(lambda v: str(v).strip().lower() == "true")
     trials["prefetch"] = trials["prefetch_factor"].fillna(0).astype(int)
+    trials["structure"] = [structure_of(row) for row in trials.to_dict("records")]
     return trials
+
+
+def structure_of(row: dict[str, Any]) -> str:
+    """A trial's structure in words: decoder, transfer, worker kind (older files lack
+    the pipeline's columns: PIL, float32, processes)."""
+    decode = row.get("decode") if isinstance(row.get("decode"), str) else "pil"
+    transfer = row.get("transfer") if isinstance(row.get("transfer"), str) else "float32"
+    workers = row.get("num_workers")
+    kind = "no workers" if not workers or pd.isna(workers) else (
+        "threads" if row.get("workers") == "thread" else "processes")  # fmt: skip
+    return f"{decode}, {transfer}, {kind}"
 
 
 def plot_points(trials: pd.DataFrame) -> pd.DataFrame:
@@ -104,8 +116,8 @@ def param_importances(trials: pd.DataFrame, objective: str) -> dict[str, float] 
     done = trials[(trials["status"] == "ok") & trials[objective].notna()]
     done = done.assign(prefetch_factor=done["prefetch"])  # 0 for workers=0: one fixed range
     known = [p for p in CONFIG_KEYS if p in done]  # older files lack the pipeline's columns
-    done = done.assign(**{p: done[p].fillna("default").astype(str) for p in known
-                          if p not in ORDERED})  # fmt: skip
+    done = done.assign(**{p: done[p].astype(object).where(done[p].notna(), "default").astype(str)
+                          for p in known if p not in ORDERED})  # fmt: skip
     varying = [p for p in known if done[p].nunique() > 1]
     if len(done) < 2 or not varying:
         return None
@@ -214,6 +226,7 @@ def _scatter(ax: Axes, points: pd.DataFrame, x: str, y: str, style: _Style) -> N
 
 
 PLOTS = {
+    "structures.png": "Throughput by structure, measured and as the cost model predicted",
     "throughput.png": "Throughput and utilisation against num_workers",
     "prefetch.png": "Throughput against prefetch_factor",
     "efficiency.png": "Efficiency against num_workers",
@@ -276,10 +289,29 @@ def _plot_progress(trials: pd.DataFrame, objective: str, path: Path) -> None:
     _save_png(fig, path)
 
 
+def _plot_structures(points: pd.DataFrame, path: Path) -> None:
+    """Samples/s against workers, a colour per structure (decoder x transfer x worker
+    kind); the cost model's prediction beside each measurement, where there is one."""
+    fig, (ax,) = _figure("Throughput by structure: measured (dots), predicted (crosses)")
+    style = _Style.of(points, "structure")
+    _scatter(ax, points, "num_workers", "samples_per_s", style)
+    if "predicted_samples_per_s" in points:
+        xs = _x(points, "num_workers") + 0.03
+        colours = [style.colours[v] for v in points["structure"]]
+        ax.scatter(xs, points["predicted_samples_per_s"], marker="x", s=30, c=colours)
+    if not points.empty:
+        ax.set_xticks(sorted(points["num_workers"].unique()))
+    ax.set_xlabel("num_workers (per rank)")
+    ax.set_ylabel("samples/s")
+    style.legend(fig, "{}")
+    _save_png(fig, path)
+
+
 def write_plots(trials: pd.DataFrame, objective: str, plots: Path) -> None:
     """Draw every plot in ``PLOTS`` into the folder ``plots``."""
     plots.mkdir(parents=True, exist_ok=True)
     points = plot_points(trials)
+    _plot_structures(points, plots / "structures.png")
     title = "Throughput and utilisation by worker count (failed trials left out)"
     _plot_by_workers(points, ["samples_per_s", "util"], title, plots / "throughput.png")
     _plot_prefetch(points, plots / "prefetch.png")
@@ -433,6 +465,39 @@ def _limit(best: dict[str, Any]) -> list[str]:
     return lines + [f"{limit_line(limit)}.", "", *_table(["", "samples/s"], rows)]
 
 
+def _how_proposed(best: dict[str, Any]) -> list[str]:
+    """How the search proposed trials; for the model-guided search, how well the model
+    predicted them, what it skipped, and its estimates for bigger nodes."""
+    search = best.get("search", {})
+    method = search.get("method", "tpe")
+    lines = ["", "## How the search proposed", ""]
+    if method != "model" or "model" not in search:
+        return lines + [f"`--search {method}`: {search.get('sampler', method)}."]
+    model = search["model"]
+    profile = model.get("profile", {})
+    error = model.get("model_median_error")
+    lines += [
+        f"`--search model`: a {_cell(profile.get('seconds'))} s profile of each structure's "
+        "stages, a cost model predicting every candidate from it, the predicted best of "
+        "each structure first, then TPE around them.",
+        "",
+        f"- The model's median error over {model.get('predictions', 0)} finished trials: "
+        f"{_cell(error, 'pct') if error is not None else 'unknown'} (predicted beside measured "
+        "in the plot above and in `trials.csv`).",
+        f"- {model.get('skipped', 0)} proposals were not run: {model.get('skip_rule', '')} "
+        f"(the margin was {_cell(model.get('margin'), 'pct')}).",
+    ]
+    what_if = best.get("what_if")
+    if what_if and what_if.get("nodes"):
+        rows = [[str(n["cores"]), str(n["workers_per_rank"]), _cell(n["samples_per_s"]),
+                 n["bound"]] for n in what_if["nodes"]]  # fmt: skip
+        lines += ["", f"What if the node were bigger ({what_if['note']}; the ceiling is "
+                  f"{_cell(what_if.get('ceiling_samples_per_s'))} samples/s):", ""]  # fmt: skip
+        lines += _table(["usable CPUs", "workers per rank", "samples/s (estimate)",
+                         "what sets the pace"], rows)  # fmt: skip
+    return lines
+
+
 def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
     found = param_importances(trials, objective)
     lines = ["", "## Which parameters mattered", ""]
@@ -470,7 +535,7 @@ def write_report(out_dir: Path) -> Path:
     lines += ["", "## Plots"]
     for name, caption in PLOTS.items():
         lines += ["", f"![{caption}](plots/{name})"]
-    lines += _importance(trials, objective) + _all_trials(trials) + [""]
+    lines += _how_proposed(best) + _importance(trials, objective) + _all_trials(trials) + [""]
     path = out_dir / "report.md"
     atomic_write_text(path, "\n".join(lines))
     return path
