@@ -67,7 +67,7 @@ def main() -> None:
         reports: list[tuple[float, float]] = []
         started = time.perf_counter()
 
-        def report(metrics: dict) -> None:
+        def report(metrics: dict, reports: list = reports, started: float = started) -> None:
             reports.append((metrics[OBJECTIVE], time.perf_counter() - started))
 
         outcome = run_trial(job, config, report)
@@ -93,7 +93,8 @@ def main() -> None:
         "space_size": len(space.grid()), "structures": len(space.structures()),
         "ceiling_samples_per_s": ceiling, "profile": measured_profile.as_dict(),
         "model_median_error": median_error(pairs), "points": points,
-        "how": "python experiments/grid.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        "how": "python experiments/grid.py "
+        + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
     })  # fmt: skip
 
 
