@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 from accelerate import Accelerator
-from common import EPOCHS, Record, Recorded, args, model
 
+from common import EPOCHS, Record, Recorded, args, model
 from raytune_loader import load_best_config
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from common import EPOCHS, Record, Recorded, args, model
 
+from common import EPOCHS, Record, Recorded, args, model
 from raytune_loader import load_best_config
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from common import EPOCHS, Record, Recorded, args, model
 
+from common import EPOCHS, Record, Recorded, args, model
 from raytune_loader import load_best_config
 
 

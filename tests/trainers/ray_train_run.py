@@ -10,8 +10,8 @@ import ray
 import ray.train
 import ray.train.torch
 import torch
-from common import EPOCHS, Record, Recorded, args, model
 
+from common import EPOCHS, Record, Recorded, args, model
 from raytune_loader import load_best_config
 
 
