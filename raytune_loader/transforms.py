@@ -9,8 +9,12 @@ normalizes on the device), or before decoding (``decode="device"``:
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Callable
 from typing import Any
+
+from raytune_loader.errors import CorruptSampleError, last_line
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -42,3 +46,34 @@ def imagenet_train_transform(
     if transfer == "uint8":
         return T.Compose([*crop, T.PILToTensor()])
     return T.Compose([*crop, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+_kept_transform = functools.cache(imagenet_train_transform)  # stateless: one per variant
+
+
+def worker_image(data: bytes, transfer: str = "float32", decode: str = "pil") -> Any:
+    """An encoded image (a file's bytes, a tar member, a table's cell) as the worker side
+    of a pipeline variant makes it: the bytes as a 1-D uint8 tensor for
+    ``decode="device"``, otherwise decoded (PIL, or :mod:`raytune_loader.decoders` to a
+    tensor) and transformed. Bytes that do not decode raise CorruptSampleError with
+    the decoder's reason; the caller names the sample."""
+    import torch
+
+    if not data:
+        raise CorruptSampleError("no image bytes")
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if decode == "device":
+        return encoded
+    try:
+        if decode == "tensor":
+            from raytune_loader.decoders import decode_one
+
+            image: Any = decode_one(encoded)
+        else:
+            from PIL import Image
+
+            image = Image.open(io.BytesIO(data)).convert("RGB")
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CorruptSampleError(last_line(exc)) from None
+    transform = _kept_transform(transfer, decode)
+    return transform(image) if transform else image

@@ -9,13 +9,20 @@ module with its ``Source`` and one line here.
 from __future__ import annotations
 
 from raytune_loader.errors import DatasetError
-from raytune_loader.sources import factory, image_folders, torchvision_sets, webdataset_shards
+from raytune_loader.sources import (
+    factory,
+    hf_tables,
+    image_folders,
+    torchvision_sets,
+    webdataset_shards,
+)
 from raytune_loader.sources.base import Source
 
 REGISTRY: tuple[Source, ...] = (
     *image_folders.SOURCES,
     *torchvision_sets.SOURCES,
     webdataset_shards.SOURCE,
+    hf_tables.SOURCE,
     factory.SOURCE,  # last: it answers to any name with a colon
 )
 DEFAULT = image_folders.SYNTHETIC.names[0]

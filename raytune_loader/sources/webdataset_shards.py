@@ -15,28 +15,24 @@ worker, a searched choice. Shards are shuffled and samples pass a shuffle buffer
 
 from __future__ import annotations
 
-import functools
 import glob
-import io
 import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.utils.data import IterableDataset, default_collate
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
 from raytune_loader.sharding import split_by_worker
 from raytune_loader.sources.base import ShardInfo, Source, StreamVariant
-from raytune_loader.transforms import imagenet_train_transform
+from raytune_loader.transforms import worker_image
 
 if TYPE_CHECKING:
     from raytune_loader.datasets import DatasetSpec
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
-_transform = functools.cache(imagenet_train_transform)  # stateless: one per variant
 LABEL_KEY = "cls"
 INSTALL = "pip install webdataset"
 
@@ -172,24 +168,11 @@ class _Decoded:
         where = f"{sample.get('__url__', '?')}: sample {sample.get('__key__', '?')}"
         if key is None or LABEL_KEY not in sample:
             raise CorruptSampleError(f"{where} lacks an image or a {LABEL_KEY}")
-        data = sample[key]
         label = int(bytes(sample[LABEL_KEY]).decode().strip())
-        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        if self.decode == "device":
-            return encoded, label
-        transform = _transform(self.transfer, self.decode)
         try:
-            if self.decode == "tensor":
-                from raytune_loader.decoders import decode_one
-
-                image: Any = decode_one(encoded)
-            else:
-                from PIL import Image
-
-                image = Image.open(io.BytesIO(data)).convert("RGB")
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise CorruptSampleError(f"corrupt sample {where}: {last_line(exc)}") from None
-        return transform(image) if transform else image, label  # type: ignore[misc]
+            return worker_image(sample[key], self.transfer, self.decode), label
+        except CorruptSampleError as exc:
+            raise CorruptSampleError(f"corrupt sample {where}: {exc}") from None
 
 
 SOURCE = WebDatasetShards()

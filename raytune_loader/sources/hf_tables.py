@@ -1,0 +1,456 @@
+"""Hugging Face tables: ``--dataset hf --data-root DIR``.
+
+DIR is a dataset written by ``save_to_disk`` (a ``DatasetDict``, whose ``train`` split
+is read, or a ``Dataset``) or a folder of ``.parquet`` files, read with the ``datasets``
+package (``pip install datasets``) in HF's offline mode: nothing is fetched from a hub.
+Each row has an image column (``--image-column``: HF's ``Image`` feature, bytes or a
+path, or plain bytes or paths) and a label column (``--label-column``: a ``ClassLabel``
+or integers). The images are decoded here, not by HF (``Image(decode=False)``), with
+the ImageNet training transforms of the chosen pipeline variant: by PIL or to tensors
+in the workers, or, JPEGs, on the device.
+
+It is read either way, a searched choice (``access``). Map-style, by index: the
+``save_to_disk`` Arrow files memory-mapped, or the Parquet files through HF's Arrow
+cache (``load_dataset("parquet")`` converts them once, as training with it would). As
+a stream, over the trial's shards (the dataset's Arrow files, or the Parquet files
+themselves): ``to_iterable_dataset(num_shards=N)`` (Parquet: ``load_dataset(...,
+streaming=True)``, a shard per file), split across ranks by ``split_dataset_by_node``
+and across loader workers by HF itself in worker processes (``get_worker_info``) or
+by ``shard()`` in thread workers (:func:`raytune_loader.sharding.worker_share`); a
+trial's stream is one endless pass over its shards (HF's ``repeat``). The stream is
+shuffled with the user's buffer (HF's ``shuffle``: the shard order and a
+buffer), never shrunk. The loader makes the batches: batching in the workers is not
+a candidate for this source. The map-style subset is not pre-warmed: its rows lie
+scattered through the Arrow files, and reading the files whole could mean reading
+the whole dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
+from raytune_loader.sharding import process_group, worker_share
+from raytune_loader.sources.base import ShardInfo, Source, StreamVariant
+from raytune_loader.transforms import worker_image
+
+if TYPE_CHECKING:
+    from raytune_loader.datasets import DatasetSpec
+    from raytune_loader.progress import Progress
+
+INSTALL = "pip install datasets"
+OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def _datasets() -> Any:
+    """HF's ``datasets``, offline. The variables are set before its first import in
+    this process (every process that reads the source, Ray's workers included, comes
+    through here; the processes it starts inherit them), and its settings too, for a
+    process that imported it before. Set here rather than when the package is
+    imported: a training script that imports raytune_loader keeps its hub access."""
+    for name in OFFLINE:
+        os.environ[name] = "1"
+    try:
+        import datasets
+        import datasets.distributed
+        import huggingface_hub.constants
+    except ImportError:
+        raise DatasetError(f"--dataset hf needs the datasets package: {INSTALL}") from None
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    return datasets
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What DIR holds: ``arrow`` (``save_to_disk``) or ``parquet`` files, in order."""
+
+    kind: str
+    folder: Path  # the saved split's folder, or the Parquet folder
+    files: tuple[str, ...]
+
+
+def _layout(spec: DatasetSpec) -> _Layout:
+    if not spec.data_root:
+        raise DatasetError(
+            "hf needs --data-root: a folder written by save_to_disk, or a folder of .parquet files"
+        )
+    root = Path(spec.data_root)
+    if not root.is_dir():
+        raise DatasetError(f"hf: {root} is not a folder")
+    split = _saved_split(root)
+    if split is not None:
+        state = json.loads((split / "state.json").read_text())
+        files = tuple(str(split / f["filename"]) for f in state["_data_files"])
+        return _Layout("arrow", split, files)
+    parquet = tuple(sorted(str(p) for p in root.glob("*.parquet")))
+    if not parquet:
+        raise DatasetError(
+            f"hf: {root} holds neither a dataset written by save_to_disk (dataset_dict.json "
+            "or state.json) nor .parquet files"
+        )
+    return _Layout("parquet", root, parquet)
+
+
+def _saved_split(root: Path) -> Path | None:
+    if (root / "dataset_dict.json").is_file():
+        splits = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
+        if "train" not in splits:
+            raise DatasetError(
+                f"hf: {root} is a DatasetDict without a train split (it has "
+                f"{', '.join(splits) or 'none'}); point --data-root at the split's folder"
+            )
+        return root / "train"
+    return root if (root / "state.json").is_file() else None
+
+
+class HuggingFaceTables(Source):
+    names = ("hf",)
+    summary = "a Hugging Face datasets folder (save_to_disk) or Parquet files under --data-root"
+
+    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+        return ("map", "stream")
+
+    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+        return True
+
+    def shards(self, spec: DatasetSpec) -> list[str]:
+        return list(_layout(spec).files)
+
+    def prepare(self, spec: DatasetSpec, progress: Progress) -> None:
+        """Parquet files are read into HF's Arrow cache once, here, for map-style reads
+        (a large folder takes a while); their footers are checked first."""
+        layout = _layout(spec)
+        if layout.kind == "parquet":
+            progress.stage(
+                f"Reading {len(layout.files)} Parquet files into Hugging Face's Arrow cache "
+                "(for map-style reads; once)"
+            )
+            self.build(spec)
+
+    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+        found = ("pil", "tensor")
+        if not cuda:
+            return found
+        layout = _layout(spec)
+        try:
+            batch = next(_batches(layout.files[0], [spec.image_column]), [])
+            first = _image_bytes(batch.column(0)[0].as_py(), str(layout.folder)) if batch else b""
+        except (DatasetError, CorruptSampleError, *_read_errors()):
+            return found  # the shard checks or the trials say what is wrong
+        return (*found, "device") if first[:3] == b"\xff\xd8\xff" else found
+
+    def read_shard(self, spec: DatasetSpec, path: str) -> ShardInfo:
+        from raytune_loader.datasets import prewarm
+
+        size = prewarm([path])
+        _check_file(spec, path)
+        try:  # every row read through, a batch at a time
+            rows = sum(len(b) for b in _batches(path, [spec.image_column, spec.label_column]))
+        except _read_errors() as exc:
+            raise _unreadable(path, exc) from None
+        return ShardInfo(path, rows, size)
+
+    def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+        hf = _datasets()
+        layout = _layout(spec)
+        columns = [spec.image_column, spec.label_column]
+        if layout.kind == "arrow":
+            table = hf.load_from_disk(str(layout.folder))
+            _check_columns(spec, str(layout.folder), table.data.schema)
+        else:
+            for path in layout.files:  # their footers: a file HF cannot read is named
+                _check_file(spec, path)
+            table = _converted(hf, spec, layout)
+        table = _undecoded(hf, table.select_columns(columns), spec.image_column)
+        classes = _classes(table.features, spec.label_column, [table.data.column(columns[1])])
+        return _Rows(table, _decoder(spec, layout, transfer, decode), layout.files, classes)
+
+    def build_stream(
+        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+    ) -> IterableDataset:
+        hf = _datasets()
+        layout = _layout(spec)
+        shards = shards or list(layout.files)
+        columns = [spec.image_column, spec.label_column]
+        if layout.kind == "arrow":
+            table = hf.concatenate_datasets([hf.Dataset.from_file(s) for s in shards])
+            labels = [table.data.column(spec.label_column)]
+            rows = table.select_columns(columns).to_iterable_dataset(
+                num_shards=max(1, min(len(shards), len(table)))
+            )
+        else:
+            with _quiet(hf):
+                rows = hf.load_dataset(
+                    "parquet", data_files=shards, split="train", streaming=True, columns=columns
+                )
+            labels = [b.column(0) for s in shards for b in _batches(s, [spec.label_column])]
+        rows = _undecoded(hf, rows, spec.image_column)
+        if variant.repeat:  # before the shuffle: one endless pass. A pass that ends
+            rows = rows.repeat(None)  # waits (HF 5 sleeps 5 s after a shuffled Parquet one)
+        if variant.shuffle_buffer > 0:
+            rows = rows.shuffle(seed=variant.seed, buffer_size=variant.shuffle_buffer)
+        classes = _classes(rows.features, spec.label_column, labels)
+        decoded = _decoder(spec, layout, variant.transfer, variant.decode)
+        return _Stream(rows, decoded, process_group(), classes, spec.data_root)
+
+    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+        layout = _layout(spec)
+        return {
+            "kind": "hf",
+            "format": layout.kind,
+            "shards": len(layout.files),
+            "image_column": spec.image_column,
+            "label_column": spec.label_column,
+        }
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What pyarrow raises for a file it cannot read (ArrowInvalid is a ValueError)."""
+    import pyarrow
+
+    return (OSError, ValueError, pyarrow.ArrowException)
+
+
+def _unreadable(path: str, exc: BaseException) -> DatasetError:
+    kind = "a Parquet" if path.endswith(".parquet") else "an Arrow"
+    return DatasetError(
+        f"hf: {path} is truncated or not {kind} file ({last_line(exc)}); rewrite it or leave it out"
+    )
+
+
+def _batches(path: str, columns: list[str]) -> Iterator[Any]:
+    """``columns`` of one shard, a record batch at a time (pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        yield from pq.ParquetFile(path).iter_batches(columns=columns)
+        return
+    for batch in pa.ipc.open_stream(pa.memory_map(path)):
+        yield batch.select(columns)
+
+
+def _row_count(path: str) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        return int(pq.read_metadata(path).num_rows)
+    return sum(len(batch) for batch in pa.ipc.open_stream(pa.memory_map(path)))
+
+
+def _check_file(spec: DatasetSpec, path: str) -> None:
+    """The file's schema (a Parquet file's footer) has the image and label columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.endswith(".parquet"):
+            schema = pq.read_schema(path)
+        else:
+            schema = pa.ipc.open_stream(pa.memory_map(path)).schema
+    except _read_errors() as exc:
+        raise _unreadable(path, exc) from None
+    _check_columns(spec, path, schema)
+
+
+def _check_columns(spec: DatasetSpec, where: str, schema: Any) -> None:
+    import pyarrow as pa
+
+    def image(kind: Any) -> bool:
+        if pa.types.is_struct(kind):
+            return {"bytes", "path"} & {kind.field(i).name for i in range(kind.num_fields)} != set()
+        return any(is_(kind) for is_ in (pa.types.is_binary, pa.types.is_large_binary,
+                                         pa.types.is_string, pa.types.is_large_string))  # fmt: skip
+
+    for column, role, fits, holds in (
+        (spec.image_column, "image", image, "an image (bytes or a path)"),
+        (spec.label_column, "label", pa.types.is_integer, "class indices (integers)"),
+    ):
+        if column not in schema.names:
+            raise DatasetError(
+                f"hf: {where} has no column {column!r} (it has {', '.join(schema.names)}); "
+                f"name the {role} column with --{role}-column"
+            )
+        if not fits(schema.field(column).type):
+            raise DatasetError(
+                f"hf: column {column!r} of {where} holds {schema.field(column).type}, not "
+                f"{holds}; name the {role} column with --{role}-column"
+            )
+
+
+def _converted(hf: Any, spec: DatasetSpec, layout: _Layout) -> Any:
+    """The Parquet files as one map-style dataset, through HF's Arrow cache."""
+    try:
+        with _quiet(hf):
+            return hf.load_dataset(
+                "parquet", data_files=list(layout.files), split="train",
+                columns=[spec.image_column, spec.label_column],
+            )  # fmt: skip
+    except hf.exceptions.DatasetGenerationError as exc:  # a page that does not decompress
+        raise DatasetError(
+            f"hf: the Parquet files under {layout.folder} could not be read: "
+            f"{last_line(exc.__cause__ or exc)}"
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet(hf: Any) -> Iterator[None]:
+    """Without HF's progress bars: the search's console says what happens."""
+    shown = not hf.are_progress_bars_disabled()
+    hf.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            hf.enable_progress_bars()
+
+
+def _undecoded(hf: Any, rows: Any, column: str) -> Any:
+    """An ``Image`` column as its stored bytes or path (``Image(decode=False)``): the
+    pipeline variant decodes. Other columns (plain bytes, paths) are read as stored."""
+    if isinstance((rows.features or {}).get(column), hf.Image):
+        return rows.cast_column(column, hf.Image(decode=False))
+    return rows
+
+
+def _classes(features: Any, column: str, labels: list[Any]) -> list[str]:
+    """A ClassLabel's names, else one class per index up to the largest label read."""
+    names = getattr((features or {}).get(column), "names", None)
+    if names:
+        return list(names)
+    import pyarrow.compute as pc
+
+    top = max((pc.max(values).as_py() or 0 for values in labels), default=0)
+    return [str(i) for i in range(top + 1)]
+
+
+def _image_bytes(cell: Any, folder: str) -> bytes:
+    """An image cell's encoded bytes: HF's ``Image`` storage (``bytes``, ``path``),
+    bytes, or a path (a relative one from the dataset's folder)."""
+    if isinstance(cell, dict):
+        data, path = cell.get("bytes"), cell.get("path")
+    elif isinstance(cell, (bytes, bytearray, memoryview)):
+        data, path = cell, None
+    else:
+        data, path = None, cell
+    if data:
+        return bytes(data)
+    if not path:
+        raise CorruptSampleError("it has neither image bytes nor a path")
+    try:
+        return Path(folder, path).read_bytes()
+    except OSError as exc:
+        raise CorruptSampleError(f"its image {path}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """A row as ``(image, label)`` with the variant's worker side; a picklable callable,
+    for worker processes started by spawn."""
+
+    image_column: str
+    label_column: str
+    folder: str
+    transfer: str
+    decode: str
+
+    def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
+        label = row[self.label_column]
+        if not isinstance(label, int):
+            raise CorruptSampleError(f"its label is {label!r}, not a class index")
+        data = _image_bytes(row[self.image_column], self.folder)
+        return worker_image(data, self.transfer, self.decode), label
+
+
+def _decoder(spec: DatasetSpec, layout: _Layout, transfer: str, decode: str) -> _Decoded:
+    return _Decoded(spec.image_column, spec.label_column, str(layout.folder), transfer, decode)
+
+
+class _Rows(Dataset):  # type: ignore[type-arg]
+    """The table by index, as ``(image, label)``; a row that fails names its file."""
+
+    def __init__(self, table: Any, decoded: _Decoded, files: tuple[str, ...], classes: list[str]):
+        self.table = table
+        self.decoded = decoded
+        self.files = files
+        self.classes = classes
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        try:
+            return self.decoded(self.table[index])
+        except CorruptSampleError as exc:
+            where = _row_in_files(self.files, index)
+            raise CorruptSampleError(f"corrupt sample {where}: {exc}") from None
+
+
+def _row_in_files(files: tuple[str, ...], index: int) -> str:
+    """Which file and row a row of the whole table is (its files hold it in order)."""
+    start = 0
+    for path in files:
+        rows = _row_count(path)
+        if index < start + rows:
+            return f"{path}, row {index - start}"
+        start += rows
+    return f"row {index}"
+
+
+class _Stream(IterableDataset):  # type: ignore[type-arg]
+    """An HF ``IterableDataset`` as ``(image, label)`` samples: this rank's shards
+    (``split_dataset_by_node``) and this loader worker's share of them. HF splits the
+    shards among worker processes itself; a thread worker takes its ``shard()``,
+    which HF cannot know of."""
+
+    def __init__(
+        self,
+        rows: Any,
+        decoded: _Decoded,
+        rank_world: tuple[int, int],
+        classes: list[str],
+        root: str | None,
+    ) -> None:
+        self.rows = rows
+        self.decoded = decoded
+        self.rank, self.world = rank_world
+        self.classes = classes
+        self.root = root
+
+    def _share(self) -> Any:
+        rows = self.rows
+        worker, workers = worker_share()
+        if workers > 1 and get_worker_info() is None:  # a thread of the thread loader
+            if worker >= rows.num_shards:
+                return []  # more threads than shards: this one has nothing to read
+            rows = rows.shard(num_shards=min(workers, rows.num_shards), index=worker)
+        if self.world > 1:
+            split_dataset_by_node = _datasets().distributed.split_dataset_by_node
+            rows = split_dataset_by_node(rows, rank=self.rank, world_size=self.world)
+        return rows
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        for count, row in enumerate(self._share(), 1):
+            yield self._sample(row, count)
+
+    def _sample(self, row: dict[str, Any], count: int) -> tuple[Any, int]:
+        try:
+            return self.decoded(row)
+        except CorruptSampleError as exc:
+            cell = row.get(self.decoded.image_column)
+            path = cell.get("path") if isinstance(cell, dict) else None
+            which = f"image {path}" if path else f"row {count} this loader worker read"
+            raise CorruptSampleError(f"corrupt sample in {self.root} ({which}): {exc}") from None
+
+
+SOURCE = HuggingFaceTables()
