@@ -19,10 +19,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware, records
+from raytune_loader import hardware, records, streams
 from raytune_loader.bestconfig import SearchContext, best_config
 from raytune_loader.costmodel import CostModel
-from raytune_loader.errors import ConfigError, ModelError, SearchInterruptedError, last_line
+from raytune_loader.errors import (
+    ConfigError,
+    ModelError,
+    RaytuneLoaderError,
+    SearchInterruptedError,
+    last_line,
+)
 from raytune_loader.factories import import_factory
 from raytune_loader.job import TrialJob, dataset_spec, job_from_options, prepare_data
 from raytune_loader.models import default_model, validate_model
@@ -77,10 +83,11 @@ def search_space(
     if job is None:
         return SearchSpace(max_workers, batch_sizes, cuda, usable, ranks=ranks)
     spec, source = job.dataset, job.dataset.source
-    if job.stream_workers is not None and job.stream_workers < max_workers:
-        max_workers = job.stream_workers
-        if not quiet and job.stream_note:
-            progress.warn(job.stream_note)
+    accesses = source.accesses(spec)
+    if job.stream_workers == 0:  # too few shards to stream: read by index only
+        accesses = tuple(a for a in accesses if a != "stream")
+    if job.stream_note:  # said once, here, where the bound takes effect
+        progress.warn(job.stream_note)
     pipeline = source.pipeline_searched(spec)
     return SearchSpace(
         max_workers=max_workers,
@@ -91,9 +98,10 @@ def search_space(
         decodes=source.decoders(spec, cuda) if pipeline else ("pil",),
         thread_workers=source.thread_workers(spec),
         ranks=ranks,
-        accesses=source.accesses(spec),
+        accesses=accesses,
         batchings=source.batchings(spec),
-    )
+        stream_workers=job.stream_workers,
+    )  # fmt: skip
 
 
 def _gpus_per_trial(opts: SearchOptions, cuda: bool) -> float:
@@ -173,15 +181,20 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     try:
         _announce_dashboard(cluster, progress)
         node_cpus = int(cluster.node_cpus) if cluster.joined else hardware.usable_cpus()
+        if job.stream_shards and node_cpus > job.node_cpus:  # a cluster's nodes are bigger:
+            job = streams.prepare_stream(  # a shard per worker they could run
+                replace(job, node_cpus=node_cpus), max(opts.batch_sizes), progress
+            )
         cuda = job.device == "cuda"
-        space = search_space(opts, node_cpus, cuda, progress, quiet=False, job=job)
+        space = search_space(opts, node_cpus, cuda, progress, quiet=True, job=job)
         opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial)
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
-        model = _cost_model(opts, job, space, measurer, node_cpus, progress)
         max_concurrent = opts.max_concurrent or _default_concurrency(gpus_per_trial, cluster)
         name, storage, resume = _experiment(out_dir, opts, cluster, progress)
+        # a resumed search goes on with the searcher Tune saved, and its model
+        model = None if resume else _cost_model(opts, job, space, measurer, node_cpus, progress)
         settings = tuner.TuneSettings(
             objective=opts.objective, num_samples=opts.num_samples, max_concurrent=max_concurrent,
             time_budget_s=opts.time_budget_s, gpus_per_trial=gpus_per_trial, seed=opts.seed,
@@ -240,7 +253,7 @@ def _cost_model(
     progress.stage(f"Profiling the pipeline's stages ({len(structures)} structures)")
     try:
         found = measurer.profile(job, structures, cores)
-    except Exception as exc:  # noqa: BLE001 - the search goes on without a model
+    except (RaytuneLoaderError, OSError, RuntimeError) as exc:  # the data's, or torch's
         progress.warn(f"the profile failed ({last_line(exc)}); searching with TPE alone")
         return None
     log.info("profile: %s", found)

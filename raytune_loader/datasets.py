@@ -85,16 +85,6 @@ def dataset_for_trial(
     return build_dataset(spec, transfer, decode)
 
 
-def pipeline_searchable(spec: DatasetSpec) -> bool:
-    """Whether the search may choose how this dataset's pipeline is built."""
-    return spec.source.pipeline_searched(spec)
-
-
-def decodes(spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
-    """Where this dataset's images may be decoded."""
-    return spec.source.decoders(spec, cuda)
-
-
 def num_classes(spec: DatasetSpec, dataset: Dataset[Any]) -> int:
     """Classes for the model's head; 1000 when the dataset does not say."""
     return spec.source.num_classes(dataset)

@@ -5,7 +5,9 @@ Trials, the verification step, the bench and users' training code (through
 so what was measured is what users get. Worker processes are PyTorch's
 ``DataLoader``; thread workers are ``torchdata.nodes`` (PyTorch's maintained
 node-based loader): each thread builds whole batches, as a DataLoader worker does,
-so ``num_workers``, ``prefetch_factor`` and ``in_order`` mean the same in both.
+so ``num_workers``, ``prefetch_factor`` and ``in_order`` mean the same in both. A
+stream (an IterableDataset) gets a DataLoader without a sampler, or
+:class:`ThreadStreamLoader`'s plain threads, each a worker of the stream's split.
 
 In a process group both read their own rank's shard of every epoch
 (:mod:`raytune_loader.sharding`), so a trainer that keeps the loader (Lightning,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -268,8 +271,9 @@ class ThreadStreamLoader:
             stop.set()
             for out in {id(q): q for q in queues}.values():
                 _drain(out)  # a thread waiting to put sees the stop
+            deadline = time.monotonic() + 60  # one stuck in the stream's own read: a daemon
             for thread in threads:
-                thread.join(timeout=60)  # one stuck in the stream's own read is a daemon
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _ordered(self, queues: list[queue.Queue[Any]]) -> Iterator[Any]:
         live = list(range(self.num_workers))
@@ -304,7 +308,8 @@ class ThreadStreamLoader:
                         sample, pending = self.collate_fn(pending), []
                     _put(out, _pinned(sample) if self.pin_memory else sample, stop)
                 if pending and not self.drop_last:
-                    _put(out, self.collate_fn(pending), stop)
+                    last = self.collate_fn(pending)
+                    _put(out, _pinned(last) if self.pin_memory else last, stop)
         except Exception as exc:  # noqa: BLE001 - the loop raises it, with its type
             _put(out, _Failure(exc), stop)
         finally:

@@ -371,7 +371,7 @@ def _first_sample(dataset: Dataset[Any]) -> Any:
     loader failure gets."""
     with pipeline_failures():
         if isinstance(dataset, IterableDataset):
-            first = next(iter(dataset), None)
+            first = streams.first_of(dataset)
             if first is None:
                 raise DataPipelineError("data_loader", "the stream yielded no sample")
             return first

@@ -25,14 +25,17 @@ from raytune_loader.loader import build_dataloader
 from raytune_loader.measure import prepare, worker_side_rate
 from raytune_loader.pipeline import collate_encoded, to_device
 from raytune_loader.space import LoaderConfig
+from raytune_loader.streams import opened
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 BATCHES = 6  # batches a receive or a device-side finish is timed on
 
 
 def structure(config: LoaderConfig) -> str:
-    """The key of a configuration's structure for the worker side: decoder/transfer."""
-    return f"{config.decode}/{config.transfer}"
+    """The key of a configuration's structure for the worker side: decoder/transfer, and
+    for a stream how it is read (its pipeline may batch in the workers)."""
+    key = f"{config.decode}/{config.transfer}"
+    return f"{key}/stream/{config.batching}" if config.access == "stream" else key
 
 
 def receiving(config: LoaderConfig) -> str:
@@ -101,13 +104,19 @@ def _collate(config: LoaderConfig) -> Any:
 def _samples(dataset: Dataset[Any], count: int, config: LoaderConfig) -> list[Any]:
     """``count`` samples of the variant, as a worker gives them to its collate."""
     if isinstance(dataset, IterableDataset):
-        items = iter(dataset)
-        first = next(items)
-        if config.batching == "workers":  # the stream makes batches: unbatch one
-            return [tuple(part[i] for part in first) for i in range(len(first[1]))][:count]
-        return [first, *(next(items) for _ in range(count - 1))]
+        with opened(dataset) as items:
+            return _from_stream(items, count, config)
     size = len(dataset)  # type: ignore[arg-type]
     return [dataset[i % size] for i in range(count)]
+
+
+def _from_stream(items: Any, count: int, config: LoaderConfig) -> list[Any]:
+    first = next(items)
+    if config.batching == "workers":  # the stream makes batches: unbatch one
+        images, *rest = first
+        parts = images.files() if hasattr(images, "files") else list(images)
+        return [(parts[i], *(r[i] for r in rest)) for i in range(len(parts))][:count]
+    return [first, *(next(items) for _ in range(count - 1))]
 
 
 def _timed(action: Any, repeats: int = 3) -> float:

@@ -116,6 +116,7 @@ class BestConfig:
         :meth:`dataloader`."""
         from raytune_loader.datasets import DatasetSpec
         from raytune_loader.sources.base import StreamVariant
+        from raytune_loader.streams import shuffle_buffer
 
         recorded = (self.data.get("search") or {}).get("dataset_spec")
         if not isinstance(recorded, dict) or "name" not in recorded:
@@ -129,8 +130,8 @@ class BestConfig:
             transfer=self.loader.transfer,
             decode=self.loader.decode,
             batch_size=self.loader.batch_size if self.loader.batching == "workers" else None,
-            shuffle_buffer=int(source.get("shuffle_buffer", spec.shuffle_buffer or 0)),
-            seed=None,
+            shuffle_buffer=int(source.get("shuffle_buffer", shuffle_buffer(spec))),
+            seed=None,  # another order each run; ranks still agree on their shards
         )
         return spec.source.build_stream(spec, [], variant)
 

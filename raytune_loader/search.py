@@ -18,7 +18,7 @@ from raytune_loader import __version__, sources
 from raytune_loader.api import run_search
 from raytune_loader.console import TerminalProgress, exit_status, notes, print_summary
 from raytune_loader.errors import RaytuneLoaderError
-from raytune_loader.options import PRECISIONS, SearchOptions
+from raytune_loader.options import PRECISIONS, SEARCH_METHODS, SearchOptions
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -71,7 +71,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--search",
-        choices=("model", "tpe", "random"),
+        choices=SEARCH_METHODS,
         default="model",
         help="how trials are proposed: model (profile the pipeline's stages, predict every "
         "candidate, run the predicted best of each structure, then TPE around them, skipping "

@@ -32,6 +32,7 @@ from typing import Any
 import optuna
 from ray.tune.search import Searcher
 
+from raytune_loader import profile
 from raytune_loader.costmodel import CostModel, median_error
 from raytune_loader.job import DATA_SLOT
 from raytune_loader.records import PREDICTED
@@ -39,7 +40,6 @@ from raytune_loader.space import LoaderConfig, SearchSpace
 
 N_STARTUP_TRIALS = 4  # random trials before TPE models the space
 MAX_RETRIES = 20  # proposals of already-measured configurations before one is re-run
-METHODS = ("model", "tpe", "random")
 FIRST_MARGIN = 0.25  # the model's margin before any trial measured its error
 MIN_MARGIN = 0.05  # never closer than this: the runs' own noise
 
@@ -91,6 +91,7 @@ class LoaderSearcher(Searcher):
         )
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
         self._pairs: list[tuple[float, float]] = []  # (predicted, measured) samples/s
+        self._predictions: dict[tuple[Any, ...], float | None] = {}
         first = list(space.baselines().values()) if enqueue_baselines else []
         self._best = 0.0  # the model's best predicted objective over the space
         if self._model is not None:
@@ -107,11 +108,16 @@ class LoaderSearcher(Searcher):
     # -- the cost model's part ------------------------------------------------------
 
     def _predicted(self, config: LoaderConfig) -> float | None:
-        """The model's samples/s for ``config`` (None without a model or a prediction)."""
+        """The model's samples/s for ``config`` (None without a model or a prediction);
+        remembered by what the model reads of it, as the space has many alike."""
         if self._model is None:
             return None
-        found = self._model.predict(config)
-        return found.samples_per_s if found else None
+        key = (profile.structure(config), profile.receiving(config), config.num_workers,
+               config.batch_size)  # fmt: skip
+        if key not in self._predictions:
+            found = self._model.predict(config)
+            self._predictions[key] = found.samples_per_s if found else None
+        return self._predictions[key]
 
     def _objective(self, config: LoaderConfig, samples_per_s: float) -> float:
         """The objective a prediction stands for: util is samples/s over the ceiling."""

@@ -16,8 +16,9 @@ accelerate and a DDP loop call) sets it. Every rank draws the same permutation
 (``seed`` + epoch) and takes every world-size-th index of it, padded to an equal
 count per rank, as ``DistributedSampler`` does, so ranks step in lockstep.
 
-Streaming sources split their shards instead: by rank (:func:`split_by_rank`) and
-by loader worker, process or thread (:func:`split_by_worker`).
+Streaming sources split their shards instead: by rank (their format's own splitter,
+webdataset's ``split_by_node``, Hugging Face's ``split_dataset_by_node``) and by loader
+worker, process or thread (:func:`split_by_worker`, :func:`worker_share`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import BatchSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
+
+from raytune_loader.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -58,12 +61,6 @@ def as_thread_worker(worker: int, workers: int) -> Iterator[None]:
         yield
     finally:
         del _thread_worker.share
-
-
-def split_by_rank(items: Iterable[T]) -> Iterator[T]:
-    """This rank's share of ``items``: every world-size-th, from its rank."""
-    rank, world = process_group()
-    return itertools.islice(items, rank, None, world)
 
 
 def split_by_worker(items: Iterable[T]) -> Iterator[T]:
@@ -124,6 +121,8 @@ class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
     def indices(self, rank: int, world: int) -> list[int]:
         """Rank ``rank``'s share of this epoch, then the epoch advances."""
         size = len(self.dataset)  # type: ignore[arg-type]
+        if size == 0:
+            raise ConfigError("the dataset is empty: the tuned loader has nothing to read")
         total = self.shard_length(world) * world
         order: list[int] = []
         draw = 0

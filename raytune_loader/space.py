@@ -10,6 +10,7 @@ reservation.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -223,6 +224,7 @@ class SearchSpace:
     ranks: int = 1  # data-parallel ranks per trial; the configuration is per rank
     accesses: tuple[str, ...] = ("map",)  # how the source may be read: by index, as a stream
     batchings: tuple[str, ...] = ("loader",)  # where a stream's batches may be made
+    stream_workers: int | None = None  # the most workers a rank's stream keeps busy
 
     def __post_init__(self) -> None:
         if "device" in self.decodes and not self.cuda:
@@ -243,10 +245,13 @@ class SearchSpace:
 
     def define_by_run(self, trial: Any) -> dict[str, Any] | None:
         """Optuna define-by-run space; returns the constants that are not searched."""
-        workers = trial.suggest_int("num_workers", 0, self.max_workers)
         access = self.accesses[0]
         if len(self.accesses) > 1:
             access = trial.suggest_categorical("access", list(self.accesses))
+        most = self.max_workers  # a stream's workers share its shards: no more than them
+        if access == "stream" and self.stream_workers is not None:
+            most = min(most, self.stream_workers)
+        workers = trial.suggest_int("num_workers", 0, most)
         if access == "stream" and len(self.batchings) > 1:
             trial.suggest_categorical("batching", list(self.batchings))
         decode = "pil"
@@ -345,7 +350,10 @@ class SearchSpace:
 
     def grid(self) -> list[LoaderConfig]:
         """Every configuration of the space: the branches of :meth:`define_by_run`,
-        walked one suggestion at a time."""
+        walked one suggestion at a time (once per space: it grows with the cores)."""
+        return list(_grid(self))
+
+    def _walk(self) -> tuple[LoaderConfig, ...]:
         found: list[LoaderConfig] = []
         pending: list[list[Any]] = [[]]
         while pending:
@@ -357,7 +365,7 @@ class SearchSpace:
                 pending.extend([*answers, choice] for choice in reversed(branch.choices))
                 continue
             found.append(LoaderConfig.from_dict({**walker.params, **constants}))
-        return found
+        return tuple(found)
 
     def structures(self) -> dict[tuple[str, ...], list[LoaderConfig]]:
         """The space's configurations by structure: (decoder, transfer, worker kind,
@@ -394,6 +402,11 @@ class _Replay:
     def _answer(self, name: str) -> Any:
         self.point[name] = self.values[name]
         return self.point[name]
+
+
+@functools.lru_cache(maxsize=4)
+def _grid(space: SearchSpace) -> tuple[LoaderConfig, ...]:
+    return space._walk()
 
 
 class _Branch(Exception):

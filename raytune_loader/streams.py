@@ -17,9 +17,11 @@ the space keeps it to one worker.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +48,13 @@ def prepare_stream(job: TrialJob, largest_batch: int, progress: Progress) -> Tri
     if not shards:
         return _prepare_own_stream(job, progress)
     if len(shards) < job.ranks:
-        raise DatasetError(
+        message = (
             f"{spec.name} has {len(shards)} shards under {spec.data_root}, fewer than the "
             f"{job.ranks} ranks (--ranks-per-node): each rank reads shards of its own"
         )
+        if "map" in spec.source.accesses(spec):  # it can still be read by index
+            return replace(job, stream_workers=0, stream_note=f"{message}; read by index only")
+        raise DatasetError(message)
     order = _shard_order(shards, job.seed)
     wanted = min(len(shards), job.ranks * max(1, int(job.node_cpus)))
     read = 0
@@ -83,7 +88,7 @@ def _prepare_own_stream(job: TrialJob, progress: Progress) -> TrialJob:
     """A user's stream: it must yield, and split itself across loader workers."""
     spec = job.dataset
     stream = spec.source.build_stream(spec, [], StreamVariant(seed=job.seed))
-    first = next(iter(stream), _NOTHING)
+    first = first_of(stream, _NOTHING)
     if first is _NOTHING:
         raise DatasetError(f"{spec.name} yielded no sample: its IterableDataset is empty")
     if not job.train_step and (not isinstance(first, (tuple, list)) or len(first) < 2):
@@ -99,11 +104,29 @@ def _prepare_own_stream(job: TrialJob, progress: Progress) -> TrialJob:
         "worker would repeat data: split it in __iter__ with "
         "torch.utils.data.get_worker_info() (worker id, number of workers)"
     )
-    progress.warn(note)
-    return replace(job, stream_workers=1, stream_note=note)
+    return replace(job, stream_workers=1, stream_note=note)  # warned where the space is made
 
 
 _NOTHING = object()
+
+
+@contextlib.contextmanager
+def opened(stream: Any) -> Iterator[Iterator[Any]]:
+    """An iterator over the stream, closed when the block ends: the files it opened are
+    released then, not at garbage collection."""
+    items = iter(stream)
+    try:
+        yield items
+    finally:
+        close = getattr(items, "close", None)
+        if callable(close):
+            close()
+
+
+def first_of(stream: Any, default: Any = None) -> Any:
+    """The stream's first sample, or ``default`` when it yields none."""
+    with opened(stream) as items:
+        return next(items, default)
 
 
 def splits_across_workers(stream: IterableDataset[Any], samples: int = 4) -> bool:
@@ -166,15 +189,16 @@ def trial_shards(job: TrialJob, slot: int = 0) -> list[str]:
     count = job.stream_shards
     if not count:
         return []
-    start = ((slot if job.cold else 0) * count) % len(order)
+    # with --cold, block 0 was read once to count it (it is in the page cache): slot k
+    # reads block k + 1
+    start = ((slot + 1 if job.cold else 0) * count) % len(order)
     return (order[start:] + order[:start])[:count]
 
 
 def variant(job: TrialJob, config: LoaderConfig, *, repeat: bool = True) -> StreamVariant:
     """How ``config`` reads the job's stream; a trial's repeats its shards, so one
     loader epoch lasts the whole segment, as with a map-style dataset."""
-    spec = job.dataset
-    buffer = DEFAULT_SHUFFLE_BUFFER if spec.shuffle_buffer is None else spec.shuffle_buffer
+    buffer = shuffle_buffer(job.dataset)
     return StreamVariant(
         transfer=config.transfer,
         decode=config.decode,
@@ -183,6 +207,11 @@ def variant(job: TrialJob, config: LoaderConfig, *, repeat: bool = True) -> Stre
         seed=job.seed,
         repeat=repeat,
     )
+
+
+def shuffle_buffer(spec: Any) -> int:
+    """The stream's shuffle buffer: the user's, or the formats' usual idiom."""
+    return DEFAULT_SHUFFLE_BUFFER if spec.shuffle_buffer is None else int(spec.shuffle_buffer)
 
 
 def stream_for_trial(job: TrialJob, config: LoaderConfig, slot: int = 0) -> IterableDataset[Any]:

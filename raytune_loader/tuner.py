@@ -26,7 +26,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from raytune_loader.costmodel import CostModel
-from raytune_loader.errors import ConfigError, DataPipelineError, last_line
+from raytune_loader.errors import ConfigError, DataPipelineError, RaytuneLoaderError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
 from raytune_loader.profile import Profile
@@ -377,7 +377,7 @@ class RayMeasurer:
             return self._result(ref, job, "the measurement")
         except DataPipelineError as exc:  # past its time: a sample that never returns
             return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
-        except (ray.exceptions.RayError, Exception) as exc:  # noqa: BLE001 - crashed, or died
+        except (ray.exceptions.RayError, RaytuneLoaderError) as exc:  # it raised, or died
             return TrialOutcome(config, cpus, 0, failure="error", detail=last_line(exc))
 
     def ceiling(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raytune_loader import load_best_config
-from raytune_loader.datasets import DatasetSpec, build_dataset, pipeline_searchable
+from raytune_loader.datasets import DatasetSpec, build_dataset
 from raytune_loader.errors import CorruptSampleError
 from raytune_loader.loader import build_dataloader
 from raytune_loader.pipeline import (
@@ -199,7 +199,8 @@ def test_only_uint8_image_batches_are_finished() -> None:
     ],
 )
 def test_which_datasets_have_their_pipeline_searched(name: str, searched: bool) -> None:
-    assert pipeline_searchable(DatasetSpec(name)) is searched
+    spec = DatasetSpec(name)
+    assert spec.source.pipeline_searched(spec) is searched
 
 
 @pytest.mark.parametrize(

@@ -17,15 +17,16 @@ def test_every_structure_s_stages_are_measured(tiny_imagenet: Path) -> None:
     )  # fmt: skip
     structures = [
         LoaderConfig(8, 1, 2),
+        LoaderConfig(8, 1, 2, workers="thread"),
         LoaderConfig(8, 1, 2, workers="thread", decode="tensor", transfer="uint8"),
     ]
     found = profile(job, structures, cores=2)
     assert set(found.per_core) == {"pil/float32", "tensor/uint8"}
-    assert set(found.receive_s) == {"process/float32", "thread/uint8"}
+    assert set(found.receive_s) == {"process/float32", "thread/float32", "thread/uint8"}
     assert all(rate > 10 for rate in found.per_core.values())  # samples/s of one core
-    # a thread hands its batch over through a queue; a process through pickling and
-    # shared memory: the training process pays more for the second
-    assert found.receive_s["thread/uint8"] < found.receive_s["process/float32"]
+    # the same batches: a thread hands its over through a queue, a process through
+    # pickling and shared memory, which the training process pays for
+    assert found.receive_s["thread/float32"] < found.receive_s["process/float32"]
     # uint8 images are converted and normalized by the training process
     assert found.finish_s["tensor/uint8"] > found.finish_s["pil/float32"]
     assert found.batch_size == 8 and found.seconds > 0

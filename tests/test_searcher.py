@@ -88,11 +88,10 @@ def _model_searcher(per_core: float, method: str = "model") -> LoaderSearcher:
 def test_the_model_s_first_proposals_contain_the_answer(per_core: float, answer: int) -> None:
     """A costly decode wants every worker the cores can run; free data wants none."""
     searcher = _model_searcher(per_core)
-    first = [searcher.suggest(f"t{i}") for i in range(3)]  # the 2 baselines, then the model's
-    assert answer in [c["num_workers"] for c in first[2:]] + (
-        [first[0]["num_workers"]] if answer == 0 else []
-    )
-    assert first[2]["predicted_samples_per_s"] > 0
+    enqueued = searcher._first  # noqa: SLF001 - the baselines and the model's first picks
+    first = [searcher.suggest(f"t{i}") for i in range(enqueued)]
+    ranked = max(first, key=lambda c: c["predicted_samples_per_s"])
+    assert ranked["num_workers"] == answer  # the one the model puts first is the answer
 
 
 def test_proposals_the_model_rules_out_are_not_run_but_counted() -> None:

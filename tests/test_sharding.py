@@ -100,9 +100,13 @@ def test_in_a_process_group_each_rank_reads_its_own_half_of_every_epoch() -> Non
     ranks = [context.Process(target=_rank, args=(r, port, results)) for r in (0, 1)]
     for process in ranks:
         process.start()
-    read = dict(results.get(timeout=120) for _ in ranks)
-    for process in ranks:
-        process.join(timeout=30)
+    try:
+        read = dict(results.get(timeout=120) for _ in ranks)
+    finally:  # a rank that died leaves its peer waiting in the process group
+        for process in ranks:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
     for kind in ("process", "thread"):
         for epoch in (0, 1):
             zero, one = read[0][kind][epoch], read[1][kind][epoch]

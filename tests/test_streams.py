@@ -50,7 +50,8 @@ def test_workers_per_rank_are_bounded_by_the_shards_a_rank_reads(
     progress = LogProgress()
     progress.warn = warned.append  # type: ignore[method-assign]
     space = search_space(SearchOptions(ranks_per_node=2), 4, False, progress, job=job)
-    assert space.max_workers == 1 and warned == [job.stream_note]
+    assert space.stream_workers == 1 and warned == [job.stream_note]
+    assert {config.num_workers for config in space.grid()} == {0, 1}
     assert space.accesses == ("stream",) and space.batchings == ("loader", "workers")
 
 

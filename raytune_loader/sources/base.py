@@ -90,8 +90,9 @@ class Source:
     def build_stream(
         self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
     ) -> IterableDataset:
-        """The stream over ``shards``, split by rank and by loader worker
-        (:func:`raytune_loader.sharding.split_by_rank`, ``split_by_worker``)."""
+        """The stream over ``shards`` (all of them when empty), split by rank when it is
+        iterated (the format's own splitter) and by loader worker, process or thread
+        (:func:`raytune_loader.sharding.split_by_worker`)."""
         raise NotImplementedError
 
     def thread_workers(self, spec: DatasetSpec) -> bool:

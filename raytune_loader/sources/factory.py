@@ -31,7 +31,7 @@ TRANSFER_KEYWORD = "transfer"  # a dataset factory that takes it opts into pipel
 
 class Factory(Source):
     names = ("package.module:function",)
-    summary = "your factory returning a map-style Dataset of (input, target)"
+    summary = "your factory returning a Dataset or IterableDataset of (input, target)"
     cached = False  # its dataset may hold state that must not carry over to the next trial
 
     def matches(self, name: str) -> bool:
@@ -77,10 +77,27 @@ class Factory(Source):
         dataset = self._called(spec, variant.transfer)
         if not isinstance(dataset, IterableDataset):
             raise DatasetError(f"{spec.name} returned {type(dataset).__name__}, not a stream")
-        return dataset
+        return _Repeated(dataset) if variant.repeat else dataset
 
     def describe(self, spec: DatasetSpec) -> dict[str, Any]:
         return {"kind": "factory", "factory": spec.name}
+
+
+class _Repeated(IterableDataset):  # type: ignore[type-arg]
+    """The user's stream, over and over (a trial's one long epoch); its own worker split
+    holds on every pass. A stream that yields nothing ends."""
+
+    def __init__(self, stream: IterableDataset) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Any:
+        while True:
+            produced = False
+            for sample in self.stream:
+                produced = True
+                yield sample
+            if not produced:
+                return
 
 
 @functools.lru_cache(maxsize=8)

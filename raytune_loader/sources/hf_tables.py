@@ -197,10 +197,13 @@ class HuggingFaceTables(Source):
         if variant.repeat:  # before the shuffle: one endless pass. A pass that ends
             rows = rows.repeat(None)  # waits (HF 5 sleeps 5 s after a shuffled Parquet one)
         if variant.shuffle_buffer > 0:
-            rows = rows.shuffle(seed=variant.seed, buffer_size=variant.shuffle_buffer)
+            # every rank must draw the same shard order for split_dataset_by_node to give
+            # each its own: a seed, always (another order each epoch: set_epoch)
+            seed = 0 if variant.seed is None else variant.seed
+            rows = rows.shuffle(seed=seed, buffer_size=variant.shuffle_buffer)
         classes = _classes(rows.features, spec.label_column, labels)
         decoded = _decoder(spec, layout, variant.transfer, variant.decode)
-        return _Stream(rows, decoded, process_group(), classes, spec.data_root)
+        return _Stream(rows, decoded, classes, spec.data_root)
 
     def describe(self, spec: DatasetSpec) -> dict[str, Any]:
         layout = _layout(spec)
@@ -233,10 +236,12 @@ def _batches(path: str, columns: list[str]) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     if path.endswith(".parquet"):
-        yield from pq.ParquetFile(path).iter_batches(columns=columns)
+        with pq.ParquetFile(path) as table:
+            yield from table.iter_batches(columns=columns)
         return
-    for batch in pa.ipc.open_stream(pa.memory_map(path)):
-        yield batch.select(columns)
+    with pa.memory_map(path) as mapped:
+        for batch in pa.ipc.open_stream(mapped):
+            yield batch.select(columns)
 
 
 def _row_count(path: str) -> int:
@@ -245,7 +250,8 @@ def _row_count(path: str) -> int:
 
     if path.endswith(".parquet"):
         return int(pq.read_metadata(path).num_rows)
-    return sum(len(batch) for batch in pa.ipc.open_stream(pa.memory_map(path)))
+    with pa.memory_map(path) as mapped:
+        return sum(len(batch) for batch in pa.ipc.open_stream(mapped))
 
 
 def _check_file(spec: DatasetSpec, path: str) -> None:
@@ -257,7 +263,8 @@ def _check_file(spec: DatasetSpec, path: str) -> None:
         if path.endswith(".parquet"):
             schema = pq.read_schema(path)
         else:
-            schema = pa.ipc.open_stream(pa.memory_map(path)).schema
+            with pa.memory_map(path) as mapped:
+                schema = pa.ipc.open_stream(mapped).schema
     except _read_errors() as exc:
         raise _unreadable(path, exc) from None
     _check_columns(spec, path, schema)
@@ -409,35 +416,34 @@ def _row_in_files(files: tuple[str, ...], index: int) -> str:
 
 class _Stream(IterableDataset):  # type: ignore[type-arg]
     """An HF ``IterableDataset`` as ``(image, label)`` samples: this rank's shards
-    (``split_dataset_by_node``) and this loader worker's share of them. HF splits the
-    shards among worker processes itself; a thread worker takes its ``shard()``,
-    which HF cannot know of."""
+    (``split_dataset_by_node``, the process group read when iteration starts, as the
+    other sources do) and this loader worker's share of them. HF splits a rank's
+    shards among worker processes itself; a thread worker takes its ``shard()`` of
+    them, which HF cannot know of."""
 
-    def __init__(
-        self,
-        rows: Any,
-        decoded: _Decoded,
-        rank_world: tuple[int, int],
-        classes: list[str],
-        root: str | None,
-    ) -> None:
+    def __init__(self, rows: Any, decoded: _Decoded, classes: list[str], root: str | None) -> None:
         self.rows = rows
         self.decoded = decoded
-        self.rank, self.world = rank_world
         self.classes = classes
         self.root = root
 
     def _share(self) -> Any:
         rows = self.rows
+        rank, world = process_group()
+        if world > 1:  # the node's split first, then the threads share the rank's files
+            split_dataset_by_node = _datasets().distributed.split_dataset_by_node
+            rows = split_dataset_by_node(rows, rank=rank, world_size=world)
         worker, workers = worker_share()
         if workers > 1 and get_worker_info() is None:  # a thread of the thread loader
             if worker >= rows.num_shards:
                 return []  # more threads than shards: this one has nothing to read
             rows = rows.shard(num_shards=min(workers, rows.num_shards), index=worker)
-        if self.world > 1:
-            split_dataset_by_node = _datasets().distributed.split_dataset_by_node
-            rows = split_dataset_by_node(rows, rank=self.rank, world_size=self.world)
         return rows
+
+    def set_epoch(self, epoch: int) -> None:
+        """Another shuffle for ``epoch`` (HF's idiom: call it before each epoch, in every
+        rank; DataLoader workers then start from it)."""
+        self.rows.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         for count, row in enumerate(self._share(), 1):
