@@ -353,6 +353,7 @@ def test_a_search_on_a_parquet_folder_end_to_end(tables: Tables, tmp_path: Path)
     result = run_cli(
         *args, "--dataset", "hf", "--data-root", str(tables.parquet), "--num-samples", "4",
         "--verify-repeats", "1", "--samples-per-trial", "48", "--out", str(tmp_path / "out"),
+        "--shuffle-buffer", "0",  # a shuffled Parquet stream sleeps 5 s at each pass's end
         cwd=tmp_path, env={"HF_DATASETS_CACHE": str(tmp_path / "cache")},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
