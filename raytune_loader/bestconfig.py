@@ -145,6 +145,7 @@ def best_config(
         "ranks_per_node": ctx.job.ranks,  # the loader below is each rank's
         # after an out-of-memory back-off, what fits is what training should use
         "loader": fitting(winner).kwargs(),
+        "worker_init": winner.config.worker_init(),  # what .dataloader()'s workers set
         "metrics": metrics_of(winner),
         **_limit(winner, (input_rates or {}).get(winner.name)),
         "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
@@ -159,6 +160,7 @@ def best_config(
                     "name": c.name,
                     "loader": c.config.kwargs(),
                     "pipeline": c.config.pipeline(),
+                    "worker_init": c.config.worker_init(),
                     "objective": c.stats(ctx.opts.objective).as_dict(),
                 }  # type: ignore[union-attr]
                 for c in selection.ranked

@@ -37,17 +37,19 @@ ORDERED = ("num_workers", "prefetch_factor", "batch_size")  # integers, ordered 
 def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
     """Winner and both baselines: the table a user pastes into a pull request. Each row
     has every field of the configuration (its DataLoader arguments and pipeline)."""
-    rows = [("tuned", best["loader"], best.get("pipeline"), best["metrics"])]
-    rows += [(name, b["loader"], b.get("pipeline"), b["metrics"])
-             for name, b in best["baselines"].items()]  # fmt: skip
+    sections = {"tuned": best, **best["baselines"]}
     winner_speed = _median(best["metrics"], "samples_per_s")
     out = []
-    for name, loader, pipeline, metrics in rows:
+    for name, section in sections.items():
+        metrics = section["metrics"]
+        config = config_from_sections(
+            section["loader"], section.get("pipeline"), section.get("worker_init")
+        )
         speed = _median(metrics, "samples_per_s")
         out.append(
             {
                 "config": name,
-                **config_from_sections(loader, pipeline).values(),
+                **config.values(),
                 "samples_per_s": speed,
                 "samples_per_s_range": _range(metrics, "samples_per_s"),
                 "util": _median(metrics, "util"),
@@ -104,7 +106,7 @@ def param_importances(trials: pd.DataFrame, objective: str) -> dict[str, float] 
     done = trials[(trials["status"] == "ok") & trials[objective].notna()]
     done = done.assign(prefetch_factor=done["prefetch"])  # 0 for workers=0: one fixed range
     known = [p for p in CONFIG_KEYS if p in done]  # older files lack the pipeline's columns
-    done = done.assign(**{p: done[p].fillna("default").astype(str) for p in known
+    done = done.assign(**{p: done[p].astype(object).fillna("default").astype(str) for p in known
                           if p not in ORDERED})  # fmt: skip
     varying = [p for p in known if done[p].nunique() > 1]
     if len(done) < 2 or not varying:
@@ -348,7 +350,8 @@ def _winner(best: dict[str, Any]) -> list[str]:
     kind = "pct1" if objective == "util" else ""
     for r in sel.get("runners_up", []):
         median, low, high = (_cell(r["objective"].get(k), kind) for k in ("median", "min", "max"))
-        settings = config_from_sections(r["loader"], r.get("pipeline")).label()
+        settings = config_from_sections(r["loader"], r.get("pipeline"), r.get("worker_init"))
+        settings = settings.label()
         lines.append(f"- {r['name']}: {settings}; {objective} {median} ({low}-{high})")
     return lines
 
