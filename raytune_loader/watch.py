@@ -38,6 +38,7 @@ INTERVAL_S = 0.2  # between readings of resident memory (doubled every SLOWER_AF
 SLOWER_AFTER = 250  # rounds: a long trial keeps a few hundred readings, not thousands
 BUDGET = 0.01  # of the measurement's CPUs the private-memory readings may take
 BUSY_SHARE = 0.05  # a thread that ran this share of the window is busy
+BUSY_MIN_S = 0.01  # and at least this long (a short window's stray milliseconds are not)
 FLOOR_BYTES = 4 * 2**20  # growth over the window below this is the allocator's noise
 JUMP_SHARE = 0.5  # one step this far above the even rate (of the growth) is a one-off
 LATE_SHARE = 0.25  # the later half of the reads must hold this much of the growth
@@ -241,7 +242,7 @@ class Watcher:
                 continue  # a worker that started within the window
             earlier = before[worker][1]
             used = [cpu_s - earlier.get(thread, 0.0) for thread, cpu_s in threads.items()]
-            busy = sum(1 for cpu_s in used if cpu_s >= BUSY_SHARE * wall)
+            busy = sum(1 for cpu_s in used if cpu_s >= max(BUSY_SHARE * wall, BUSY_MIN_S))
             use.append(ThreadUse(worker, len(threads), busy, cpu - before[worker][2]))
         return tuple(use)
 
@@ -322,20 +323,19 @@ class Scope:
 class Growth:
     """Sustained memory growth of a group of processes, per sample each reads."""
 
-    copies: float  # bytes of the main process's pages copied (copy-on-write)
-    kept: float  # bytes of new memory kept (a cache, a leak)
+    copies: float  # bytes of the main process's pages copied, per distinct sample read
+    kept: float  # bytes of new memory kept (a cache, a leak), per sample read
 
 
 @dataclass(frozen=True)
 class MemoryFit:
     """One rank's memory over its measured window, and where one epoch takes it."""
 
-    workers: Growth  # per distinct sample a worker reads (zero without worker processes)
-    main: Growth  # per sample the training loop reads (distinct, without workers)
+    workers: Growth  # per sample a worker reads (zero without worker processes)
+    main: Growth  # per sample the training loop reads (it copies nothing: kept only)
     current_bytes: int  # the rank's processes at the window's end (PSS, else RSS)
     shared_bytes: tuple[int, ...]  # per worker: what it still shares with the main process
     worker_reads: float  # distinct samples each worker had read at the window's end
-    main_reads: float
     epoch: int | None  # samples in one epoch of the whole dataset, all ranks
     parts: int  # readers of the epoch: workers x ranks (ranks without workers)
     ranks: int
@@ -347,18 +347,19 @@ class MemoryFit:
 
     def epoch_growth(self, epoch: int | None = None) -> int | None:
         """What one epoch of ``epoch`` samples (default the whole dataset's) adds to this
-        rank's processes: each worker reads its share, copying at most what it still
-        shares with the main process, and keeping new memory without a bound."""
+        rank's processes: each worker reads its share, copying the pages of the samples
+        it has not read yet, at most what it still shares with the main process, and
+        keeping new memory for every sample, without a bound."""
         epoch = epoch or self.epoch
         if epoch is None:
             return None
-        left = max(0.0, epoch / self.parts - self.worker_reads)
+        share = epoch / self.parts
+        unread = max(0.0, share - self.worker_reads)
         growth = sum(
-            min(self.workers.copies * left, shared) + self.workers.kept * left
+            min(self.workers.copies * unread, shared) + self.workers.kept * share
             for shared in self.shared_bytes
         )
-        main_left = max(0.0, epoch / self.ranks - self.main_reads)
-        return int(growth + (self.main.copies + self.main.kept) * main_left)
+        return int(growth + self.main.kept * epoch / self.ranks)
 
 
 def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
@@ -371,22 +372,19 @@ def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
     workers = watch.workers
     parts = max(1, workers) * scope.ranks
 
-    def worker_x(reads: int) -> float:
+    def distinct(reads: int) -> float:  # samples a worker has read, each counted once
         return distinct_reads(reads / max(1, workers), scope.subset, parts)
 
-    def main_x(reads: int) -> float:
-        return reads if workers else distinct_reads(reads, scope.subset, scope.ranks)
-
-    kept_floor = KEPT_SHARE * scope.sample_bytes
+    floor = KEPT_SHARE * scope.sample_bytes
     full, last = _latest(inside), _latest(inside, full=False)
     others = [r for r in inside if r.worker != MAIN]
+    mains = [r for r in inside if r.worker == MAIN]
     return MemoryFit(
-        workers=_growth(others, worker_x, kept_floor) if workers else Growth(0.0, 0.0),
-        main=_growth([r for r in inside if r.worker == MAIN], main_x, kept_floor, copies=False),
+        workers=_growth(others, workers, distinct, floor) if workers else Growth(0.0, 0.0),
+        main=Growth(0.0, _kept(mains, 1, floor)),
         current_bytes=sum(full[w].pss or 0 if w in full else r.rss for w, r in last.items()),
         shared_bytes=_shared(full, [w for w in last if w != MAIN], last),
-        worker_reads=worker_x(end),
-        main_reads=main_x(end),
+        worker_reads=distinct(end),
         epoch=scope.epoch,
         parts=parts,
         ranks=scope.ranks,
@@ -423,17 +421,22 @@ def _latest(readings: Sequence[Reading], full: bool = True) -> dict[int, Reading
 
 
 def _growth(
-    readings: Sequence[Reading], x: Callable[[int], float], kept_floor: float, copies: bool = True
+    readings: Sequence[Reading], readers: int, distinct: Callable[[int], float], floor: float
 ) -> Growth:
-    """Copies (what a worker shares with the main process shrinking) and kept memory
-    (resident anonymous memory growing by at least ``kept_floor`` a sample: below that
-    it is the allocator settling, which a short window cannot tell from a leak), each
-    per unit of ``x``, when sustained."""
-    kept = _sustained([(r.worker, x(r.reads), float(r.anon)) for r in readings])
+    """The workers' copies (what one shares with the main process shrinking, per
+    distinct sample it reads: a page is copied once) and kept memory, when sustained."""
     copied = _sustained(
-        [(r.worker, x(r.reads), -float(_still_shared(r))) for r in readings if r.uss is not None]
+        [(r.worker, distinct(r.reads), -float(_still_shared(r))) for r in readings if r.uss]
     )
-    return Growth(copies=copied if copies else 0.0, kept=kept if kept >= kept_floor else 0.0)
+    return Growth(copies=copied, kept=_kept(readings, readers, floor))
+
+
+def _kept(readings: Sequence[Reading], readers: int, floor: float) -> float:
+    """Resident anonymous memory growing per sample each of ``readers`` reads, when
+    sustained and at least ``floor`` a sample: below that it is the allocator settling,
+    which a short window cannot tell from a leak."""
+    kept = _sustained([(r.worker, r.reads / readers, float(r.anon)) for r in readings])
+    return kept if kept >= floor else 0.0
 
 
 def _sustained(points: Sequence[tuple[int, float, float]]) -> float:

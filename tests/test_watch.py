@@ -66,11 +66,11 @@ def test_copies_are_what_a_worker_shares_shrinking_projected_up_to_all_it_shares
 
 
 def test_memory_kept_per_sample_grows_without_a_bound() -> None:
-    readings = [_worker(r, 300, kept=r * 50_000 / 2 / MIB) for r in range(0, 10_001, 500)]
+    readings = [_worker(r, 300, kept=r * 50_000 / MIB) for r in range(0, 10_001, 500)]
     fit = fit_memory(_watch(readings, workers=1), Scope(None, 10**6, sample_bytes=SAMPLE))
     assert fit is not None
-    assert fit.workers.kept == pytest.approx(25_000, rel=0.01)  # per sample of the 2 read
-    assert fit.epoch_growth() == pytest.approx(25_000 * (10**6 - 5000), rel=0.01)
+    assert fit.workers.kept == pytest.approx(50_000, rel=0.01)  # per sample it reads
+    assert fit.epoch_growth() == pytest.approx(50_000 * 10**6, rel=0.01)  # every one of them
 
 
 @pytest.mark.parametrize(
