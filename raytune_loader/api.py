@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware, records
+from raytune_loader import findings, hardware, records
 from raytune_loader.bestconfig import SearchContext, best_config
 from raytune_loader.errors import ConfigError, ModelError, SearchInterruptedError
 from raytune_loader.factories import import_factory
@@ -277,7 +277,9 @@ def _verify(
         on_measured=lambda done, total, *_: progress.count(what, done, total),
         slot_base=opts.num_samples,
     )
-    return with_input_rates(verified, job, opts.objective, measurer, progress)
+    verified = with_input_rates(verified, job, opts.objective, measurer, progress)
+    rules = findings.Rules(opts.memory_share, opts.cpus_per_worker)
+    return findings.probe(verified, job, opts.objective, class_records, measurer, progress, rules)
 
 
 def _write_results(
@@ -294,7 +296,7 @@ def _write_results(
         for hw_class, class_records in by_class.items()
     }  # fmt: skip
     results = {
-        hw_class: best_config(context, v.candidates, rebased[hw_class], v.input_rates)
+        hw_class: best_config(context, v.candidates, rebased[hw_class], v.input_rates, v.probes)
         for hw_class, v in verified.items()
     }
     primary = next(iter(results))  # the class with the most trials

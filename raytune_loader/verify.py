@@ -117,6 +117,7 @@ class Verified:
     candidates: list[Candidate]
     ceilings: dict[int, float]
     input_rates: dict[str, InputRate] = field(default_factory=dict)  # by candidate name
+    probes: list[Candidate] = field(default_factory=list)  # the winner's variants (findings)
 
 
 def verify(
