@@ -337,7 +337,7 @@ def train_segment(
     sampler: nvml.UtilizationSampler | None = None
     with segment_batches(dataset, config, spec, seed) as batches:
         cpus = min(hardware.usable_cpus(), 1 + config.num_workers)
-        watcher = watch.Watcher(batches.worker_pids, cpus).start()
+        watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
 
         def fetch() -> Any:  # the next batch on the device, counted as read
             on_device = _on_device(trainer, next(batches), non_blocking, config)
@@ -428,7 +428,8 @@ def _scope(dataset: Dataset[Any], sample_bytes: int) -> watch.Scope:
     if isinstance(dataset, IterableDataset):
         return watch.Scope(None, None, ranks, sample_bytes)
     whole = dataset.dataset if isinstance(dataset, Subset) else dataset
-    return watch.Scope(len(dataset), len(whole), ranks, sample_bytes)  # type: ignore[arg-type]
+    objects = watch.python_objects_bytes(whole)  # what copy-on-write can copy in a worker
+    return watch.Scope(len(dataset), len(whole), ranks, sample_bytes, objects)  # type: ignore[arg-type]
 
 
 def watched_figures(seen: watch.Watch, fit: watch.MemoryFit | None) -> dict[str, Any]:

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import math
 import os
+import random
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -37,14 +40,15 @@ FOLLOWED = 0  # the worker whose private memory is read throughout the window
 INTERVAL_S = 0.2  # between readings of resident memory (doubled every SLOWER_AFTER rounds)
 SLOWER_AFTER = 250  # rounds: a long trial keeps a few hundred readings, not thousands
 BUDGET = 0.01  # of the measurement's CPUs the private-memory readings may take
-BUSY_SHARE = 0.05  # a thread that ran this share of the window is busy
-BUSY_MIN_S = 0.01  # and at least this long (a short window's stray milliseconds are not)
+BUSY_SHARE = 0.1  # a thread that ran this share of the window is busy
+BUSY_MIN_S = 0.02  # and at least this long (a short window's stray milliseconds are not)
 FLOOR_BYTES = 4 * 2**20  # growth over the window below this is the allocator's noise
 JUMP_SHARE = 0.5  # one step this far above the even rate (of the growth) is a one-off
 LATE_SHARE = 0.25  # the later half of the reads must hold this much of the growth
 KEPT_SHARE = 0.25  # new memory per sample below this share of a sample is the allocator's
 TAIL_MARGIN_S = 0.001  # a wait counts in the tail above twice the median plus this
 MIN_READINGS = 3  # a process read fewer times in the window gives no rate
+SETTLING = 0.1  # the share of the window's reads left out of the rates
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,10 @@ class Watcher:
         cpus: float,
         interval_s: float = INTERVAL_S,
         budget: float = BUDGET,
+        active: bool = True,
     ) -> None:
         self.reads = 0
+        self._active = active  # inactive: it only counts, to measure what watching costs
         self._worker_pids = worker_pids
         self._budget_s = budget * max(1.0, cpus)  # CPU seconds per second
         self._interval_s = interval_s
@@ -127,18 +133,22 @@ class Watcher:
 
     def start(self) -> Watcher:
         self._started = time.monotonic()
-        self._thread.start()
+        if self._active:
+            self._thread.start()
         return self
 
     def window_started(self) -> None:
         self._window[0] = self.reads
-        self._mark()
+        if self._active:
+            self._mark()
 
     def window_ended(self) -> None:
         """Mark the window's end; then, outside it, read every process in full."""
         self._window[1] = self.reads
-        self._mark()
         self._ended = time.monotonic()
+        if not self._active:
+            return
+        self._mark()
         self._stop.set()
         self._thread.join()
         with self._lock:
@@ -161,7 +171,7 @@ class Watcher:
             window_s=self._marks[-1][0] - self._marks[0][0] if len(self._marks) == 2 else 0.0,
             threads=self._thread_use(),
             free_bytes=self._free or psutil.virtual_memory().available,
-            libraries=thread_pools(),
+            libraries=thread_pools() if self._active else (),
             cost_s=self._cost_s,
             full_readings=self._full,
             watched_s=max(0.0, (self._ended or time.monotonic()) - self._started),
@@ -317,6 +327,7 @@ class Scope:
     epoch: int | None
     ranks: int = 1
     sample_bytes: int = 0
+    objects_bytes: int | None = None  # the dataset's Python objects (python_objects_bytes)
 
 
 @dataclass(frozen=True)
@@ -339,6 +350,8 @@ class MemoryFit:
     epoch: int | None  # samples in one epoch of the whole dataset, all ranks
     parts: int  # readers of the epoch: workers x ranks (ranks without workers)
     ranks: int
+    objects_bytes: int | None = None  # what reading every sample can copy, per worker
+    copies_span: tuple[float, float] = (0.0, 0.0)  # distinct reads the copies were fitted over
 
     @property
     def per_sample(self) -> float:
@@ -354,12 +367,51 @@ class MemoryFit:
         if epoch is None:
             return None
         share = epoch / self.parts
-        unread = max(0.0, share - self.worker_reads)
         growth = sum(
-            min(self.workers.copies * unread, shared) + self.workers.kept * share
+            self.copied(self.worker_reads, share, shared) + self.workers.kept * share
             for shared in self.shared_bytes
         )
         return int(growth + self.main.kept * epoch / self.ranks)
+
+    def copied(self, read: float, more: float, shared: float) -> float:
+        """What one worker copies between ``read`` and ``more`` distinct samples read.
+
+        Reading samples at random touches the pages of the dataset's Python objects as a
+        coupon collector does: the first reads copy a page each, later ones fewer and
+        fewer, until every page is copied: ``F (1 - exp(-x u))`` after x samples. F is
+        at least the objects' own bytes (``objects_bytes``) and at least what the slope
+        measured over the window needs; u is then the slower of the curves with that
+        slope there. The growth follows the curve, never past what the worker still
+        shares; without the objects' size the measured rate goes on straight, up to that."""
+        rate = self.workers.copies
+        if rate <= 0 or more <= read:
+            return 0.0
+        if not self.objects_bytes:
+            return min(rate * (more - read), shared)
+        ceiling, decay = _saturation(rate, *self.copies_span, self.objects_bytes)
+        return min(ceiling * (math.exp(-read * decay) - math.exp(-more * decay)), shared)
+
+
+def _saturation(slope: float, start: float, end: float, objects: float) -> tuple[float, float]:
+    """(F, u) of the curve ``F (1 - exp(-x u))`` whose mean slope between ``start`` and
+    ``end`` distinct reads is ``slope``: F the larger of ``objects`` and the least F any
+    curve needs for that slope there (a little more, to keep a solution), u the smaller
+    of the two that give it (more growth left: the cautious one)."""
+    span = max(end - start, 1e-9)
+    best = math.log(end / start) / span if start > 0 else math.inf  # u of the steepest
+
+    def mean_slope(ceiling: float, decay: float) -> float:
+        return ceiling * (math.exp(-start * decay) - math.exp(-end * decay)) / span
+
+    steepest = 1.0 if math.isinf(best) else mean_slope(1.0, best)  # per byte of F
+    ceiling = max(objects, 1.05 * slope / steepest)
+    low, high = 0.0, best if math.isfinite(best) else 1.0
+    while math.isinf(best) and mean_slope(ceiling, high) < slope:
+        high *= 2
+    for _ in range(80):  # mean_slope rises with u up to the steepest curve
+        middle = (low + high) / 2
+        low, high = (middle, high) if mean_slope(ceiling, middle) < slope else (low, middle)
+    return ceiling, high
 
 
 def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
@@ -369,6 +421,9 @@ def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
     inside = [r for r in watch.readings if start <= r.reads]
     if not inside:
         return None
+    # a worker's first batches copy and allocate what any worker does once (caches, the
+    # allocator's first pools): the rates leave the window's first tenth out
+    settled = [r for r in inside if r.reads >= start + SETTLING * (end - start)]
     workers = watch.workers
     parts = max(1, workers) * scope.ranks
 
@@ -377,8 +432,9 @@ def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
 
     floor = KEPT_SHARE * scope.sample_bytes
     full, last = _latest(inside), _latest(inside, full=False)
-    others = [r for r in inside if r.worker != MAIN]
-    mains = [r for r in inside if r.worker == MAIN]
+    others = [r for r in settled if r.worker != MAIN]
+    mains = [r for r in settled if r.worker == MAIN]
+    followed = [distinct(r.reads) for r in others if r.worker == FOLLOWED and r.uss is not None]
     return MemoryFit(
         workers=_growth(others, workers, distinct, floor) if workers else Growth(0.0, 0.0),
         main=Growth(0.0, _kept(mains, 1, floor)),
@@ -388,7 +444,45 @@ def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
         epoch=scope.epoch,
         parts=parts,
         ranks=scope.ranks,
+        objects_bytes=scope.objects_bytes,
+        copies_span=(min(followed), max(followed)) if followed else (0.0, 0.0),
     )
+
+
+def python_objects_bytes(root: object, sample: int = 256, most: int = 20_000) -> int:
+    """Estimated bytes of the Python objects (strings, numbers, tuples, and the headers
+    of lists, dicts and sets) reachable from ``root`` through containers and instance
+    attributes: what copy-on-write can copy in a worker that reads them all, since a
+    reference count sits in every object. A container of more than ``sample`` items is
+    estimated from ``sample`` of them, so a list of a million paths costs a few
+    milliseconds; arrays and tensors keep their data outside Python objects and count
+    for nothing; at most ``most`` objects are visited."""
+    seen: set[int] = set()
+    visits = [0]
+    pick = random.Random(0)
+
+    def size(obj: object, depth: int) -> float:
+        if id(obj) in seen or depth > 16 or visits[0] >= most:
+            return 0.0
+        seen.add(id(obj))
+        visits[0] += 1
+        if isinstance(obj, (str, bytes, int, float, complex, type(None))):
+            return float(sys.getsizeof(obj))
+        if isinstance(obj, (list, tuple, set, frozenset, dict)):
+            items = list(obj.values() if isinstance(obj, dict) else obj)
+            own = sys.getsizeof(obj) if isinstance(obj, tuple) else sys.getsizeof(type(obj)())
+            if isinstance(obj, dict):
+                items += list(obj)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType)):
+            items, own = list(vars(obj).values()), sys.getsizeof(obj)
+        else:
+            return 0.0  # a module, a class, an array, a tensor: no per-sample objects
+        scale = 1.0
+        if len(items) > sample:
+            scale, items = len(items) / sample, pick.sample(items, sample)
+        return own + scale * sum(size(item, depth + 1) for item in items)
+
+    return int(size(root, 0))
 
 
 def _still_shared(reading: Reading) -> int:

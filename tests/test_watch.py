@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import time
 
 import pytest
@@ -21,6 +23,7 @@ from raytune_loader.watch import (
     Watcher,
     distinct_reads,
     fit_memory,
+    python_objects_bytes,
     wait_tail,
 )
 
@@ -63,6 +66,38 @@ def test_copies_are_what_a_worker_shares_shrinking_projected_up_to_all_it_shares
     assert fit.epoch_growth() == pytest.approx(shared, rel=0.01)  # capped: all they share
     twice = fit.epoch_growth(20_000)  # 5,000 more samples each: within the cap
     assert twice == pytest.approx(2 * 5_000 * 8 * 1024, rel=0.01)
+
+
+def test_copies_follow_the_curve_of_pages_read_at_random_up_to_the_objects() -> None:
+    """A worker that has copied 60 of the 100 MiB of objects over its window copies 10x
+    more reads' worth on the coupon collector's curve, not on a straight line."""
+    objects, rate = 100 * MIB, 8 * 1024  # the truth: F (1 - exp(-x rate / F))
+
+    def copied(x: float) -> float:
+        return objects * (1 - math.exp(-x * rate / objects))
+
+    readings = [_worker(r, 300 - copied(r / 2) / MIB) for r in range(0, 24_001, 2000)]
+    scope = Scope(None, 10**6, sample_bytes=SAMPLE, objects_bytes=objects)
+    fit = fit_memory(_watch(readings, window=(0, 24_000)), scope)
+    assert fit is not None and fit.copies_span == (2_000, 12_000)  # the first tenth left out
+    projected = fit.copied(12_000, 120_000, fit.shared_bytes[0])
+    assert projected == pytest.approx(copied(120_000) - copied(12_000), rel=0.1)
+    straight = fit.workers.copies * (120_000 - 12_000)
+    assert straight > 3 * projected  # what the curve is for
+
+
+def test_the_python_objects_of_a_dataset_are_counted_by_sampling_not_its_arrays() -> None:
+    import numpy as np
+
+    class Metadata:
+        def __init__(self) -> None:
+            self.paths = [f"/data/{i:09d}.JPEG" for i in range(200_000)]
+            self.pixels = np.zeros((1000, 1000))  # 8 MB outside Python objects
+
+    started = time.perf_counter()
+    counted = python_objects_bytes(Metadata())
+    assert time.perf_counter() - started < 1.0
+    assert counted == pytest.approx(200_000 * sys.getsizeof("/data/000000000.JPEG"), rel=0.05)
 
 
 def test_memory_kept_per_sample_grows_without_a_bound() -> None:
