@@ -108,13 +108,14 @@ class Watcher:
         worker_pids: Callable[[], Sequence[int]],
         cpus: float,
         interval_s: float = INTERVAL_S,
-        budget: float = BUDGET,
+        budget: float | None = None,
         active: bool = True,
     ) -> None:
         self.reads = 0
         self._active = active  # inactive: it only counts, to measure what watching costs
         self._worker_pids = worker_pids
-        self._budget_s = budget * max(1.0, cpus)  # CPU seconds per second
+        share = BUDGET if budget is None else budget
+        self._budget_s = share * max(1.0, cpus)  # CPU seconds per second
         self._interval_s = interval_s
         self._processes: dict[int, psutil.Process] = {}
         self._readings: list[Reading] = []
@@ -224,7 +225,9 @@ class Watcher:
         if budgeted:
             self._cost_s += cost
             self._full += 1
-            self._next_full = time.monotonic() + cost / self._budget_s
+            self._next_full = time.monotonic() + (
+                cost / self._budget_s if self._budget_s > 0 else math.inf
+            )
         uss, pss = getattr(info, "uss", None), getattr(info, "pss", None)
         return Reading(reads, worker, rss, anon, file, uss, pss)
 

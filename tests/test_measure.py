@@ -346,3 +346,13 @@ def test_a_compiled_model_compiles_in_the_warm_up_not_in_the_measured_window() -
     assert outcome.metrics is not None, outcome.detail
     # the compilation took most of the trial, none of it inside the window
     assert outcome.metrics.wall_s < 0.25 * total
+
+
+def test_a_segment_unwatched_reads_no_memory_and_trains_the_same() -> None:
+    """What the watch experiment compares: SegmentSpec.watch off leaves no readings."""
+    config = LoaderConfig(8, 1, 2, False, True)
+    spec = SegmentSpec(warmup_steps=2, steps=12, report_every=12, watch=False)
+    metrics = train_segment(TensorImages(64), _trainer(), config, spec)
+    assert metrics.samples == 8 * 12 and metrics.epoch_start_s is not None
+    assert metrics.watch is not None and metrics.watch.readings == ()
+    assert metrics.memory is None and metrics.worker_thread_count is None
