@@ -261,8 +261,9 @@ def _threads(
         fix = f"worker_threads=1, tuned and applied by .dataloader(){measured}"
     elif tuned.num_workers and tuned.workers == "process":
         fix = (
-            f"worker_threads=1 (threadpoolctl and torch.set_num_threads in worker_init_fn)"
-            f"{measured}; the search kept the libraries' default as fast within noise"
+            f"worker_threads=1 in best_config.json's worker_init, which .dataloader() applies "
+            f"(threadpoolctl and torch.set_num_threads in each worker){measured}; the search "
+            "did not choose it"
         )
     else:
         fix = (
