@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware, records, streams
+from raytune_loader import findings, hardware, records, streams
 from raytune_loader.bestconfig import SearchContext, best_config
 from raytune_loader.costmodel import CostModel
 from raytune_loader.errors import (
@@ -325,7 +325,9 @@ def _verify(
     if verified.rounds < opts.verify_repeats:
         progress.stage(f"Verification decided after {verified.rounds} of {opts.verify_repeats} "
                        "rounds: more runs could not change the winner")  # fmt: skip
-    return with_input_rates(verified, job, opts.objective, measurer, progress)
+    verified = with_input_rates(verified, job, opts.objective, measurer, progress)
+    rules = findings.Rules(opts.memory_share, opts.cpus_per_worker)
+    return findings.probe(verified, job, opts.objective, class_records, measurer, progress, rules)
 
 
 def _write_results(
@@ -342,7 +344,9 @@ def _write_results(
         for hw_class, class_records in by_class.items()
     }  # fmt: skip
     results = {
-        hw_class: best_config(context, v.candidates, rebased[hw_class], v.input_rates, v.rounds)
+        hw_class: best_config(
+            context, v.candidates, rebased[hw_class], v.input_rates, v.rounds, v.probes
+        )
         for hw_class, v in verified.items()
     }
     primary = next(iter(results))  # the class with the most trials

@@ -9,10 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from raytune_loader import hardware, streams, trainers
+from raytune_loader import findings, hardware, streams, trainers
 from raytune_loader.costmodel import CostModel, what_if
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import TrialJob
@@ -132,14 +133,17 @@ def best_config(
     records: list[TrialRecord],
     input_rates: dict[str, InputRate] | None = None,
     rounds: int | None = None,
+    probes: Sequence[Candidate] = (),
 ) -> dict[str, Any]:
-    """The best_config.json content; SearchFailedError when every configuration failed."""
+    """The best_config.json content; SearchFailedError when every configuration failed.
+    ``probes`` are the winner's variants the findings measured (:mod:`~raytune_loader.findings`)."""
     selection = select(candidates, ctx.opts.objective)
     if selection is None:
         reasons = sorted({r.reason for r in records if r.reason}) or ["no trial finished"]
         raise SearchFailedError(f"every configuration failed: {'; '.join(reasons)[:400]}")
     by_name = {c.name: c for c in candidates}
     winner = selection.winner
+    rules = findings.Rules(ctx.opts.memory_share, ctx.opts.cpus_per_worker)
     statuses = [r.status for r in records]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -149,8 +153,11 @@ def best_config(
         "ranks_per_node": ctx.job.ranks,  # the loader below is each rank's
         # after an out-of-memory back-off, what fits is what training should use
         "loader": fitting(winner).kwargs(),
+        "worker_init": winner.config.worker_init(),  # what .dataloader()'s workers set
         "metrics": metrics_of(winner),
         **_limit(winner, (input_rates or {}).get(winner.name)),
+        "findings": [f.as_dict() for f in findings.findings(winner, probes, records, rules)],
+        "watch": findings.watch_section(winner, probes),
         "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
         "selection": {
             "chosen": winner.name,
@@ -163,6 +170,7 @@ def best_config(
                     "name": c.name,
                     "loader": c.config.kwargs(),
                     "pipeline": c.config.pipeline(),
+                    "worker_init": c.config.worker_init(),
                     "objective": c.stats(ctx.opts.objective).as_dict(),
                 }  # type: ignore[union-attr]
                 for c in selection.ranked

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
+from raytune_loader.findings import summary_lines
 from raytune_loader.records import TrialRecord, trial_status
 from raytune_loader.report import limit_line, pipeline_line, summary_rows
 from raytune_loader.space import LoaderConfig
@@ -163,6 +164,8 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     limit = limit_line(best.get("limit"))
     if limit:
         print(limit, file=stream)
+    for line in summary_lines(best):
+        print(line, file=stream)
     selection = best.get("selection", {})
     if selection.get("decided_by_cost"):
         print(

@@ -38,6 +38,7 @@ class SegmentSpec:
     compute_threads: int = 1
     loader_timeout_s: float = 120.0
     time_limit_s: float = 600.0  # a trial slower than this ends with reason "timeout"
+    watch: bool = True  # its processes watched (watch.Watcher); off to measure what that costs
 
     @property
     def loader_timeout(self) -> float:

@@ -8,6 +8,9 @@ node-based loader): each thread builds whole batches, as a DataLoader worker doe
 so ``num_workers``, ``prefetch_factor`` and ``in_order`` mean the same in both. A
 stream (an IterableDataset) gets a DataLoader without a sampler, or
 :class:`ThreadStreamLoader`'s plain threads, each a worker of the stream's split.
+Worker processes with ``worker_threads`` set start with :class:`WorkerThreads` as
+their ``worker_init_fn``: the thread pools of BLAS, OpenMP and torch held to that
+many threads in each.
 
 In a process group both read their own rank's shard of every epoch
 (:mod:`raytune_loader.sharding`), so a trainer that keeps the loader (Lightning,
@@ -18,6 +21,7 @@ their loaders the same way.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -69,6 +73,9 @@ def build_dataloader(
     if config.decode == "device":
         kwargs["collate_fn"] = collate_encoded  # JPEGs of different lengths stay a list
     kwargs.update(overrides)
+    if config.worker_threads is not None:  # worker processes only (LoaderConfig checks)
+        then = kwargs.get("worker_init_fn")  # the user's own runs after ours
+        kwargs["worker_init_fn"] = WorkerThreads(config.worker_threads, then)
     if isinstance(dataset, IterableDataset):
         return _stream_loader(dataset, config, kwargs, set(overrides), drop_last, timeout_s)
     _refuse_unsupported(config, kwargs.get("sampler"))
@@ -96,6 +103,36 @@ def build_dataloader(
             kwargs["prefetch_factor"] or 2, kwargs["in_order"], kwargs["pin_memory"],
         )  # fmt: skip
     return TunedDataLoader(dataset, drop_last=drop_last, timeout=timeout_s, **kwargs)
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class WorkerThreads:
+    """The tuned ``worker_init_fn`` of ``worker_threads``: in each worker process, the
+    thread pools of the BLAS and OpenMP libraries loaded there (through threadpoolctl)
+    and torch's intra-op pool held to ``threads``, and the variables those libraries
+    read when they load set, for one a transform imports later; then the user's own
+    ``worker_init_fn``, if any. A worker otherwise keeps what it inherited: a pool per
+    library the size of the node (or of Ray's reservation), one per worker, all
+    competing for the same cores. Picklable, so spawn and forkserver workers get it."""
+
+    def __init__(self, threads: int, then: Callable[[int], None] | None = None) -> None:
+        self.threads = threads
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        from threadpoolctl import threadpool_limits
+
+        for name in THREAD_VARIABLES:
+            os.environ[name] = str(self.threads)
+        threadpool_limits(limits=self.threads)  # as a call, the limits stay in force
+        torch.set_num_threads(self.threads)
+        if self.then is not None:
+            self.then(worker_id)
+
+    def __repr__(self) -> str:
+        return f"WorkerThreads({self.threads}, then={self.then!r})"
 
 
 def _refuse_unsupported(config: LoaderConfig, sampler: Any) -> None:

@@ -5,9 +5,12 @@ the model, refuse configurations whose in-flight batches would not fit in host
 memory or ``/dev/shm``, then train warm-up steps (not measured) and measured
 steps, with CUDA out-of-memory back-off. The loop times how long it is blocked
 waiting for the next batch apart from the rest of the step, which gives
-``data_wait_frac``; ``util`` comes from NVML per-process samples on a GPU and
-from the same step timing on a CPU. :func:`measure_ceiling` trains the same
-model on a batch already on the device: the speed of a perfect loader.
+``data_wait_frac`` and the median and 99th percentile of a step's wait; ``util``
+comes from NVML per-process samples on a GPU and from the same step timing on a
+CPU. A :class:`~raytune_loader.watch.Watcher` reads the processes' memory and
+threads meanwhile, and after the window one more batch times the start of the next
+epoch. :func:`measure_ceiling` trains the same model on a batch already on the
+device: the speed of a perfect loader.
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
 import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
-from raytune_loader import datasets, hardware, nvml, streams
+from raytune_loader import datasets, hardware, nvml, streams, watch
 from raytune_loader.backoff import run_with_backoff
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
@@ -37,6 +40,7 @@ from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
 from raytune_loader.loader import build_dataloader
 from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
 from raytune_loader.models import build_model
+from raytune_loader.sharding import process_group
 from raytune_loader.space import LoaderConfig
 from raytune_loader.step import Trainer, batch_samples, set_matmul_precision, user_trainer
 
@@ -55,6 +59,25 @@ class SegmentMetrics:
     samples: int
     wall_s: float
     first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
+    epoch_start_s: float | None = None  # from an epoch's end to the next one's first batch
+    data_wait_p50_s: float | None = None  # a measured step's wait for its batch: median
+    data_wait_p99_s: float | None = None  # and 99th percentile
+    data_wait_tail_frac: float | None = None  # share of the window lost to waits > 2 x median
+    memory_growth_per_sample: float | None = None  # bytes the processes gain per sample read
+    projected_epoch_growth_bytes: int | None = None  # what one epoch of the dataset adds
+    watched_bytes: int | None = None  # the processes' memory (PSS) at the window's end
+    memory_free_bytes: int | None = None  # the node's available memory then
+    worker_thread_count: int | None = None  # threads of the worker process with the most
+    worker_busy_threads: float | None = None  # threads busy over the window, per worker
+    worker_cpu_s: float | None = None  # CPU seconds of the worker processes in the window
+    watch: watch.Watch | None = field(default=None, repr=False, compare=False)  # all it read
+    memory: watch.MemoryFit | None = field(default=None, repr=False, compare=False)
+    waits: tuple[float, ...] = field(default=(), repr=False, compare=False)  # each step's
+
+    def figures(self) -> dict[str, Any]:
+        """The flat figures (Tune reports, trials.csv), without the readings, the fit and
+        the waits."""
+        return {k: v for k, v in vars(self).items() if k not in ("watch", "memory", "waits")}
 
 
 @dataclass(frozen=True)
@@ -117,7 +140,7 @@ class TrialOutcome:
         if self.ranks:
             out.update(rank_columns(self.ranks))
         if self.metrics is not None:
-            out.update(vars(self.metrics))
+            out.update(self.metrics.figures())
         else:  # a failed configuration is the worst possible for the searcher
             out.update(samples_per_s=0.0, data_wait_frac=1.0, util=0.0, util_source="")
         return out
@@ -160,29 +183,52 @@ def pipeline_failures(*, any_error: bool = True) -> Iterator[None]:
 _END = object()
 
 
-def _batches(loader: Any) -> Iterator[Any]:
-    """Endless batches, epoch after epoch, failures as the trial's reasons."""
-    while True:
-        iterator = iter(loader)
-        produced = False
+class _Epochs:
+    """Endless batches, epoch after epoch, failures as the trial's reasons; it counts the
+    epochs started and knows the current one's worker processes."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.iterator: Any = None
+        self.started = 0
+        self._produced = False
+
+    def __iter__(self) -> _Epochs:
+        return self
+
+    def __next__(self) -> Any:
         while True:
+            if self.iterator is None:
+                self.iterator = iter(self.loader)
+                self.started += 1
+                self._produced = False
             with pipeline_failures():
-                batch = next(iterator, _END)
-            if batch is _END:
-                break
-            produced = True
-            yield batch
-        del iterator
-        if not produced:
-            raise DataPipelineError(
-                "data_loader", "the loader produced no batch: fewer samples than one batch"
-            )
+                batch = next(self.iterator, _END)
+            if batch is not _END:
+                self._produced = True
+                return batch
+            self.iterator = None  # without persistent workers, the epoch's workers end
+            if not self._produced:
+                raise DataPipelineError(
+                    "data_loader", "the loader produced no batch: fewer samples than one batch"
+                )
+
+    def worker_pids(self) -> list[int]:
+        """The current epoch's DataLoader worker processes (its iterator's ``_workers``,
+        which PyTorch has kept since 1.0); none for thread workers or no workers."""
+        workers = getattr(self.iterator, "_workers", None) or ()
+        return [w.pid for w in workers if w.pid is not None]
+
+    def close(self) -> None:
+        iterator, self.iterator = self.iterator, None
+        if hasattr(iterator, "close"):  # a generator: the thread loader stops its threads
+            iterator.close()
 
 
 @contextlib.contextmanager
 def segment_batches(
     dataset: Dataset[Any], config: LoaderConfig, spec: SegmentSpec, seed: int
-) -> Iterator[Iterator[Any]]:
+) -> Iterator[_Epochs]:
     """The candidate loader over ``dataset`` as the segment reads it: one long epoch,
     endless, with the segment's thread count (not Ray's OMP_NUM_THREADS, which follows
     the reservation). Its workers are gone when the block ends, however it ends."""
@@ -191,7 +237,7 @@ def segment_batches(
         dataset, config, timeout_s=spec.loader_timeout, seed=seed,
         samples_per_epoch=segment_samples(config.batch_size, spec),
     )  # fmt: skip
-    batches = _batches(loader)
+    batches = _Epochs(loader)
     try:
         yield batches
     finally:
@@ -223,11 +269,25 @@ class _Window:
         self.ceiling = ceiling
         self.samples = 0
         self.wait_s = 0.0
+        self.waits: list[float] = []
         self.compute_cpu_s = 0.0
         self.start = time.perf_counter()
         # One compute thread runs in the calling thread: its own clock excludes Ray's
         # and the pin-memory threads. More threads: the process clock, shared out.
         self.cpu_clock = time.thread_time if compute_threads == 1 else time.process_time
+
+    def waited(self, seconds: float) -> None:
+        self.wait_s += seconds
+        self.waits.append(seconds)
+
+    def wait_figures(self, wall: float) -> dict[str, Any]:
+        """A step's wait for its batch: median, 99th percentile, the share of the window
+        lost to the tail (:func:`~raytune_loader.watch.wait_tail`), and every wait."""
+        if not self.waits:
+            return {}
+        p50, p99, tail = watch.wait_tail(self.waits, wall)
+        return {"data_wait_p50_s": p50, "data_wait_p99_s": p99, "data_wait_tail_frac": tail,
+                "waits": tuple(self.waits)}  # fmt: skip
 
     def util(self, wall: float) -> float:
         if self.cuda:
@@ -276,16 +336,25 @@ def train_segment(
     non_blocking = config.pin_memory
     sampler: nvml.UtilizationSampler | None = None
     with segment_batches(dataset, config, spec, seed) as batches:
+        cpus = min(hardware.usable_cpus(), 1 + config.num_workers)
+        watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
+
+        def fetch() -> Any:  # the next batch on the device, counted as read
+            on_device = _on_device(trainer, next(batches), non_blocking, config)
+            watcher.reads += batch_samples(on_device)
+            return on_device
+
         try:
             started = time.perf_counter()
-            first = _on_device(trainer, next(batches), non_blocking, config)
+            first = fetch()
             trainer.sync()
             first_batch_s = time.perf_counter() - started  # workers' start-up, shards opened
+            scope = _scope(dataset, sample_nbytes(first) // max(1, batch_samples(first)))
             for warm_up in range(spec.warmup_steps):
-                trainer.step(first if warm_up == 0 else _on_device(
-                    trainer, next(batches), non_blocking, config))  # fmt: skip
+                trainer.step(first if warm_up == 0 else fetch())
             first = None if spec.warmup_steps else first  # trained in the warm-up, or measured
             trainer.sync()
+            watcher.window_started()
             sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
             window = _Window(trainer.device, spec.compute_threads, ceiling)
@@ -298,11 +367,12 @@ def train_segment(
                     )
                 fetch_start = time.perf_counter()
                 batch = next(batches) if first is None else None
-                window.wait_s += time.perf_counter() - fetch_start
+                window.waited(time.perf_counter() - fetch_start)
                 # the copy to the device is part of the step: a pageable copy waits for
                 # the previous step's kernels, which is compute, not waiting for data
                 on_device = first if batch is None else _on_device(
                     trainer, batch, non_blocking, config)  # fmt: skip
+                watcher.reads += batch_samples(on_device) if batch is not None else 0
                 first = None
                 cpu_start = window.cpu_clock()
                 trainer.step(on_device)
@@ -315,10 +385,14 @@ def train_segment(
             trainer.sync()
             wall = time.perf_counter() - window.start
             reading = sampler.stop()
+            watcher.window_ended()
+            epoch_start_s = _epoch_start(batches, fetch, trainer)
         finally:
             if sampler is not None:
                 sampler.stop()  # idempotent: returns the same reading after a normal stop
+            seen = watcher.stop()
     use_nvml = reading.source != "step-timing" and reading.util is not None
+    fit = watch.fit_memory(seen, scope)
     return SegmentMetrics(
         samples_per_s=window.samples / wall,
         data_wait_frac=window.wait_s / wall,
@@ -328,7 +402,49 @@ def train_segment(
         samples=window.samples,
         wall_s=wall,
         first_batch_s=first_batch_s,
+        epoch_start_s=epoch_start_s,
+        **window.wait_figures(wall),
+        **watched_figures(seen, fit),
+        watch=seen,
+        memory=fit,
     )
+
+
+def _epoch_start(batches: _Epochs, fetch: Callable[[], Any], trainer: Trainer) -> float | None:
+    """Seconds from the end of the segment's epoch to the next epoch's first batch on the
+    device: the workers started again, or kept (``persistent_workers``); None when the
+    segment did not end an epoch (a stream's epoch is its shards)."""
+    epochs = batches.started
+    started = time.perf_counter()
+    fetch()
+    trainer.sync()
+    return time.perf_counter() - started if batches.started > epochs else None
+
+
+def _scope(dataset: Dataset[Any], sample_bytes: int) -> watch.Scope:
+    """What this rank reads: the trial's subset of the whole dataset (map-style), or a
+    stream of unknown length."""
+    ranks = process_group()[1]
+    if isinstance(dataset, IterableDataset):
+        return watch.Scope(None, None, ranks, sample_bytes)
+    whole = dataset.dataset if isinstance(dataset, Subset) else dataset
+    objects = watch.python_objects_bytes(whole)  # what copy-on-write can copy in a worker
+    return watch.Scope(len(dataset), len(whole), ranks, sample_bytes, objects)  # type: ignore[arg-type]
+
+
+def watched_figures(seen: watch.Watch, fit: watch.MemoryFit | None) -> dict[str, Any]:
+    """The flat figures of what the watcher read: memory growth and its projection to
+    one epoch of the whole dataset, and the worker processes' threads."""
+    threads = seen.threads
+    return {
+        "memory_growth_per_sample": fit.per_sample if fit else None,
+        "projected_epoch_growth_bytes": fit.epoch_growth() if fit else None,
+        "watched_bytes": fit.current_bytes if fit else None,
+        "memory_free_bytes": seen.free_bytes,
+        "worker_thread_count": max((t.threads for t in threads), default=None),
+        "worker_busy_threads": seen.busy_threads,
+        "worker_cpu_s": sum(t.cpu_s for t in threads) if threads else None,
+    }
 
 
 def _on_device(trainer: Trainer, batch: Any, non_blocking: bool, config: LoaderConfig) -> Any:

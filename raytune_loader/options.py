@@ -53,6 +53,7 @@ class SearchOptions:
     trial_timeout_s: float = 600.0
     verify_top: int = 3
     verify_repeats: int = 3
+    memory_share: float = 1.0  # of the node's free memory one epoch's projected growth may take
     out: str = "results"
     address: str | None = None
     node_type: str | None = None
@@ -123,6 +124,9 @@ class SearchOptions:
         for flag, value in strictly_positive.items():
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive, got {value}")
+        if not 0 < self.memory_share <= 1:
+            share = self.memory_share
+            raise ConfigError(f"--memory-share must be above 0 and at most 1, got {share}")
         gpus = self.gpus_per_trial or 0
         if gpus > 1 and not float(gpus).is_integer():
             raise ConfigError(f"--gpus-per-trial above 1 must be a whole number, got {gpus}")

@@ -146,7 +146,8 @@ def node_outcome(
 ) -> TrialOutcome:
     """The node's outcome from its ranks' (which ran at one batch size, after
     ``oom_backoffs`` halvings of ``config``'s): a rank's failure is the trial's; the
-    node's rate is N x the slowest rank's; its data wait is the worst rank's."""
+    node's rate is N x the slowest rank's; its data wait is the worst rank's; its memory
+    and its projection are the ranks' together (the readings kept are rank 0's)."""
     outcomes: list[TrialOutcome] = [run.value for run in runs]
     failed = next((o for o in outcomes if o.failure), None)
     first = outcomes[0]
@@ -168,6 +169,7 @@ def node_outcome(
         samples=sum(m.samples for m in metrics),  # type: ignore[union-attr]
         wall_s=max(m.wall_s for m in metrics),  # type: ignore[union-attr]
         first_batch_s=max((m.first_batch_s or 0.0) for m in metrics),  # type: ignore[union-attr]
+        **_watched(metrics),  # type: ignore[arg-type]
     )
     return replace(
         first,
@@ -179,6 +181,33 @@ def node_outcome(
         ceiling_samples_per_s=job.ceilings.get(effective),
         ranks=_stats(runs),
     )
+
+
+def _watched(metrics: list[SegmentMetrics]) -> dict[str, Any]:
+    """The ranks' watched figures as the node's: the worst rank's waits, epoch start and
+    threads; their memory, projection and worker CPU time together; the least free."""
+
+    def worst(name: str) -> Any:
+        values = [getattr(m, name) for m in metrics if getattr(m, name) is not None]
+        return max(values) if values else None
+
+    def total(name: str) -> Any:
+        values = [getattr(m, name) for m in metrics]
+        return None if any(v is None for v in values) else sum(values)
+
+    worst_of = ("epoch_start_s", "data_wait_p50_s", "data_wait_p99_s", "data_wait_tail_frac",
+                "worker_thread_count", "worker_busy_threads")  # fmt: skip
+    total_of = ("memory_growth_per_sample", "projected_epoch_growth_bytes", "watched_bytes",
+                "worker_cpu_s")  # fmt: skip
+    free = [m.memory_free_bytes for m in metrics if m.memory_free_bytes is not None]
+    return {
+        **{name: worst(name) for name in worst_of},
+        **{name: total(name) for name in total_of},
+        "memory_free_bytes": min(free) if free else None,
+        "watch": metrics[0].watch,
+        "memory": metrics[0].memory,
+        "waits": max(metrics, key=lambda m: m.data_wait_frac).waits,  # the worst rank's
+    }
 
 
 def _stats(runs: list[RankRun]) -> tuple[measure.RankStat, ...]:

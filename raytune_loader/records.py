@@ -75,6 +75,17 @@ class TrialRecord:
     efficiency: float | None = None
     first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
     predicted_samples_per_s: float | None = None  # the cost model's, for a model search
+    epoch_start_s: float | None = None  # from an epoch's end to the next one's first batch
+    data_wait_p50_s: float | None = None  # a measured step's wait for its batch
+    data_wait_p99_s: float | None = None
+    data_wait_tail_frac: float | None = None
+    memory_growth_per_sample: float | None = None  # bytes, all the trial's processes
+    projected_epoch_growth_bytes: int | None = None  # one epoch of the whole dataset adds
+    watched_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    worker_thread_count: int | None = None
+    worker_busy_threads: float | None = None
+    worker_cpu_s: float | None = None
     training_iteration: int | None = None
     time_total_s: float | None = None
     finished_at: float | None = None

@@ -37,17 +37,19 @@ ORDERED = ("num_workers", "prefetch_factor", "batch_size")  # integers, ordered 
 def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
     """Winner and both baselines: the table a user pastes into a pull request. Each row
     has every field of the configuration (its DataLoader arguments and pipeline)."""
-    rows = [("tuned", best["loader"], best.get("pipeline"), best["metrics"])]
-    rows += [(name, b["loader"], b.get("pipeline"), b["metrics"])
-             for name, b in best["baselines"].items()]  # fmt: skip
+    sections = {"tuned": best, **best["baselines"]}
     winner_speed = _median(best["metrics"], "samples_per_s")
     out = []
-    for name, loader, pipeline, metrics in rows:
+    for name, section in sections.items():
+        metrics = section["metrics"]
+        config = config_from_sections(
+            section["loader"], section.get("pipeline"), section.get("worker_init")
+        )
         speed = _median(metrics, "samples_per_s")
         out.append(
             {
                 "config": name,
-                **config_from_sections(loader, pipeline).values(),
+                **config.values(),
                 "samples_per_s": speed,
                 "samples_per_s_range": _range(metrics, "samples_per_s"),
                 "util": _median(metrics, "util"),
@@ -380,7 +382,8 @@ def _winner(best: dict[str, Any]) -> list[str]:
     kind = "pct1" if objective == "util" else ""
     for r in sel.get("runners_up", []):
         median, low, high = (_cell(r["objective"].get(k), kind) for k in ("median", "min", "max"))
-        settings = config_from_sections(r["loader"], r.get("pipeline")).label()
+        settings = config_from_sections(r["loader"], r.get("pipeline"), r.get("worker_init"))
+        settings = settings.label()
         lines.append(f"- {r['name']}: {settings}; {objective} {median} ({low}-{high})")
     return lines
 
@@ -498,6 +501,97 @@ def _how_proposed(best: dict[str, Any]) -> list[str]:
     return lines
 
 
+MEMORY_PLOT = "memory.png"
+
+
+def _findings(best: dict[str, Any]) -> list[str]:
+    """The findings (each with its figure, projection and fix), what was watched in the
+    tuned configuration's runs, and the plot of its memory against samples read."""
+    lines = ["", "## Findings", ""]
+    found = best.get("findings")
+    if found is None:
+        return lines + ["This result was written before findings were watched."]
+    for finding in found:
+        lines.append(f"- **{finding['kind']}**: {finding['figure']}.")
+        projection = finding.get("projection")
+        if projection:
+            lines.append(
+                f"  Projection: {_mib(projection['total_bytes'])} MiB after one epoch of "
+                f"{projection['epoch_samples']:,} samples (now {_mib(projection['current_bytes'])} "
+                f"MiB; {_mib(projection['free_bytes'])} MiB free, share "
+                f"{_cell(projection['memory_share'], 'pct')})."
+            )
+        lines.append(f"  Fix: {finding['fix']}.")
+    if not found:
+        lines.append("None: memory growth, worker threads, stragglers and epoch starts were "
+                     "watched and none reached its threshold.")  # fmt: skip
+    watch = best.get("watch") or {}
+    if not watch:
+        return lines
+    rows = _watch_rows(watch)
+    lines += ["", f"Watched in the tuned configuration's {watch.get('runs', '?')} verification "
+              "runs (medians):", "", *_table(["", "value"], rows)]  # fmt: skip
+    if (watch.get("memory") or {}).get("series"):
+        caption = "Memory against samples read (the tuned configuration, one run)"
+        lines += ["", f"![{caption}](plots/{MEMORY_PLOT})"]
+    return lines
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f}"
+
+
+def _watch_rows(watch: dict[str, Any]) -> list[list[str]]:
+    starts, wait = watch.get("epoch_start_s") or {}, watch.get("data_wait") or {}
+    memory, threads = watch.get("memory") or {}, watch.get("threads") or {}
+    growth = memory.get("growth_per_sample_bytes")
+    pools = ", ".join(f"{p['library']} {p['threads']}" for p in threads.get("pools") or [])
+    return [
+        ["first batch (s)", _cell(watch.get("first_batch_s"))],
+        ["epoch start with persistent workers (s)", _cell(starts.get("persistent"))],
+        ["epoch start without (s)", _cell(starts.get("fresh"))],
+        ["a step's wait for its batch, p50 (ms)", _cell(_ms(wait.get("p50_s")))],
+        ["a step's wait for its batch, p99 (ms)", _cell(_ms(wait.get("p99_s")))],
+        ["window lost to waits above twice the median", _cell(wait.get("tail_frac"), "pct1")],
+        ["memory growth per sample read (KiB)",
+         _cell(None if growth is None else growth / 2**10)],
+        [f"one epoch ({_cell(memory.get('epoch_samples'))} samples) adds (MiB)",
+         _mib(memory.get("epoch_growth_bytes"))],
+        ["the measurement's processes hold (MiB)", _mib(memory.get("watched_bytes"))],
+        ["the node's free memory (MiB)", _mib(memory.get("free_bytes"))],
+        ["busy threads per worker process", _cell(threads.get("busy_per_worker"))],
+        ["threads per worker process", _cell(threads.get("per_worker"))],
+        ["thread pools the workers inherit", pools or "-"],
+        ["watching's own cost (share of one CPU while it watched)",
+         _cell((watch.get("cost") or {}).get("share_of_one_cpu"), "pct1")],
+    ]  # fmt: skip
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _plot_memory(series: dict[str, Any], path: Path) -> None:
+    """Each process's resident anonymous memory, and the followed worker's private
+    memory, against the samples the training loop had read; the window shaded."""
+    fig, (ax,) = _figure("Memory against samples read (the tuned configuration, one run)")
+    for i, process in enumerate(series["processes"]):
+        name = "main process" if process["worker"] is None else f"worker {process['worker']}"
+        mib = [b / 2**20 for b in process["anonymous_bytes"]]
+        ax.plot(process["samples_read"], mib, color=f"C{i}", lw=1.2, label=f"{name}, resident")
+    private = series.get("private") or {}
+    if private.get("samples_read"):
+        mib = [b / 2**20 for b in private["bytes"]]
+        ax.plot(private["samples_read"], mib, "o--", color="black", ms=4,
+                label="worker 0, private (copies and its own)")  # fmt: skip
+    start, end = series["window"]
+    ax.axvspan(start, end, color="grey", alpha=0.12, label="measured window")
+    ax.set_xlabel("samples read by the training loop")
+    ax.set_ylabel("MiB")
+    fig.legend(loc="outside right upper", fontsize=8)
+    _save_png(fig, path)
+
+
 def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
     found = param_importances(trials, objective)
     lines = ["", "## Which parameters mattered", ""]
@@ -531,7 +625,11 @@ def write_report(out_dir: Path) -> Path:
     trials = load_trials(out_dir / "trials.csv")
     objective = best["objective"]
     write_plots(trials, objective, out_dir / "plots")
+    series = ((best.get("watch") or {}).get("memory") or {}).get("series")
+    if series:
+        _plot_memory(series, out_dir / "plots" / MEMORY_PLOT)
     lines = _intro(best, trials) + _winner(best) + _efficiency(best) + _limit(best)
+    lines += _findings(best)
     lines += ["", "## Plots"]
     for name, caption in PLOTS.items():
         lines += ["", f"![{caption}](plots/{name})"]

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from raytune_loader.errors import ConfigError, OutputError
 from raytune_loader.loader import build_dataloader
-from raytune_loader.space import PIPELINE_KEYS, LoaderConfig
+from raytune_loader.space import PIPELINE_KEYS, WORKER_KEYS, LoaderConfig
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = (
@@ -178,13 +178,17 @@ _LEGACY = {"cpu": "pil", "main process": "process"}
 
 
 def config_from_sections(
-    loader: dict[str, Any], pipeline: dict[str, Any] | None = None
+    loader: dict[str, Any],
+    pipeline: dict[str, Any] | None = None,
+    worker_init: dict[str, Any] | None = None,
 ) -> LoaderConfig:
-    """The configuration a JSON ``loader`` section and ``pipeline`` section describe
-    (baselines have no pipeline section: the default pipeline)."""
+    """The configuration a JSON ``loader``, ``pipeline`` and ``worker_init`` section
+    describe (baselines have neither of the last two: the default pipeline, and workers
+    with the libraries' own thread pools; older files lack ``worker_init`` too)."""
     pipeline = pipeline or {}
     chosen = {k: _LEGACY.get(pipeline[k], pipeline[k]) for k in PIPELINE_KEYS if k in pipeline}
-    return LoaderConfig.from_dict({**loader, **chosen})
+    settings = {k: v for k, v in (worker_init or {}).items() if k in WORKER_KEYS}
+    return LoaderConfig.from_dict({**loader, **chosen, **settings})
 
 
 def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
@@ -208,11 +212,11 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
         )
     if not isinstance(data["loader"], dict) or not isinstance(data["hardware"], dict):
         raise ConfigError(f"{file}: 'loader' and 'hardware' must be JSON objects")
-    pipeline = data.get("pipeline") or {}
-    if not isinstance(pipeline, dict):
-        raise ConfigError(f"{file}: 'pipeline' must be a JSON object")
+    pipeline, worker_init = data.get("pipeline") or {}, data.get("worker_init") or {}
+    if not isinstance(pipeline, dict) or not isinstance(worker_init, dict):
+        raise ConfigError(f"{file}: 'pipeline' and 'worker_init' must be JSON objects")
     try:
-        loader = config_from_sections(data["loader"], pipeline)
+        loader = config_from_sections(data["loader"], pipeline, worker_init)
     except ConfigError as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
     except TypeError as exc:

@@ -185,6 +185,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--verify-top", type=int, default=3, help="top configurations re-measured")
     p.add_argument("--verify-repeats", type=int, default=3, help="repeats of each re-measurement")
+    p.add_argument(
+        "--memory-share",
+        type=float,
+        default=SearchOptions.memory_share,
+        help="flag memory growth when one epoch of the whole dataset would add more than this "
+        "share of the node's free memory (default 1: all of it)",
+    )
     p.add_argument("--out", default="results", help="results root (default results/)")
     p.add_argument("--address", help="join an existing Ray cluster (auto, ray://host:port)")
     p.add_argument(
@@ -236,7 +243,8 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         warmup_steps=args.warmup_steps, report_every=args.report_every,
         samples_per_trial=args.samples_per_trial, compute_threads=args.compute_threads,
         trial_timeout_s=args.trial_timeout,
-        verify_top=args.verify_top, verify_repeats=args.verify_repeats, out=args.out,
+        verify_top=args.verify_top, verify_repeats=args.verify_repeats,
+        memory_share=args.memory_share, out=args.out,
         address=args.address, node_type=args.node_type, storage=args.storage,
         dashboard_host=args.dashboard_host,
         expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed, cold=args.cold,

@@ -28,13 +28,17 @@ ACCESSES = ("map", "stream")  # samples by index (a sampler), or an IterableData
 BATCHINGS = ("loader", "workers")  # a stream's batches made by the DataLoader, or by the
 # dataset's own pipeline in each worker (webdataset's .batched(); DataLoader batch_size=None)
 START_METHODS = (None, "forkserver", "spawn")  # None: the platform's default (fork on Linux)
+WORKER_THREADS = (None, 1)  # each worker's BLAS/OpenMP/torch threads: the libraries' own, or 1
 
 
 def _knob(default: Any, label: str, role: str = "loader", shown_as: str | None = None) -> Any:
-    """A field of :class:`LoaderConfig`: a DataLoader argument (``role="loader"``) or a
-    stage of the pipeline around it (``"pipeline"``); ``label`` heads its column in
-    tables; ``shown_as`` also lists a DataLoader argument in the JSON's ``pipeline``
-    section under that name. Every list of keys below is derived from these."""
+    """A field of :class:`LoaderConfig`: a DataLoader argument (``role="loader"``), a
+    stage of the pipeline around it (``"pipeline"``), or a setting each worker process
+    applies when it starts (``"worker"``: the tuned loader's ``worker_init_fn`` sets it,
+    in every dataset's search, where the pipeline section is only written for the
+    datasets whose pipeline is searched); ``label`` heads its column in tables;
+    ``shown_as`` also lists a DataLoader argument in the JSON's ``pipeline`` section
+    under that name. Every list of keys below is derived from these."""
     return field(default=default, metadata={"label": label, "role": role, "shown_as": shown_as})
 
 
@@ -46,7 +50,10 @@ class LoaderConfig:
     ``decode``, where JPEGs are decoded; ``workers``, processes or threads. With
     ``decode="device"`` the workers only read the files, the encoded bytes cross,
     and decoding, cropping and normalizing happen on the device (``transfer`` is
-    then ``uint8``: the images reach float32 there)."""
+    then ``uint8``: the images reach float32 there). ``worker_threads`` is not a
+    DataLoader argument either: ``None`` leaves the thread pools of BLAS, OpenMP and
+    torch in each worker process at the libraries' defaults, ``1`` holds each to one
+    thread (:func:`raytune_loader.loader.build_dataloader` applies it in the workers)."""
 
     batch_size: int = field(metadata={"label": "batch", "role": "loader", "shown_as": None})
     num_workers: int = _knob(0, "workers")
@@ -60,6 +67,7 @@ class LoaderConfig:
     workers: str = _knob("process", "worker kind", role="pipeline")
     access: str = _knob("map", "access", role="pipeline")
     batching: str = _knob("loader", "batching", role="pipeline")
+    worker_threads: int | None = _knob(None, "worker threads", role="worker")
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool):
@@ -112,12 +120,28 @@ class LoaderConfig:
                 "thread workers need num_workers > 0 and take neither a "
                 "multiprocessing_context nor persistent_workers (threads cost nothing to keep)"
             )
+        self._check_worker_threads()
+
+    def _check_worker_threads(self) -> None:
+        if self.worker_threads is None:
+            return
+        threads = self.worker_threads
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ConfigError(
+                f"worker_threads must be a positive integer or null, got {self.worker_threads!r}"
+            )
+        if self.num_workers == 0 or self.workers != "process":
+            raise ConfigError(
+                "worker_threads limits the thread pools of worker processes: it needs "
+                "num_workers > 0 and process workers (thread workers share the training "
+                "process's pools, and limiting them would limit the training step too)"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], batch_size: int | None = None) -> LoaderConfig:
         """Build from a Tune trial config or a JSON ``loader`` section (with the
-        ``pipeline`` section's keys merged in), validating types."""
-        known = set(LOADER_KEYS) | set(PIPELINE_KEYS)
+        ``pipeline`` and ``worker_init`` sections' keys merged in), validating types."""
+        known = set(CONFIG_KEYS)
         unknown = set(values) - known
         if unknown:
             raise ConfigError(
@@ -133,11 +157,13 @@ class LoaderConfig:
             merged["in_order"] = True
             merged["multiprocessing_context"] = None
             merged["workers"] = "process"
+            merged["worker_threads"] = None
         elif merged.get("prefetch_factor") is None:
             merged["prefetch_factor"] = 2
         if merged.get("workers") == "thread":
             merged["multiprocessing_context"] = None
             merged["persistent_workers"] = False
+            merged["worker_threads"] = None
         if merged.get("decode") == "device":
             merged["transfer"] = "uint8"
         if merged.get("access", "map") == "map":
@@ -147,8 +173,7 @@ class LoaderConfig:
     @classmethod
     def from_trial_config(cls, config: dict[str, Any]) -> LoaderConfig:
         """From a Tune trial config or a trials.csv row, ignoring the other keys."""
-        keys = LOADER_KEYS + PIPELINE_KEYS
-        return cls.from_dict({k: v for k, v in config.items() if k in keys})
+        return cls.from_dict({k: v for k, v in config.items() if k in CONFIG_KEYS})
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader``."""
@@ -164,8 +189,14 @@ class LoaderConfig:
             out[shown_as] = "default" if name == "multiprocessing_context" and not value else value
         return out
 
+    def worker_init(self) -> dict[str, Any]:
+        """What each worker process sets when it starts (``best_config.json``'s
+        ``worker_init`` section)."""
+        return {k: getattr(self, k) for k in WORKER_KEYS}
+
     def values(self) -> dict[str, Any]:
-        """Every field, DataLoader arguments then pipeline stages (trials.csv's columns)."""
+        """Every field, DataLoader arguments, pipeline stages, then worker settings
+        (trials.csv's columns)."""
         return {k: getattr(self, k) for k in CONFIG_KEYS}
 
     def with_batch_size(self, batch_size: int) -> LoaderConfig:
@@ -182,6 +213,7 @@ class LoaderConfig:
         extra += " threads" if self.workers == "thread" else ""
         extra += "" if self.in_order else " unordered"
         extra += f" {self.multiprocessing_context}" if self.multiprocessing_context else ""
+        extra += f" worker-threads={self.worker_threads}" if self.worker_threads else ""
         return (
             f"workers={self.num_workers} prefetch={self.prefetch_factor} "
             f"pin={_yn(self.pin_memory)} persistent={_yn(self.persistent_workers)} "
@@ -192,6 +224,7 @@ class LoaderConfig:
 CONFIG_KEYS = tuple(f.name for f in fields(LoaderConfig))
 LOADER_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "loader")
 PIPELINE_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "pipeline")
+WORKER_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "worker")
 LABELS = {f.name: f.metadata["label"] for f in fields(LoaderConfig)}
 SHOWN_IN_PIPELINE = {f.name: f.metadata["shown_as"] for f in fields(LoaderConfig)
                      if f.metadata["shown_as"]}  # fmt: skip
@@ -264,6 +297,7 @@ class SearchSpace:
             trial.suggest_categorical("prefetch_factor", list(self.prefetch_factors))
             if kind == "process":
                 trial.suggest_categorical("persistent_workers", [True, False])
+                trial.suggest_categorical("worker_threads", list(WORKER_THREADS))
             if self.pipeline:
                 trial.suggest_categorical("in_order", [True, False])
                 if kind == "process":

@@ -130,6 +130,7 @@ class Verified:
     ceilings: dict[int, float]
     input_rates: dict[str, InputRate] = field(default_factory=dict)  # by candidate name
     rounds: int = 0  # verification rounds run (fewer than asked when the runs decided)
+    probes: list[Candidate] = field(default_factory=list)  # the winner's variants (findings)
 
 
 def verify(

@@ -313,3 +313,64 @@ class _Empty(torch.utils.data.IterableDataset):
 
 def empty_stream() -> torch.utils.data.IterableDataset:
     return _Empty()
+
+
+class PythonObjects(TensorImages):
+    """A dataset whose per-sample metadata is Python objects: a list of path strings and
+    a list of label ints, as an ImageFolder keeps them, ``length`` of each. Read at
+    random by worker processes, every worker copies the main process's pages their
+    reference counts touch: its private memory grows with the samples it reads."""
+
+    def __init__(self, length: int = 1_000_000) -> None:
+        super().__init__(length=64)
+        self.paths = [f"/data/train/n{i % 1000:08d}/{i:08d}.JPEG" for i in range(length)]
+        self.targets = [1000 + i for i in range(length)]  # above 256: an object each
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, target = self.paths[index], self.targets[index]
+        return self.images[len(path) % 64], target % 10
+
+
+def python_objects() -> Dataset:
+    """A million paths and a million labels: two million Python objects."""
+    return PythonObjects()
+
+
+class BlasTransform(TensorImages):
+    """Every sample runs a multi-threaded BLAS call (two 256 x 256 matrix products in
+    numpy), as transforms built on numpy, SciPy or OpenCV do."""
+
+    def __init__(self, length: int = 512) -> None:
+        import numpy as np
+
+        super().__init__(length=length)
+        self.matrix = np.random.default_rng(0).standard_normal((256, 256))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        product = self.matrix @ self.matrix @ self.matrix
+        image, label = super().__getitem__(index)
+        return image + float(product[0, 0] * 0), label
+
+
+def blas_transform() -> Dataset:
+    return BlasTransform()
+
+
+class Stragglers(TensorImages):
+    """Samples take 0.5 ms to load, and one in a hundred (index 7, 107, ...) 50 times
+    that: a few slow files on a network filesystem."""
+
+    def __init__(self, length: int = 1024, base_s: float = 0.0005) -> None:
+        super().__init__(length=length)
+        self.base_s = base_s
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.base_s * (50 if index % 100 == 7 else 1))
+        return super().__getitem__(index)
+
+
+def stragglers() -> Dataset:
+    return Stragglers()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import threading
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from raytune_loader.errors import CorruptSampleError
-from raytune_loader.loader import ThreadLoader, build_dataloader
+from raytune_loader.loader import ThreadLoader, WorkerThreads, build_dataloader
 from raytune_loader.space import LoaderConfig
 
 THREADS = LoaderConfig(batch_size=8, num_workers=2, prefetch_factor=2, workers="thread")
@@ -53,3 +55,37 @@ def test_a_worker_thread_s_error_reaches_the_loop_with_its_type_and_message() ->
     with pytest.raises(CorruptSampleError, match="bad Huffman code"):
         for _ in loader:
             pass
+
+
+class _Pools(Dataset):
+    """What a worker's thread pools are: BLAS (threadpoolctl), torch, OMP_NUM_THREADS,
+    and whether the user's own worker_init_fn ran."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> dict:
+        from threadpoolctl import threadpool_info
+
+        blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+        return {
+            "blas": max(blas), "torch": torch.get_num_threads(),
+            "omp": os.environ.get("OMP_NUM_THREADS", ""), "mine": os.environ.get("MINE", ""),
+        }  # fmt: skip
+
+
+def _mine(worker_id: int) -> None:
+    os.environ["MINE"] = f"ran in worker {worker_id}"
+
+
+def test_worker_threads_holds_each_worker_s_pools_and_keeps_the_user_s_init() -> None:
+    import numpy  # noqa: F401 - its BLAS is loaded before the workers start, as in users' code
+
+    config = LoaderConfig(batch_size=1, num_workers=1, prefetch_factor=1, worker_threads=1)
+    tuned = next(iter(build_dataloader(_Pools(), config, worker_init_fn=_mine)))
+    assert (tuned["blas"].item(), tuned["torch"].item()) == (1, 1)
+    assert tuned["omp"] == ["1"] and tuned["mine"] == ["ran in worker 0"]
+    default = LoaderConfig(batch_size=1, num_workers=1, prefetch_factor=1)
+    assert build_dataloader(_Pools(), default).worker_init_fn is None  # the libraries' own
+    again = pickle.loads(pickle.dumps(WorkerThreads(1, _mine)))  # spawn and forkserver
+    assert (again.threads, again.then) == (1, _mine)

@@ -141,6 +141,13 @@ def test_a_good_trial_reports_every_metric(tiny_imagenet: Path) -> None:
     assert outcome.failure is None and report["final"] is True
     assert report["samples_per_s"] > 0 and 0 <= report["data_wait_frac"] <= 1
     assert report["cpus_reserved"] == 2 and report["effective_batch_size"] == 8
+    # and what was watched: one worker process, its threads, the waits, the next epoch
+    assert report["worker_thread_count"] >= 1 and report["worker_cpu_s"] > 0
+    assert 0 <= report["data_wait_p50_s"] <= report["data_wait_p99_s"]
+    assert report["epoch_start_s"] > 0 and report["memory_free_bytes"] > 0
+    assert report["watched_bytes"] > 0 and report["projected_epoch_growth_bytes"] is not None
+    assert "watch" not in report and "waits" not in report  # the readings stay out of Tune
+    assert outcome.metrics is not None and outcome.metrics.watch is not None
 
 
 def _children() -> set[int]:
@@ -206,7 +213,9 @@ def test_a_dataset_smaller_than_a_batch_is_a_reasoned_failure() -> None:
 
 
 def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -> None:
-    """16 samples in batches of 4 are 4 batches an epoch; 14 steps must not restart workers."""
+    """16 samples in batches of 4 are 4 batches an epoch; 14 steps must not restart workers.
+    After the window one more batch starts the next epoch: without persistent workers,
+    with two new ones, and that start is timed."""
     from datasets_for_tests import ReaderPids
 
     log = tmp_path / "pids.txt"
@@ -215,8 +224,10 @@ def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -
     metrics = train_segment(ReaderPids(str(log)), _trainer(), config, spec)
     readers = log.read_text().split()
     assert metrics.samples == 4 * 12
-    assert len(readers) >= 4 * 14  # every sample of the segment was read, repeats included
-    assert len(set(readers)) == 2  # the same two workers from start to end
+    assert len(readers) >= 4 * 15  # every sample of the segment was read, repeats included
+    assert len(set(readers[: 4 * 14])) == 2  # the same two workers from start to end
+    assert len(set(readers[4 * 14 :]) - set(readers[: 4 * 14])) == 2  # the next epoch's
+    assert metrics.epoch_start_s is not None and metrics.epoch_start_s > 0
 
 
 def test_interim_reports_carry_the_batch_size_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,3 +346,13 @@ def test_a_compiled_model_compiles_in_the_warm_up_not_in_the_measured_window() -
     assert outcome.metrics is not None, outcome.detail
     # the compilation took most of the trial, none of it inside the window
     assert outcome.metrics.wall_s < 0.25 * total
+
+
+def test_a_segment_unwatched_reads_no_memory_and_trains_the_same() -> None:
+    """What the watch experiment compares: SegmentSpec.watch off leaves no readings."""
+    config = LoaderConfig(8, 1, 2, False, True)
+    spec = SegmentSpec(warmup_steps=2, steps=12, report_every=12, watch=False)
+    metrics = train_segment(TensorImages(64), _trainer(), config, spec)
+    assert metrics.samples == 8 * 12 and metrics.epoch_start_s is not None
+    assert metrics.watch is not None and metrics.watch.readings == ()
+    assert metrics.memory is None and metrics.worker_thread_count is None

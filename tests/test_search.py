@@ -171,6 +171,22 @@ def test_the_report_says_where_the_limit_is(searched: Searched) -> None:
     assert "## Where the limit is" in (searched.folder / "report.md").read_text()
 
 
+def test_the_default_dataset_gives_no_finding_and_every_place_says_so(searched: Searched) -> None:
+    """The summary line, the report's Findings with its plot, the JSON's list, and what
+    was watched in the winner's runs, the probe's epoch start beside its own."""
+    best = _best(searched)
+    assert best["findings"] == []
+    assert "no findings:" in searched.result.stdout and "epoch start:" in searched.result.stdout
+    report = (searched.folder / "report.md").read_text()
+    assert "## Findings" in report and "(plots/memory.png)" in report
+    assert (searched.folder / "plots" / "memory.png").stat().st_size > 0
+    watch = best["watch"]
+    assert watch["runs"] == 2 and watch["first_batch_s"] > 0 and watch["memory"]["series"]
+    tuned = load_best_config(searched.folder / "best_config.json").loader
+    if tuned.num_workers and tuned.workers == "process":  # the other setting was probed
+        assert None not in watch["epoch_start_s"].values()
+
+
 def test_a_finished_search_leaves_nothing_to_resume(searched: Searched) -> None:
     assert not (searched.folder / "last_search.json").exists()
     assert not (searched.folder / "trials.partial.csv").exists()

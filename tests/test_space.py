@@ -21,6 +21,8 @@ from raytune_loader.space import (
     PIPELINE_KEYS,
     PYTORCH_DEFAULT,
     RANK_SHARE,
+    WORKER_KEYS,
+    WORKER_THREADS,
     LoaderConfig,
     SearchSpace,
     reserved_cpus,
@@ -35,9 +37,10 @@ def _all_configs(space: SearchSpace) -> set[LoaderConfig]:
         (True, False),
         (True, False),
         space.batch_sizes,
+        WORKER_THREADS,
     )
     configs = set()
-    for workers, prefetch, persistent, pin, batch in choices:
+    for workers, prefetch, persistent, pin, batch, threads in choices:
         trial = optuna.trial.FixedTrial(
             {
                 "num_workers": workers,
@@ -45,6 +48,7 @@ def _all_configs(space: SearchSpace) -> set[LoaderConfig]:
                 "persistent_workers": persistent,
                 "pin_memory": pin,
                 "batch_size": batch,
+                "worker_threads": threads,
             }
         )
         constants = space.define_by_run(trial) or {}
@@ -56,13 +60,19 @@ def _all_configs(space: SearchSpace) -> set[LoaderConfig]:
 def test_every_configuration_of_the_space_builds_a_working_loader(cuda: bool) -> None:
     space = SearchSpace(max_workers=2, batch_sizes=(4, 8), cuda=cuda, usable_cpus=2)
     configs = _all_configs(space)
-    # workers=0: 2 pin x 2 batch; workers 1..2: 2 x 4 prefetch x 2 persistent x 2 pin x 2 batch
-    assert len(configs) == (2 * 2 + 2 * 4 * 2 * 2 * 2) // (1 if cuda else 2)
+    # workers=0: 2 pin x 2 batch; workers 1..2: 2 x 4 prefetch x 2 persistent x 2 pin x
+    # 2 batch x 2 worker_threads
+    assert len(configs) == (2 * 2 + 2 * 4 * 2 * 2 * 2 * 2) // (1 if cuda else 2)
     dataset = TensorDataset(torch.randn(16, 3, 8, 8), torch.arange(16))
+    pins = torch.cuda.is_available()  # without CUDA the loader does not pin: built once
+    built = set()
     for config in configs:
         assert config.pin_memory is False or cuda
         if config.num_workers == 0:
             assert config.prefetch_factor is None and not config.persistent_workers
+        if replace(config, pin_memory=config.pin_memory and pins) in built:
+            continue
+        built.add(replace(config, pin_memory=config.pin_memory and pins))
         loader = build_dataloader(dataset, config, timeout_s=30)
         inputs, _ = next(iter(loader))
         assert inputs.shape[0] == config.batch_size
@@ -146,15 +156,17 @@ def test_the_pipeline_is_searched_only_where_it_applies() -> None:
     kept = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2)
     widened = replace(kept, pipeline=True)
     point = {
-        "num_workers": 2, "prefetch_factor": 2, "persistent_workers": True,
+        "num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "worker_threads": 1,
         "in_order": False, "multiprocessing_context": "spawn", "transfer": "uint8",
     }  # fmt: skip
     trial = optuna.trial.FixedTrial(point)
     widened.define_by_run(trial)
     assert trial.params == point
     narrow = optuna.trial.FixedTrial(point)
-    kept.define_by_run(narrow)
-    assert set(narrow.params) == {"num_workers", "prefetch_factor", "persistent_workers"}
+    kept.define_by_run(narrow)  # worker processes' threads are searched for every dataset
+    assert set(narrow.params) == {
+        "num_workers", "prefetch_factor", "persistent_workers", "worker_threads"
+    }  # fmt: skip
     without_workers = optuna.trial.FixedTrial({"num_workers": 0, "transfer": "uint8"})
     widened.define_by_run(without_workers)  # no start method nor order without workers
     assert without_workers.params == {"num_workers": 0, "transfer": "uint8"}
@@ -245,11 +257,13 @@ def test_every_proposal_replays_as_the_point_optuna_suggested(cuda: bool) -> Non
         study.tell(trial, 0.0)
 
 
-def test_every_field_is_a_dataloader_argument_or_a_pipeline_stage() -> None:
+def test_every_field_is_a_dataloader_argument_a_pipeline_stage_or_a_worker_setting() -> None:
     """The lists of keys come from the fields: a new field lands in exactly one of
     them, and the JSON's pipeline section shows every stage."""
     names = [f.name for f in fields(LoaderConfig)]
-    assert sorted(LOADER_KEYS + PIPELINE_KEYS) == sorted(names) == sorted(CONFIG_KEYS)
+    assert sorted(LOADER_KEYS + PIPELINE_KEYS + WORKER_KEYS) == sorted(names)
+    assert sorted(names) == sorted(CONFIG_KEYS)
+    assert set(WORKER_KEYS) == set(LoaderConfig(8).worker_init())
     assert set(LOADER_KEYS) == set(LoaderConfig(8).kwargs())
     assert set(PIPELINE_KEYS) <= set(LoaderConfig(8).pipeline())
     assert set(LABELS) == set(names)
@@ -261,7 +275,13 @@ def test_the_grid_is_every_configuration_the_space_can_propose() -> None:
     space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
                         pipeline=True, decodes=("pil", "tensor"), thread_workers=True)  # fmt: skip
     grid = space.grid()
-    assert len(grid) == len(set(grid)) == 452
+    assert len(grid) == len(set(grid))
+    held = [c for c in grid if c.worker_threads]  # each process-worker config, held to 1 thread
+    free = [c for c in grid if c.workers == "process" and c.num_workers and not c.worker_threads]
+    assert sorted(map(str, (replace(c, worker_threads=None) for c in held))) == sorted(
+        map(str, free)
+    )
+    assert len(grid) - len(held) == 452
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
     for _ in range(100):
         trial = study.ask()

@@ -1,0 +1,476 @@
+"""What would break training hours later, found in the measurements, with the fix.
+
+After verification :func:`probe` runs the tuned configuration's variants the findings
+need, beside it: persistent workers the other way (an epoch's start, both ways), in
+order the other way where a step's wait has a long tail, and worker threads the other
+way where worker processes ran more busy threads than the CPUs reserved for them.
+:func:`findings` then judges the tuned configuration's verification runs, the probes
+and the search's trials: memory that one epoch of the whole dataset would grow past
+a share of the node's free memory (``--memory-share``), workers oversubscribing their
+CPUs, stragglers stalling the loop, an epoch start that costs minutes. Each
+:class:`Finding` has its measured figure, its projection where there is one, and its
+fix; :func:`watch_section` is ``best_config.json``'s ``watch``: the tuned
+configuration's watched figures and the memory series the report plots. The
+thresholds below are set so that the default dataset and the test datasets give no
+finding (``tests/test_findings.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from raytune_loader.job import TrialJob
+from raytune_loader.progress import Progress
+from raytune_loader.records import MEASURED, TrialRecord
+from raytune_loader.selection import Candidate, fitting, select
+from raytune_loader.space import LoaderConfig
+from raytune_loader.verify import Measurer, Verified, verify
+from raytune_loader.watch import FOLLOWED, MAIN, MemoryFit, Watch, wait_tail
+
+OVERSUBSCRIBED = 0.5  # busy threads per worker above its CPUs by this: oversubscribed
+STRAGGLER_RATIO = 5.0  # a step's p99 wait at least this many times the median
+STRAGGLER_TAIL = 0.10  # and waits above twice the median taking this share of the window
+MIN_STEPS = 50  # steps, over the runs, below which a 99th percentile says nothing
+HELPED = 0.05  # faster by more than this, every run beyond the other's: it helped
+EPOCH_START_S = 5.0  # an epoch start this much slower without persistent workers
+EPOCH_START_SHARE = 0.01  # and this share of an epoch's time
+PROBE_REPEATS = 3  # rounds of the probes that compare speeds with the tuned configuration
+SERIES_POINTS = 120  # readings per process kept for the report's plot
+TUNED = "tuned"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing that would break or slow training later."""
+
+    kind: str  # memory, threads, stragglers, epoch_start
+    figure: str  # what was measured, in words
+    fix: str
+    projection: dict[str, Any] | None = None  # where it leads, for memory
+    values: dict[str, Any] = field(default_factory=dict)  # the figures behind the words
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "figure": self.figure,
+            "projection": self.projection,
+            "fix": self.fix,
+            "values": self.values,
+        }
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the findings are judged against."""
+
+    memory_share: float = 1.0  # --memory-share
+    cpus_per_worker: float = 1.0  # --cpus-per-worker
+
+
+def probe_configs(
+    winner: Candidate, records: Sequence[TrialRecord], rules: Rules
+) -> dict[str, LoaderConfig]:
+    """The tuned configuration's variants the findings measure, by the knob flipped."""
+    config = fitting(winner)
+    probes: dict[str, LoaderConfig] = {}
+    if config.num_workers and config.workers == "process":
+        probes["persistent_workers"] = replace(
+            config, persistent_workers=not config.persistent_workers
+        )
+        if _oversubscribed(winner, records, rules) is not None:
+            threads = None if config.worker_threads else 1
+            probes["worker_threads"] = replace(config, worker_threads=threads)
+    if config.num_workers and _tail(winner) is not None:
+        probes["in_order"] = replace(config, in_order=not config.in_order)
+    return probes
+
+
+def probe(
+    verified: Verified,
+    job: TrialJob,
+    objective: str,
+    records: Sequence[TrialRecord],
+    measurer: Measurer,
+    progress: Progress,
+    rules: Rules,
+) -> Verified:
+    """The probes of the tuned configuration, measured after verification (each alone;
+    beside the tuned one, in rotated rounds, where they compare speeds)."""
+    selection = select(verified.candidates, objective)
+    if selection is None:
+        return verified
+    flips = probe_configs(selection.winner, records, rules)
+    if not flips:
+        return verified
+    starts = {k: c for k, c in flips.items() if k == "persistent_workers"}
+    speeds = {k: c for k, c in flips.items() if k not in starts}  # beside the tuned one
+    rounds = [(starts, 1)] + ([({TUNED: fitting(selection.winner), **speeds}, PROBE_REPEATS)]
+                              if speeds else [])  # fmt: skip
+    what = "probing the tuned loader (findings)"
+    total = sum(len(configs) * repeats for configs, repeats in rounds)
+    probes: list[Candidate] = []
+    for configs, repeats in rounds:
+        done = sum(len(c.outcomes) for c in probes)
+        progress.count(what, done, total)
+        probed = verify(
+            replace(job, ceilings={}), configs, repeats, measurer,
+            on_measured=lambda n, _, *rest, done=done: progress.count(what, done + n, total),
+            slot_base=10**6 + done,  # --cold: samples no trial nor verification run read
+        )  # fmt: skip
+        probes += probed.candidates
+    return replace(verified, probes=probes)
+
+
+def _median(candidate: Candidate | None, metric: str) -> float | None:
+    stats = candidate.stats(metric) if candidate is not None else None
+    return stats.median if stats else None
+
+
+def _by_name(probes: Sequence[Candidate]) -> dict[str, Candidate]:
+    return {c.name: c for c in probes if c.ok}
+
+
+def findings(
+    winner: Candidate,
+    probes: Sequence[Candidate],
+    records: Sequence[TrialRecord],
+    rules: Rules,
+) -> list[Finding]:
+    """Every finding about the tuned configuration, its probes and the search's trials."""
+    probed = _by_name(probes)
+    found = [
+        _memory(winner, rules),
+        _threads(winner, records, probed, rules),
+        _stragglers(winner, probed),
+        _epoch_start(winner, probed),
+    ]
+    return [f for f in found if f is not None]
+
+
+def _fit(winner: Candidate) -> MemoryFit | None:
+    """The fit of the run whose projection is the median (one run's, for its cause)."""
+    runs = [o.metrics for o in winner.ok if o.metrics and o.metrics.memory is not None]
+    runs = [m for m in runs if m.projected_epoch_growth_bytes is not None]
+    if not runs:
+        return None
+    runs.sort(key=lambda m: m.projected_epoch_growth_bytes or 0)
+    return runs[len(runs) // 2].memory
+
+
+def _memory(winner: Candidate, rules: Rules) -> Finding | None:
+    growth = _median(winner, "projected_epoch_growth_bytes")
+    free = min((o.metrics.memory_free_bytes for o in winner.ok
+                if o.metrics and o.metrics.memory_free_bytes), default=None)  # fmt: skip
+    fit = _fit(winner)
+    if growth is None or free is None or fit is None or growth <= rules.memory_share * free:
+        return None
+    current = _median(winner, "watched_bytes") or 0
+    workers = len(fit.shared_bytes)
+    copies = fit.workers.copies >= max(fit.workers.kept, fit.main.kept)
+    per_sample = fit.per_sample
+    who = "each worker" if workers else "the training process"
+    cause = (
+        "copy-on-write: the workers copy the main process's pages as reference counts "
+        "touch the dataset's Python objects, up to all they share with it"
+        if copies
+        else f"{who} keeps new memory for what it reads"
+    )
+    share = "all" if rules.memory_share >= 1 else f"{rules.memory_share:.0%}"
+    epoch = fit.epoch or 0
+    figure = (
+        f"memory grows {_bytes(per_sample)} per sample read ({cause}); one epoch of "
+        f"{epoch:,} samples would add {_bytes(growth)} to the {_bytes(current)} the "
+        f"measurement holds ({workers} worker processes, {fit.ranks} rank(s)), more than "
+        f"{share} of the node's {_bytes(free)} free"
+    )
+    fix = (
+        "keep per-sample metadata in numpy or pyarrow arrays (or tensors) instead of lists "
+        "of Python objects, dicts or strings, or build it in each worker from worker_init_fn; "
+        "fewer workers copy less"
+        if copies
+        else "bound or remove what the dataset or its transforms keep per sample (a cache, "
+        "a list that grows in __getitem__), or keep it in shared memory built once"
+    )
+    projection = {
+        "epoch_samples": fit.epoch,
+        "growth_bytes": int(growth),
+        "current_bytes": int(current),
+        "total_bytes": int(current + growth),
+        "free_bytes": int(free),
+        "memory_share": rules.memory_share,
+        "workers": workers,
+        "ranks": fit.ranks,
+    }
+    values = {
+        "copies_per_sample_bytes": fit.workers.copies,
+        "kept_per_sample_bytes": fit.workers.kept + fit.main.kept,
+    }
+    return Finding("memory", figure, fix, projection, values)
+
+
+def _busy(candidate: Candidate) -> float | None:
+    return _median(candidate, "worker_busy_threads")
+
+
+def _oversubscribed(
+    winner: Candidate, records: Sequence[TrialRecord], rules: Rules
+) -> float | None:
+    """Busy threads per worker process where workers ran more than their CPUs: the
+    tuned configuration's runs, else the search's trials with the libraries' pools."""
+    limit = rules.cpus_per_worker + OVERSUBSCRIBED
+    tuned = _busy(winner)
+    if tuned is not None and tuned > limit:
+        return tuned
+    default = [r.worker_busy_threads for r in records if r.status in MEASURED
+               and r.config and r.config.worker_threads is None
+               and r.worker_busy_threads is not None]  # fmt: skip
+    return max(default) if default and max(default) > limit else None
+
+
+def _threads(
+    winner: Candidate,
+    records: Sequence[TrialRecord],
+    probed: dict[str, Candidate],
+    rules: Rules,
+) -> Finding | None:
+    busy = _oversubscribed(winner, records, rules)
+    if busy is None:
+        return None
+    pools = _pools(winner)
+    figure = (
+        f"worker processes ran {busy:.1f} busy threads each on {rules.cpus_per_worker:g} "
+        f"CPU reserved per worker (thread pools they inherit: {pools or 'unknown'})"
+    )
+    limited = {True: None, False: None}  # samples/s with worker_threads 1, and without
+    flipped = probed.get("worker_threads")
+    if flipped is not None and TUNED in probed:
+        ours = probed[TUNED]
+        limited[bool(ours.config.worker_threads)] = _median(ours, "samples_per_s")
+        limited[bool(flipped.config.worker_threads)] = _median(flipped, "samples_per_s")
+    one, default = limited[True], limited[False]
+    measured = (
+        f": {one / default:.2f}x the samples/s of the libraries' default "
+        f"({one:.0f} against {default:.0f}, measured)"
+        if one and default
+        else ""
+    )
+    tuned = fitting(winner)
+    if tuned.worker_threads:
+        fix = f"worker_threads=1, tuned and applied by .dataloader(){measured}"
+    elif tuned.num_workers and tuned.workers == "process":
+        fix = (
+            f"worker_threads=1 in best_config.json's worker_init, which .dataloader() applies "
+            f"(threadpoolctl and torch.set_num_threads in each worker){measured}; the search "
+            "did not choose it"
+        )
+    else:
+        fix = (
+            "the tuned loader has no worker processes; with your own, hold each worker's "
+            "pools to one thread (worker_threads=1, or OMP_NUM_THREADS=1)"
+        )
+    values = {"busy_threads_per_worker": busy, "samples_per_s_one_thread": one,
+              "samples_per_s_default_threads": default}  # fmt: skip
+    return Finding("threads", figure, fix, None, values)
+
+
+def _pools(candidate: Candidate) -> str:
+    watched = _watches(candidate)
+    pools = watched[0].libraries if watched else ()
+    return ", ".join(f"{name} {threads}" for name, threads in pools)
+
+
+def _watches(candidate: Candidate) -> list[Watch]:
+    return [o.metrics.watch for o in candidate.ok if o.metrics and o.metrics.watch]
+
+
+def waits(candidate: Candidate) -> tuple[float, float, float, int] | None:
+    """(p50, p99, tail share, steps) of a step's wait for its batch, pooled over the
+    candidate's runs; None without any."""
+    runs = [o.metrics for o in candidate.ok if o.metrics and o.metrics.waits]
+    pooled = [w for m in runs for w in m.waits]
+    if not pooled:
+        return None
+    p50, p99, tail = wait_tail(pooled, sum(m.wall_s for m in runs))
+    return p50, p99, tail, len(pooled)
+
+
+def _tail(candidate: Candidate) -> tuple[float, float, float] | None:
+    """(p50, p99, tail share) where a step's wait has a straggler's long tail, over
+    enough steps for a 99th percentile to mean something."""
+    found = waits(candidate)
+    if found is None:
+        return None
+    p50, p99, tail, steps = found
+    if steps < MIN_STEPS or p99 < STRAGGLER_RATIO * max(p50, 1e-4) or tail < STRAGGLER_TAIL:
+        return None
+    return p50, p99, tail
+
+
+def _faster(fast: Candidate, slow: Candidate) -> float | None:
+    """How much faster ``fast`` ran than ``slow``, when beyond noise: its slowest run
+    faster than the other's fastest, and by more than HELPED."""
+    mine, theirs = fast.stats("samples_per_s"), slow.stats("samples_per_s")
+    if mine is None or theirs is None or not theirs.median:
+        return None
+    gain = mine.median / theirs.median - 1
+    return gain if mine.min > theirs.max and gain > HELPED else None
+
+
+def _stragglers(winner: Candidate, probed: dict[str, Candidate]) -> Finding | None:
+    """A long tail that putting batches out of order measurably shortens: a few slow
+    samples stalling an in-order loader (a tail that does not shorten is the loader's
+    own pace, which the search's other settings address)."""
+    found = _tail(winner)
+    tuned, flipped = probed.get(TUNED), probed.get("in_order")
+    if found is None or tuned is None or flipped is None:
+        return None
+    ordered, unordered = (tuned, flipped) if tuned.config.in_order else (flipped, tuned)
+    gain = _faster(unordered, ordered)
+    if gain is None:
+        return None
+    p50, p99, tail = found
+    fast, slow = _median(unordered, "samples_per_s"), _median(ordered, "samples_per_s")
+    figure = (
+        f"a step's wait for its batch: p99 {p99 * 1e3:.1f} ms, {p99 / max(p50, 1e-6):.0f}x the "
+        f"median {p50 * 1e3:.1f} ms; waits above twice the median took {tail:.0%} of the window"
+    )
+    chosen = "tuned, " if not fitting(winner).in_order else ""
+    fix = (
+        f"in_order=False ({chosen}measured): {gain:.0%} more samples/s ({fast:.0f} against "
+        f"{slow:.0f} in order), the loop taking another worker's batch while a slow sample "
+        "loads; find the slow samples (cold or remote files, outsized images)"
+    )
+    values = {"p50_s": p50, "p99_s": p99, "tail_frac": tail,
+              "samples_per_s_in_order": slow, "samples_per_s_unordered": fast}  # fmt: skip
+    return Finding("stragglers", figure, fix, None, values)
+
+
+def epoch_starts(winner: Candidate, probed: dict[str, Candidate]) -> dict[str, float | None]:
+    """Seconds an epoch takes to start with persistent workers and without (measured:
+    the tuned configuration and its persistent_workers probe), by its own setting."""
+    config = fitting(winner)
+    out: dict[str, float | None] = {"persistent": None, "fresh": None}
+    if config.num_workers == 0 or config.workers != "process":
+        out["fresh"] = _median(winner, "epoch_start_s")  # nothing to keep between epochs
+        return out
+    out["persistent" if config.persistent_workers else "fresh"] = _median(winner, "epoch_start_s")
+    flipped = probed.get("persistent_workers")
+    if flipped is not None:
+        out["fresh" if config.persistent_workers else "persistent"] = _median(
+            flipped, "epoch_start_s"
+        )
+    return out
+
+
+def _epoch_start(winner: Candidate, probed: dict[str, Candidate]) -> Finding | None:
+    config = fitting(winner)
+    starts = epoch_starts(winner, probed)
+    kept, fresh = starts["persistent"], starts["fresh"]
+    speed = _median(winner, "samples_per_s")
+    fits = [o.metrics.memory for o in winner.ok if o.metrics and o.metrics.memory]
+    epoch = fits[0].epoch if fits else None
+    if config.persistent_workers or kept is None or fresh is None or not speed or not epoch:
+        return None
+    saved, epoch_s = fresh - kept, epoch / speed
+    if saved < EPOCH_START_S or saved < EPOCH_START_SHARE * epoch_s:
+        return None
+    figure = (
+        f"each epoch starts in {fresh:.1f} s without persistent workers, {kept:.1f} s with "
+        f"them: {saved / epoch_s:.0%} of an epoch of {epoch:,} samples ({epoch_s:.0f} s)"
+    )
+    fix = f"persistent_workers=True saves {saved:.1f} s an epoch (measured)"
+    return Finding("epoch_start", figure, fix, None, {"persistent_s": kept, "fresh_s": fresh})
+
+
+def watch_section(winner: Candidate, probes: Sequence[Candidate]) -> dict[str, Any]:
+    """``best_config.json``'s ``watch``: what was watched in the tuned configuration's
+    verification runs (medians), and one run's memory readings for the report's plot."""
+    probed = _by_name(probes)
+    watched = _watches(winner)
+    fit = _fit(winner)
+    pooled = waits(winner)
+    cost = sum(w.cost_s for w in watched)
+    watching = sum(w.watched_s for w in watched)
+    return {
+        "runs": len(winner.ok),
+        "first_batch_s": _median(winner, "first_batch_s"),
+        "epoch_start_s": epoch_starts(winner, probed),
+        "data_wait": dict(zip(WAIT_KEYS, pooled, strict=True)) if pooled else None,
+        "memory": {
+            "growth_per_sample_bytes": _median(winner, "memory_growth_per_sample"),
+            "epoch_samples": fit.epoch if fit else None,
+            "epoch_growth_bytes": _median(winner, "projected_epoch_growth_bytes"),
+            "watched_bytes": _median(winner, "watched_bytes"),
+            "free_bytes": _median(winner, "memory_free_bytes"),
+            "series": _series(watched[0]) if watched else None,
+        },
+        "threads": {
+            "busy_per_worker": _median(winner, "worker_busy_threads"),
+            "per_worker": _median(winner, "worker_thread_count"),
+            "worker_cpu_s": _median(winner, "worker_cpu_s"),
+            "pools": [
+                {"library": name, "threads": n}
+                for name, n in (watched[0].libraries if watched else ())
+            ],  # fmt: skip
+        },
+        "cost": {"seconds": cost, "share_of_one_cpu": cost / watching if watching else None},
+    }
+
+
+WAIT_KEYS = ("p50_s", "p99_s", "tail_frac", "steps")
+
+
+def _series(watched: Watch) -> dict[str, Any]:
+    """Memory against samples read: each process's resident anonymous memory, and the
+    followed worker's private memory, thinned to SERIES_POINTS readings each."""
+    processes = []
+    for worker in sorted({r.worker for r in watched.readings}):
+        readings = [r for r in watched.readings if r.worker == worker]
+        kept = readings[:: max(1, -(-len(readings) // SERIES_POINTS))]
+        processes.append({
+            "worker": None if worker == MAIN else worker,
+            "samples_read": [r.reads for r in kept],
+            "anonymous_bytes": [r.anon for r in kept],
+        })  # fmt: skip
+    followed = [r for r in watched.readings if r.worker == FOLLOWED and r.uss is not None]
+    return {
+        "window": list(watched.window),
+        "processes": processes,
+        "private": {
+            "samples_read": [r.reads for r in followed],
+            "bytes": [r.uss for r in followed],
+        },
+    }
+
+
+def _bytes(count: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def summary_lines(best: dict[str, Any]) -> list[str]:
+    """What the command line prints of the findings (``best_config.json``'s): one line a
+    finding, the figure then the fix, or one line saying there were none; and the
+    tuned loader's epoch start."""
+    if "findings" not in best:  # written before findings existed
+        return []
+    found = [f"finding ({f['kind']}): {f['figure']}. fix: {f['fix']}" for f in best["findings"]]
+    if not found:
+        found = ["no findings: memory growth, worker threads, stragglers and epoch starts "
+                 "were watched (report.md, Findings)"]  # fmt: skip
+    start = epoch_start_line((best.get("watch") or {}).get("epoch_start_s") or {})
+    return found + ([start] if start else [])
+
+
+def epoch_start_line(starts: dict[str, float | None]) -> str | None:
+    """``epoch start: 0.05 s with persistent workers, 0.42 s without``."""
+    kept, fresh = starts.get("persistent"), starts.get("fresh")
+    if kept is not None and fresh is not None:
+        return f"epoch start: {kept:.2f} s with persistent workers, {fresh:.2f} s without"
+    if kept is not None:
+        return f"epoch start: {kept:.2f} s with persistent workers"
+    return None if fresh is None else f"epoch start: {fresh:.2f} s"

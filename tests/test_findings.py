@@ -1,0 +1,296 @@
+"""Findings: each rule on made-up runs, each pathology on a dataset built to have it, and
+no finding on the datasets that have none."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from raytune_loader import findings
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.findings import Rules, probe_configs
+from raytune_loader.job import SegmentSpec, TrialJob
+from raytune_loader.measure import SegmentMetrics, TrialOutcome, run_trial
+from raytune_loader.progress import LogProgress
+from raytune_loader.records import TrialRecord
+from raytune_loader.selection import Candidate
+from raytune_loader.space import LoaderConfig
+from raytune_loader.verify import LocalMeasurer, Verified
+from raytune_loader.watch import Growth, MemoryFit
+
+GIB = 2**30
+PROCESSES = LoaderConfig(16, 2, 2, False, True)
+
+
+def _run(config: LoaderConfig, speed: float = 100.0, **figures) -> TrialOutcome:
+    metrics = SegmentMetrics(speed, 0.1, 0.5, "step-timing", None, 600, 6.0, **figures)
+    return TrialOutcome(config, 3.0, 0, metrics=metrics)
+
+
+def _candidate(config: LoaderConfig, *runs: TrialOutcome, name: str = "top-1") -> Candidate:
+    return Candidate(name, config, runs)
+
+
+def _fit(copies: float, kept: float) -> MemoryFit:
+    return MemoryFit(Growth(copies, kept), Growth(0.0, 0.0), GIB, (GIB, GIB), 1000.0, 10**6, 2, 1)
+
+
+@pytest.mark.parametrize(("copies", "kept", "cause"), [(8192, 0, "numpy"), (0, 300_000, "bound")])
+def test_memory_is_a_finding_past_the_share_of_free_memory_with_its_cause(
+    copies: float, kept: float, cause: str
+) -> None:
+    run = _run(PROCESSES, projected_epoch_growth_bytes=3 * GIB, memory_free_bytes=10 * GIB,
+               watched_bytes=GIB, memory=_fit(copies, kept))  # fmt: skip
+    winner = _candidate(PROCESSES, run, run)
+    assert findings.findings(winner, [], [], Rules(memory_share=1.0)) == []
+    (found,) = findings.findings(winner, [], [], Rules(memory_share=0.25))
+    assert found.kind == "memory" and cause in found.fix
+    assert found.projection == {
+        "epoch_samples": 10**6, "growth_bytes": 3 * GIB, "current_bytes": GIB,
+        "total_bytes": 4 * GIB, "free_bytes": 10 * GIB, "memory_share": 0.25, "workers": 2,
+        "ranks": 1,
+    }  # fmt: skip
+    assert "10.0 GiB free" in found.figure and "3.0 GiB" in found.figure
+
+
+def test_oversubscribed_workers_are_a_finding_with_both_settings_measured() -> None:
+    tuned = replace(PROCESSES, worker_threads=1)
+    winner = _candidate(tuned, _run(tuned, worker_busy_threads=1.0))
+    trial = TrialRecord("t1", "ok", config=PROCESSES, worker_busy_threads=2.0)
+    assert findings.findings(winner, [], [], Rules()) == []  # nothing oversubscribed
+    probes = [_candidate(tuned, _run(tuned, 400.0), name=findings.TUNED),
+              _candidate(PROCESSES, _run(PROCESSES, 100.0), name="worker_threads")]  # fmt: skip
+    (found,) = findings.findings(winner, probes, [trial], Rules())
+    assert found.kind == "threads" and "2.0 busy threads" in found.figure
+    assert found.fix.startswith("worker_threads=1, tuned and applied by .dataloader()")
+    assert "4.00x the samples/s of the libraries' default (400 against 100" in found.fix
+    assert findings.findings(winner, probes, [trial], Rules(cpus_per_worker=2.0)) == []
+
+
+def _waits(long_tail: bool, steps: int = 60) -> tuple[float, ...]:
+    slow = [0.2] * (steps // 10) if long_tail else [0.004] * (steps // 10)
+    return tuple([0.002] * (steps - len(slow)) + slow)
+
+
+@pytest.mark.parametrize(
+    ("tail", "steps", "unordered_runs", "found"),
+    [(True, 60, (130.0, 128.0), True), (True, 60, (101.0, 99.0), False),
+     (True, 20, (130.0, 128.0), False), (False, 60, (130.0, 128.0), False)],
+    ids=["out-of-order-helps", "within-noise", "too-few-steps", "no-tail"],
+)  # fmt: skip
+def test_a_long_tail_is_a_straggler_finding_when_out_of_order_measurably_helps(
+    tail: bool, steps: int, unordered_runs: tuple[float, float], found: bool
+) -> None:
+    waits = _waits(tail, steps)
+    winner = _candidate(PROCESSES, *(_run(PROCESSES, waits=waits) for _ in range(2)))
+    assert ("in_order" in probe_configs(winner, [], Rules())) is (tail and 2 * steps >= 50)
+    unordered = replace(PROCESSES, in_order=False)
+    probes = [
+        _candidate(PROCESSES, _run(PROCESSES, 100.0), _run(PROCESSES, 102.0), name="tuned"),
+        _candidate(unordered, *(_run(unordered, s) for s in unordered_runs), name="in_order"),
+    ]
+    kinds = [f.kind for f in findings.findings(winner, probes, [], Rules())]
+    assert kinds == (["stragglers"] if found else [])
+
+
+def test_an_epoch_start_of_minutes_without_persistent_workers_is_a_finding() -> None:
+    fresh = replace(PROCESSES, persistent_workers=False)
+    fit = _fit(0.0, 0.0)
+
+    def winner(start_s: float) -> Candidate:
+        return _candidate(fresh, _run(fresh, 100.0, epoch_start_s=start_s, memory=fit))
+
+    kept = [_candidate(PROCESSES, _run(PROCESSES, epoch_start_s=0.05), name="persistent_workers")]
+    (found,) = findings.findings(winner(420.0), kept, [], Rules())  # an epoch is 10,000 s
+    assert found.kind == "epoch_start" and found.fix.startswith("persistent_workers=True saves")
+    assert findings.findings(winner(3.0), kept, [], Rules()) == []  # seconds: no finding
+    assert findings.epoch_starts(winner(3.0), {c.name: c for c in kept}) == {
+        "persistent": 0.05, "fresh": 3.0,
+    }  # fmt: skip
+
+
+def test_the_probes_flip_what_the_winner_s_runs_call_for() -> None:
+    quiet = _candidate(PROCESSES, _run(PROCESSES, worker_busy_threads=1.0))
+    assert probe_configs(quiet, [], Rules()) == {
+        "persistent_workers": replace(PROCESSES, persistent_workers=False)
+    }
+    busy = _candidate(PROCESSES, _run(PROCESSES, worker_busy_threads=2.0))
+    assert probe_configs(busy, [], Rules())["worker_threads"].worker_threads == 1
+    threads = LoaderConfig(16, 2, 2, workers="thread")
+    assert probe_configs(_candidate(threads, _run(threads)), [], Rules()) == {}
+
+
+def test_the_summary_has_a_line_a_finding_then_the_epoch_start() -> None:
+    best = {"findings": [{"kind": "threads", "figure": "2 busy", "fix": "worker_threads=1"}],
+            "watch": {"epoch_start_s": {"persistent": 0.05, "fresh": 0.5}}}  # fmt: skip
+    assert findings.summary_lines(best) == [
+        "finding (threads): 2 busy. fix: worker_threads=1",
+        "epoch start: 0.05 s with persistent workers, 0.50 s without",
+    ]
+    best["findings"] = []
+    assert findings.summary_lines(best)[0].startswith("no findings:")
+    assert findings.summary_lines({}) == []  # a file written before findings
+
+
+# The pathologies, measured: datasets built to have each (tests/datasets_for_tests.py)
+
+
+def _job(name: str, steps: int, samples: int = 1024, root: str | None = None) -> TrialJob:
+    segment = SegmentSpec(warmup_steps=3, steps=steps, report_every=steps)
+    return TrialJob(dataset=DatasetSpec(name, root), model="small-cnn", segment=segment,
+                    samples_per_trial=samples)  # fmt: skip
+
+
+def test_a_million_python_objects_read_at_random_grow_each_worker_by_copy_on_write() -> None:
+    """Reference counts touch the dataset's strings and ints in every worker: what a
+    worker shares with the main process shrinks with the samples it reads, projected to
+    one epoch of the million samples up to all it shares (no process workers: nothing
+    to copy)."""
+    job = _job("datasets_for_tests:python_objects", steps=800, samples=30_000)
+    outcome = run_trial(job, LoaderConfig(32, 2, 2, False, True))
+    fit = outcome.metrics.memory if outcome.metrics else None
+    assert fit is not None, outcome.detail
+    assert 2_000 < fit.workers.copies < 50_000  # a page or so a sample
+    assert fit.workers.kept == 0 and fit.epoch == 1_000_000
+    assert 90 * 2**20 < fit.objects_bytes < 150 * 2**20  # the strings and the ints
+    # the pages left to copy after 12,800 of each worker's 500,000 samples, on the curve
+    assert 0 < fit.epoch_growth() < min(sum(fit.shared_bytes), 2 * fit.objects_bytes)
+    growth = outcome.metrics.projected_epoch_growth_bytes
+    free = outcome.metrics.memory_free_bytes
+    winner = _candidate(outcome.config, outcome)
+    (found,) = findings.findings(winner, [], [], Rules(memory_share=growth / free / 2))
+    assert found.kind == "memory" and "copy-on-write" in found.figure
+    assert "numpy or pyarrow" in found.fix
+    alone = run_trial(job, LoaderConfig(32))
+    assert alone.metrics is not None and alone.metrics.memory_growth_per_sample == 0
+
+
+def _blas_runs(steps: int) -> dict[LoaderConfig, TrialOutcome]:
+    job = _job("datasets_for_tests:blas_transform", steps=steps)
+    default = PROCESSES.with_batch_size(8)
+    return {
+        config: run_trial(job, config) for config in (default, replace(default, worker_threads=1))
+    }
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: BLAS runs one thread anyway")
+def test_a_transform_running_multithreaded_blas_keeps_two_threads_busy_in_each_worker() -> None:
+    runs = _blas_runs(steps=40)
+    limit = Rules().cpus_per_worker + findings.OVERSUBSCRIBED
+    default, limited = (o.metrics.worker_busy_threads for o in runs.values() if o.metrics)
+    assert default > limit >= limited  # the libraries' pools; worker_threads=1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: BLAS runs one thread anyway")
+def test_a_multithreaded_blas_transform_is_a_threads_finding_and_one_thread_wins() -> None:
+    runs = _blas_runs(steps=20)
+    (default, one), (limited, limited_run) = runs.items()
+    probes = [_candidate(limited, limited_run, name=findings.TUNED),
+              _candidate(default, one, name="worker_threads")]  # fmt: skip
+    trials = [TrialRecord("t", "ok", config=default,
+                          worker_busy_threads=one.metrics.worker_busy_threads)]  # fmt: skip
+    (found,) = findings.findings(_candidate(limited, limited_run), probes, trials, Rules())
+    assert found.kind == "threads" and "openblas" in found.figure
+    assert (
+        found.values["samples_per_s_one_thread"]
+        > 1.5 * found.values["samples_per_s_default_threads"]
+    )
+
+
+def _stragglers() -> tuple[TrialJob, LoaderConfig]:
+    # batches of 8: the two workers keep up with the step but for the slow samples
+    return _job("datasets_for_tests:stragglers", steps=100), PROCESSES.with_batch_size(8)
+
+
+def test_one_sample_in_a_hundred_fifty_times_slower_gives_a_step_s_wait_a_long_tail() -> None:
+    job, config = _stragglers()
+    winner = _candidate(config, run_trial(job, config))
+    assert findings.probe_configs(winner, [], Rules())["in_order"].in_order is False
+    p50, p99, tail = findings._tail(winner) or (0, 0, 0)
+    assert p99 > 5 * p50 and tail > 0.1
+
+
+@pytest.mark.slow
+def test_one_sample_in_a_hundred_fifty_times_slower_is_a_straggler_finding() -> None:
+    """The search's own probe: the winner in order beside itself out of order, rotated."""
+    job, config = _stragglers()
+    winner = _candidate(config, run_trial(job, config), name="top-1")
+    verified = Verified([winner], {})
+    probed = findings.probe(verified, job, "samples_per_s", [], LocalMeasurer(), LogProgress(),
+                            Rules())  # fmt: skip
+    assert {c.name for c in probed.probes} == {"tuned", "persistent_workers", "in_order"}
+    found = findings.findings(winner, probed.probes, [], Rules())
+    assert [f.kind for f in found] == ["stragglers"], [f.figure for f in found]
+    assert found[0].values["samples_per_s_unordered"] > found[0].values["samples_per_s_in_order"]
+
+
+NO_PATHOLOGY = [
+    "synthetic-imagenet",
+    "datasets_for_tests:fast",
+    "datasets_for_tests:slow",
+    "datasets_for_tests:dict_samples",
+    "datasets_for_tests:images_with_transfer",
+]
+
+
+def _plain_run(name: str, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """One of the datasets without a pathology read by two worker processes (fresh every
+    epoch) for 60 steps, as a winner."""
+    job = _job(name, steps=60, samples=64, root=str(root) if name == NO_PATHOLOGY[0] else None)
+    if name.endswith("dict_samples"):  # dict batches: the user's step trains them
+        monkeypatch.setenv("RECORD_TO", str(tmp_path / "record"))
+        job = replace(job, train_step="datasets_for_tests:make_step")
+    config = replace(PROCESSES.with_batch_size(8), persistent_workers=False)
+    outcome = run_trial(job, config)
+    assert outcome.metrics is not None, outcome.detail
+    return job, _candidate(config, outcome)
+
+
+@pytest.mark.parametrize("name", NO_PATHOLOGY)
+def test_the_default_and_the_test_datasets_give_no_finding(
+    name: str, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing copied or kept, no busy threads beyond the workers' own, no slow epoch
+    start (a tail, if any, needs the slow tier's probe to be judged)."""
+    _, winner = _plain_run(name, tiny_imagenet, tmp_path, monkeypatch)
+    tuned = replace(winner, name=findings.TUNED)
+    assert findings.findings(winner, [tuned], [], Rules()) == []
+    assert winner.outcomes[0].metrics.memory_growth_per_sample == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NO_PATHOLOGY)
+def test_the_default_and_the_test_datasets_give_no_finding_after_the_probes(
+    name: str, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search's own probes, in order beside out of order where a step's wait had a
+    long tail: none of these datasets has stragglers, whatever the noise of a run."""
+    job, winner = _plain_run(name, tiny_imagenet, tmp_path, monkeypatch)
+    verified = Verified([winner], {})
+    probed = findings.probe(verified, job, "samples_per_s", [], LocalMeasurer(), LogProgress(),
+                            Rules())  # fmt: skip
+    assert findings.findings(winner, probed.probes, [], Rules()) == []
+
+
+@pytest.mark.slow
+def test_the_memory_projection_lands_within_2x_of_a_run_ten_times_longer() -> None:
+    """One worker's copies from a short run's window end to the reads of a run ten times
+    longer, projected by the short run's fit, against what the long run measured (its
+    followed worker, on the same samples read)."""
+    from raytune_loader.watch import FOLLOWED, _still_shared
+
+    config = LoaderConfig(32, 2, 2, False, True)
+    short_job = _job("datasets_for_tests:python_objects", steps=800, samples=300_000)
+    long_job = replace(short_job, segment=replace(short_job.segment, steps=8000))
+    short, long = run_trial(short_job, config), run_trial(long_job, config)
+    fit, lfit = short.metrics.memory, long.metrics.memory
+    projected = fit.copied(fit.worker_reads, lfit.worker_reads, fit.shared_bytes[0])
+    followed = [(r.reads / 2, _still_shared(r)) for r in long.metrics.watch.readings
+                if r.worker == FOLLOWED and r.uss is not None]  # fmt: skip
+    before = min(followed, key=lambda p: abs(p[0] - fit.worker_reads))[1]
+    measured = before - followed[-1][1]
+    assert 0.5 < projected / measured < 2.0, (projected, measured)
