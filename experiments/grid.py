@@ -76,7 +76,8 @@ def main() -> None:
         reports.append((value, seconds))
         predicted = model.predict(config)
         points.append({
-            "config": {**config.kwargs(), **config.pipeline(), "workers": config.workers},
+            "config": {**config.kwargs(), **config.pipeline(), **config.worker_init(),
+                       "workers": config.workers},
             "label": config.label(), "samples_per_s": value, "reports": reports,
             "seconds": seconds, "failure": outcome.failure,
             "predicted_samples_per_s": predicted.samples_per_s if predicted else None,

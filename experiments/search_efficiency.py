@@ -82,7 +82,13 @@ def distance(a: LoaderConfig, b: LoaderConfig) -> float:
         return c.workers if c.num_workers else "none"
 
     same = (a.decode, a.transfer, kind(a)) == (b.decode, b.transfer, kind(b))
-    keys = ("prefetch_factor", "persistent_workers", "in_order", "multiprocessing_context")
+    keys = (
+        "prefetch_factor",
+        "persistent_workers",
+        "in_order",
+        "multiprocessing_context",
+        "worker_threads",
+    )
     others = sum(getattr(a, k) != getattr(b, k) for k in keys)
     return (0 if same else 100) + 10 * abs(a.num_workers - b.num_workers) + others
 

@@ -3,7 +3,9 @@
 Per batch of B samples, the training process spends the step (B / ceiling), what
 it costs to receive the batch from a worker (nothing extra without workers, where
 it makes the batch itself) and the device-side stages; each worker spends B / (its
-per-core rate) plus the collate. A pipeline goes at the pace of its slowest part:
+per-core rate) plus the collate and hand-over (into shared memory and sent, for a
+process: the profile's pace of one worker over ready samples). A pipeline goes at
+the pace of its slowest part:
 
 - the training process: step + receive + finish (+ the whole worker side without
   workers);
@@ -54,7 +56,10 @@ class CostModel:
         batch = config.batch_size
         step = batch / ceiling
         finish = self.profile.finish_s.get(structure(config), 0.0) * scale
-        worker = batch / per_core + self.profile.collate_s.get(structure(config), 0.0) * scale
+        collate = self.profile.collate_s.get(structure(config), 0.0)
+        if config.num_workers:  # what a worker of this kind pays to hand a batch over
+            collate = max(collate, self.profile.hand_over_s.get(receiving(config), 0.0))
+        worker = batch / per_core + collate * scale
         rank_cores = (cores or self.profile.cores) / self.ranks
         if config.num_workers == 0:
             main = step + worker + finish

@@ -33,8 +33,8 @@ class SegmentSpec:
     """Length and fixed settings of the measured training segment (same for every trial)."""
 
     warmup_steps: int = 5
-    steps: int = 60
-    report_every: int = 20
+    steps: int = 48
+    report_every: int = 16
     compute_threads: int = 1
     loader_timeout_s: float = 120.0
     time_limit_s: float = 600.0  # a trial slower than this ends with reason "timeout"

@@ -34,7 +34,7 @@ class SearchOptions:
     label_column: str = "label"  # and the class's
     shuffle_buffer: int | None = None  # a stream's; None: its format's usual (1000)
     model: str | None = None
-    num_samples: int = 12
+    num_samples: int = 10
     search: str = "model"  # how trials are proposed: model (cost model + TPE), tpe, random
     time_budget_s: float | None = None
     max_concurrent: int | None = None
@@ -45,13 +45,13 @@ class SearchOptions:
     min_batch_size: int = 1
     max_workers: int | None = None
     objective: str = "util"
-    steps: int = 60
+    steps: int = 48
     warmup_steps: int = 5
-    report_every: int = 20
+    report_every: int = 16
     samples_per_trial: int = 1024
     compute_threads: int = 1
     trial_timeout_s: float = 600.0
-    verify_top: int = 3
+    verify_top: int = 2
     verify_repeats: int = 3
     memory_share: float = 1.0  # of the node's free memory one epoch's projected growth may take
     out: str = "results"

@@ -20,15 +20,18 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
+from raytune_loader import datasets
 from raytune_loader.job import TrialJob
 from raytune_loader.loader import build_dataloader
-from raytune_loader.measure import prepare, worker_side_rate
-from raytune_loader.pipeline import collate_encoded, to_device
+from raytune_loader.measure import job_trainer, prepare, worker_side_rate
+from raytune_loader.pipeline import collate_encoded
 from raytune_loader.space import LoaderConfig
+from raytune_loader.step import Trainer
 from raytune_loader.streams import opened
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 BATCHES = 6  # batches a receive or a device-side finish is timed on
+ROUNDS = 3  # alternated rounds of steps with and without the device-side finish
 
 
 def structure(config: LoaderConfig) -> str:
@@ -52,6 +55,9 @@ class Profile:
     per_core: dict[str, float] = field(default_factory=dict)  # structure -> samples/s a core
     collate_s: dict[str, float] = field(default_factory=dict)  # structure -> s a batch
     receive_s: dict[str, float] = field(default_factory=dict)  # kind/transfer -> s a batch
+    # kind/transfer -> s a batch: a worker collating ready samples and handing the batch
+    # over (a process collates into shared memory and sends it; a thread queues it)
+    hand_over_s: dict[str, float] = field(default_factory=dict)
     finish_s: dict[str, float] = field(default_factory=dict)  # structure -> s a batch
     seconds: float = 0.0  # how long the profile took
 
@@ -70,7 +76,8 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     batch = max(job.ceilings) if job.ceilings else structures[0].batch_size
     threads = torch.get_num_threads()
     torch.set_num_threads(job.segment.compute_threads)
-    per_core, collate_s, receive_s, finish_s = {}, {}, {}, {}
+    per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
+    trainer: Trainer | None = None
     try:
         for config in structures:
             config = config.with_batch_size(batch)
@@ -80,10 +87,13 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 per_core[key] = worker_side_rate(dataset, SAMPLES)
                 samples = _samples(dataset, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
-                finish_s[key] = _finish_cost(job, config, _collate(config)(samples))
+                if trainer is None:
+                    trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
+                finish_s[key] = _finish_cost(job, config, _collate(config)(samples), trainer)
             kind = receiving(config)
             if kind not in receive_s and config.num_workers > 0:
-                receive_s[kind] = _receive_cost(_samples(dataset, batch, config), config)
+                samples = _samples(dataset, batch, config)
+                receive_s[kind], hand_over_s[kind] = _receive_cost(samples, config)
     finally:
         torch.set_num_threads(threads)
     return Profile(
@@ -92,6 +102,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         per_core=per_core,
         collate_s=collate_s,
         receive_s=receive_s,
+        hand_over_s=hand_over_s,
         finish_s=finish_s,
         seconds=time.perf_counter() - started,
     )
@@ -129,19 +140,35 @@ def _timed(action: Any, repeats: int = 3) -> float:
     return best
 
 
-def _finish_cost(job: TrialJob, config: LoaderConfig, batch: Any) -> float:
-    """The training process's device-side stages for one batch: decoding on the device,
-    converting and normalizing uint8 (nothing for float32 beyond the copy)."""
-    device = torch.device(job.device)
+def _finish_cost(job: TrialJob, config: LoaderConfig, batch: Any, trainer: Trainer) -> float:
+    """The training process's device-side stages for one batch (decoding on the device,
+    converting and normalizing uint8; nothing beyond the copy for float32), timed in
+    place: training steps with them against the same steps on a finished batch. Timed
+    alone, a uint8 batch's conversion cost 4 to 30 ms here depending on where the
+    allocator took its 19 MB from; between steps it costs what a trial pays."""
+    if config.decode != "device" and config.transfer == "float32":
+        return 0.0
 
-    def finish() -> None:
-        to_device(batch, device, transfer=config.transfer, decode=config.decode,
-                  channels_last=job.channels_last)  # fmt: skip
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def finished() -> Any:
+        return trainer.to_device(batch, non_blocking=False, config=config)
 
-    finish()  # warm: kernels, decoder handles
-    return _timed(finish)
+    ready = finished()
+    for _ in range(2):  # warm: kernels, decoder handles, the allocator's pools
+        trainer.step(finished())
+    trainer.sync()
+
+    def steps(finish: bool) -> float:
+        started = time.perf_counter()
+        for _ in range(BATCHES):
+            trainer.step(finished() if finish else ready)
+        trainer.sync()
+        return (time.perf_counter() - started) / BATCHES
+
+    with_finish, without = [], []
+    for _ in range(ROUNDS):  # alternated, so a slower moment of the machine hits both
+        with_finish.append(steps(True))
+        without.append(steps(False))
+    return max(0.0, min(with_finish) - min(without))
 
 
 class _Ready(Dataset):
@@ -157,12 +184,18 @@ class _Ready(Dataset):
         return self.samples[index % len(self.samples)]
 
 
-def _receive_cost(samples: list[Any], config: LoaderConfig) -> float:
-    """Seconds the training process spends per batch taking it from one worker (a
+def _receive_cost(samples: list[Any], config: LoaderConfig) -> tuple[float, float]:
+    """(receive, hand-over) seconds per batch with one worker over ready samples.
+
+    Receive: what the training process spends taking a batch from the worker (a
     process: unpickling it, rebuilding its tensors from shared memory; a thread: a
-    queue), timed while the worker is ahead, so the wait is not counted."""
+    queue), timed while the worker is ahead, so the wait is not counted. Hand-over:
+    the worker's pace once its queue is drained, what collating the samples and
+    handing the batch over costs it (a process collates into shared memory, whose
+    pages are new every batch); the decoding is not in it, the samples are made."""
+    prefetch = 8
     one_worker = LoaderConfig.from_dict(
-        {"num_workers": 1, "prefetch_factor": 8, "workers": config.workers,
+        {"num_workers": 1, "prefetch_factor": prefetch, "workers": config.workers,
          "decode": config.decode, "transfer": config.transfer},
         batch_size=len(samples),
     )  # fmt: skip
@@ -171,9 +204,16 @@ def _receive_cost(samples: list[Any], config: LoaderConfig) -> float:
     try:
         next(batches)  # the worker is up
         time.sleep(0.5)  # and has its queue full
-        started = time.perf_counter()
-        for _ in range(BATCHES):
-            next(batches)
-        return (time.perf_counter() - started) / BATCHES
+        receive = _paced(batches, BATCHES)
+        _paced(batches, prefetch)  # what is left in the queue
+        return receive, _paced(batches, BATCHES)
     finally:
         del batches, loader
+
+
+def _paced(batches: Any, count: int) -> float:
+    """Seconds per batch over the next ``count`` batches."""
+    started = time.perf_counter()
+    for _ in range(count):
+        next(batches)
+    return (time.perf_counter() - started) / count

@@ -115,7 +115,10 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="package.module:function called with device= (and num_classes=) that builds "
         "your model and optimizer and returns step(batch): tune for your own training step",
     )
-    p.add_argument("--num-samples", type=int, default=12, help="number of trials (default 12)")
+    p.add_argument(
+        "--num-samples", type=int, default=SearchOptions.num_samples,
+        help=f"number of trials (default {SearchOptions.num_samples})",
+    )  # fmt: skip
     p.add_argument("--time-budget", type=float, help="stop starting new trials after SECONDS")
     p.add_argument(
         "--max-concurrent",
@@ -165,10 +168,20 @@ def get_args_parser() -> argparse.ArgumentParser:
         default="util",
         help="what to maximize (default util)",
     )
-    p.add_argument("--steps", type=int, default=60, help="measured training steps per trial")
-    p.add_argument("--warmup-steps", type=int, default=5, help="unmeasured steps first")
     p.add_argument(
-        "--report-every", type=int, default=20, help="steps between reports to Tune/ASHA"
+        "--steps", type=int, default=SearchOptions.steps, help="measured training steps per trial"
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=SearchOptions.warmup_steps,
+        help="unmeasured steps first",
+    )
+    p.add_argument(
+        "--report-every",
+        type=int,
+        default=SearchOptions.report_every,
+        help="steps between reports to Tune/ASHA",
     )
     p.add_argument("--samples-per-trial", type=int, default=1024, help="size of the fixed subset")
     p.add_argument(
@@ -183,7 +196,10 @@ def get_args_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="seconds after which a trial ends with reason timeout (default 600)",
     )
-    p.add_argument("--verify-top", type=int, default=3, help="top configurations re-measured")
+    p.add_argument(
+        "--verify-top", type=int, default=SearchOptions.verify_top,
+        help="top configurations re-measured",
+    )  # fmt: skip
     p.add_argument("--verify-repeats", type=int, default=3, help="repeats of each re-measurement")
     p.add_argument(
         "--memory-share",

@@ -27,6 +27,9 @@ def test_every_structure_s_stages_are_measured(tiny_imagenet: Path) -> None:
     # the same batches: a thread hands its over through a queue, a process through
     # pickling and shared memory, which the training process pays for
     assert found.receive_s["thread/float32"] < found.receive_s["process/float32"]
+    assert set(found.hand_over_s) == set(found.receive_s)
+    # and the worker side pays too: a process collates into new shared-memory pages
+    assert found.hand_over_s["process/float32"] > found.collate_s["pil/float32"]
     # uint8 images are converted and normalized by the training process
     assert found.finish_s["tensor/uint8"] > found.finish_s["pil/float32"]
     assert found.batch_size == 8 and found.seconds > 0
