@@ -33,7 +33,7 @@ def _search(
         "--address", cluster.address, "--data-root", str(data), "--synthetic-images", "96",
         "--num-samples", str(trials), "--batch-size", "8", "--steps", "6", "--warmup-steps", "1",
         "--report-every", "3", "--samples-per-trial", "64", "--verify-top", "1",
-        "--verify-repeats", "1", "--out", str(out), *extra, cwd=out.parent,
+        "--verify-repeats", "1", "--search", "tpe", "--out", str(out), *extra, cwd=out.parent,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the cluster's dashboard" in result.stdout or "dashboard not available" in result.stdout

@@ -128,7 +128,7 @@ def test_dashboard_needs_the_token_and_shows_the_trials(
         "--data-root", str(tiny_imagenet), "--synthetic-images", "96", "--num-samples", "3",
         "--batch-size", "8", "--steps", "30", "--warmup-steps", "1", "--report-every", "10",
         "--samples-per-trial", "64", "--verify-top", "1", "--verify-repeats", "1",
-        "--out", str(tmp_path / "results"),
+        "--search", "tpe", "--out", str(tmp_path / "results"),
         cwd=tmp_path,
     )  # fmt: skip
     try:

@@ -53,8 +53,7 @@ def _shows(cell: str, default: object) -> bool:
     return re.search(rf"(?<![\w.-]){re.escape(shown)}(?![\w-]|\.\w)", cell) is not None
 
 
-NAMED = ("baselines", "per_class", "per_core", "collate_s", "receive_s", "hand_over_s",
-         "finish_s")
+NAMED = ("baselines", "per_class", "per_core", "collate_s", "receive_s", "hand_over_s", "finish_s")
 
 
 def _keys(value: object, skip: tuple[str, ...] = NAMED) -> set[str]:

@@ -203,7 +203,7 @@ def test_a_multithreaded_blas_transform_is_a_threads_finding_and_one_thread_wins
 
 def _stragglers() -> tuple[TrialJob, LoaderConfig]:
     # batches of 8: the two workers keep up with the step but for the slow samples
-    return _job("datasets_for_tests:stragglers", steps=100), PROCESSES.with_batch_size(8)
+    return _job("datasets_for_tests:stragglers", steps=300), PROCESSES.with_batch_size(8)
 
 
 def test_one_sample_in_a_hundred_fifty_times_slower_gives_a_step_s_wait_a_long_tail() -> None:

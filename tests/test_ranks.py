@@ -120,6 +120,7 @@ def test_a_search_with_two_ranks_per_trial_end_to_end(tiny_imagenet: Path, tmp_p
     result = run_cli(
         *TINY_SEARCH, "--data-root", str(tiny_imagenet), "--num-samples", "3",
         "--verify-repeats", "1", "--ranks-per-node", "2", "--cpus-per-worker", "0.5",
+        "--search", "tpe",  # the cost model's profile is the fast tier's (test_api's search)
         "--out", str(tmp_path / "out"), cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

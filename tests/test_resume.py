@@ -25,7 +25,7 @@ def _search(data: Path, out: Path, trials: int, verify_repeats: int) -> list[str
         "--data-root", str(data), "--synthetic-images", "96",
         "--num-samples", str(trials), "--batch-size", "8", "--steps", "12", "--warmup-steps", "1",
         "--report-every", "12", "--samples-per-trial", "64", "--verify-top", "1",
-        "--verify-repeats", str(verify_repeats), "--out", str(out),
+        "--verify-repeats", str(verify_repeats), "--search", "tpe", "--out", str(out),
     ]  # fmt: skip
 
 
