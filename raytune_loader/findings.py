@@ -17,6 +17,7 @@ finding (``tests/test_findings.py``).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,7 +34,7 @@ OVERSUBSCRIBED = 0.5  # busy threads per worker above its CPUs by this: oversubs
 STRAGGLER_RATIO = 5.0  # a step's p99 wait at least this many times the median
 STRAGGLER_TAIL = 0.10  # and waits above twice the median taking this share of the window
 MIN_STEPS = 50  # steps, over the runs, below which a 99th percentile says nothing
-HELPED = 0.05  # faster by more than this, every run beyond the other's: it helped
+HELPED = 0.05  # faster by more than this (median of the rounds), and in every round: it helped
 EPOCH_START_S = 5.0  # an epoch start this much slower without persistent workers
 EPOCH_START_SHARE = 0.01  # and this share of an epoch's time
 PROBE_REPEATS = 3  # rounds of the probes that compare speeds with the tuned configuration
@@ -309,13 +310,18 @@ def _tail(candidate: Candidate) -> tuple[float, float, float] | None:
 
 
 def _faster(fast: Candidate, slow: Candidate) -> float | None:
-    """How much faster ``fast`` ran than ``slow``, when beyond noise: its slowest run
-    faster than the other's fastest, and by more than HELPED."""
-    mine, theirs = fast.stats("samples_per_s"), slow.stats("samples_per_s")
-    if mine is None or theirs is None or not theirs.median:
+    """How much faster ``fast`` ran than ``slow``, when beyond noise: faster in every
+    round (the two ran side by side in each, so a slower moment of the machine hits
+    both) and by more than HELPED over the rounds' median ratio."""
+    ratios = [
+        f.metrics.samples_per_s / s.metrics.samples_per_s
+        for f, s in zip(fast.outcomes, slow.outcomes, strict=False)
+        if f.metrics is not None and s.metrics is not None and s.metrics.samples_per_s
+    ]
+    if not ratios:
         return None
-    gain = mine.median / theirs.median - 1
-    return gain if mine.min > theirs.max and gain > HELPED else None
+    gain = statistics.median(ratios) - 1
+    return gain if min(ratios) > 1 and gain > HELPED else None
 
 
 def _stragglers(winner: Candidate, probed: dict[str, Candidate]) -> Finding | None:

@@ -360,10 +360,10 @@ def blas_transform() -> Dataset:
 
 
 class Stragglers(TensorImages):
-    """Samples take 0.5 ms to load, and one in a hundred (index 7, 107, ...) 50 times
+    """Samples take 1 ms to load, and one in a hundred (index 7, 107, ...) 50 times
     that: a few slow files on a network filesystem."""
 
-    def __init__(self, length: int = 1024, base_s: float = 0.0005) -> None:
+    def __init__(self, length: int = 1024, base_s: float = 0.001) -> None:
         super().__init__(length=length)
         self.base_s = base_s
 

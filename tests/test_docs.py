@@ -117,14 +117,19 @@ def test_the_report_s_sections_are_documented_in_order(searched: Searched) -> No
         assert re.fullmatch(pattern, line), (line, pattern)
 
 
-POINTERS = re.compile(r"DESIGN\.md|/work/shared|\bissue\s*#?\s*\d+|\bnote of issue", re.I)
+POINTERS = re.compile(
+    r"DESIGN\.md|/work/shared|\.\./shared|\bissue\s*#?\s*\d+|\bnote of issue", re.I
+)
+
+
+TEXT = (".py", ".md", ".sh", ".txt")
 
 
 def test_the_repository_points_at_nothing_a_clone_lacks() -> None:
     """No design note or issue tracker a user cloning the repository does not have."""
     files = [REPO / "README.md", REPO / "ARCHITECTURE.md"]
-    for folder in ("raytune_loader", "tests", "experiments", "docs"):
-        files += [p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".md", ".sh")]
+    for folder in ("raytune_loader", "tests", "experiments", "docs", "results"):
+        files += [p for p in (REPO / folder).rglob("*") if p.suffix in TEXT]
     found = [
         f"{path.relative_to(REPO)}:{number}: {line.strip()}"
         for path in files
