@@ -89,7 +89,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
                 if trainer is None:
                     trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
-                finish_s[key] = _finish_cost(job, config, _collate(config)(samples), trainer)
+                finish_s[key] = _finish_cost(config, _collate(config)(samples), trainer)
             kind = receiving(config)
             if kind not in receive_s and config.num_workers > 0:
                 samples = _samples(dataset, batch, config)
@@ -140,7 +140,7 @@ def _timed(action: Any, repeats: int = 3) -> float:
     return best
 
 
-def _finish_cost(job: TrialJob, config: LoaderConfig, batch: Any, trainer: Trainer) -> float:
+def _finish_cost(config: LoaderConfig, batch: Any, trainer: Trainer) -> float:
     """The training process's device-side stages for one batch (decoding on the device,
     converting and normalizing uint8; nothing beyond the copy for float32), timed in
     place: training steps with them against the same steps on a finished batch. Timed
