@@ -32,12 +32,13 @@ DATA_SLOT = "data_slot"  # Tune config key: which disjoint subset a --cold trial
 class SegmentSpec:
     """Length and fixed settings of the measured training segment (same for every trial)."""
 
-    warmup_steps: int = 5
-    steps: int = 48
-    report_every: int = 16
-    compute_threads: int = 1
+    # the defaults are the command line's (SearchOptions), written once
+    warmup_steps: int = SearchOptions.warmup_steps
+    steps: int = SearchOptions.steps
+    report_every: int = SearchOptions.report_every
+    compute_threads: int = SearchOptions.compute_threads
     loader_timeout_s: float = 120.0
-    time_limit_s: float = 600.0  # a trial slower than this ends with reason "timeout"
+    time_limit_s: float = SearchOptions.trial_timeout_s  # slower: ends with reason "timeout"
     watch: bool = True  # its processes watched (watch.Watcher); off to measure what that costs
 
     @property
