@@ -75,6 +75,9 @@ if ! importable; then
         importable || { echo "error: Ray or Optuna is still not importable from $site" >&2; exit 2; }
     fi
 fi
+# A wheel re-packed without file modes (the slimmed Ray) installs its daemons
+# (gcs_server, raylet) without the execute bit: Ray then cannot start.
+if [ -d "$site/ray/core/src" ]; then chmod -R a+x "$site/ray/core/src"; fi
 
 if [ "$dry_run" -eq 1 ]; then
     out=${out:-$(mktemp -d /tmp/gpu_check.XXXXXX)}

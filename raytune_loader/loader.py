@@ -16,11 +16,13 @@ In a process group both read their own rank's shard of every epoch
 (:mod:`raytune_loader.sharding`), so a trainer that keeps the loader (Lightning,
 Ray Train, a DDP loop) or rebuilds it from its arguments (accelerate) runs the tuned
 settings on the right samples; the rank measurements of ``--ranks-per-node`` build
-their loaders the same way.
+their loaders the same way, after :func:`use_platform_start_method` (a rank is a
+forkserver's child; its loaders start their workers as a torchrun rank's do).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import threading
@@ -415,3 +417,12 @@ def _stop_threads(node: Any, seen: set[int] | None = None) -> None:
         child = getattr(node, name, None)
         if child is not None:
             _stop_threads(child, seen)
+
+
+def use_platform_start_method() -> None:
+    """Make the platform's start method this process's default, as it is in a process
+    that torchrun or a shell starts. A spawned or forkserver child takes its parent's
+    method as its own default, so a loader built there with the default start method
+    would start every worker that way, each importing torch (7.5 s to a first batch
+    on 2 cores, against 0.17 s forked: results/benchmarks/ranks_overhead.md)."""
+    multiprocessing.set_start_method(None, force=True)

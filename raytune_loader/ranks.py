@@ -36,6 +36,7 @@ from raytune_loader import measure
 from raytune_loader.backoff import BackoffOutcome, run_with_backoff
 from raytune_loader.errors import BatchSizeTooSmallError, DataPipelineError, last_line
 from raytune_loader.job import TrialJob
+from raytune_loader.loader import use_platform_start_method
 from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
 from raytune_loader.space import LoaderConfig
 
@@ -371,6 +372,7 @@ def _rank_main(
     """One rank: join the process group, run the task, send what it measured."""
     import torch.distributed as dist
 
+    use_platform_start_method()  # a forkserver's child, its loaders as torchrun's rank's
     _exit_with(parent)
     started = time.time()
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 
@@ -114,7 +115,8 @@ def rank_one_dies() -> Dataset:
 
 
 class ShardLog(TensorImages):
-    """Appends ``rank index`` to ``log`` for every sample a rank (or its workers) reads."""
+    """Appends ``rank index start-method`` to ``log`` for every sample a rank (or its
+    workers) reads; the start method is the reading process's default."""
 
     def __init__(self, log: str, length: int = 64) -> None:
         import torch.distributed as dist
@@ -125,7 +127,7 @@ class ShardLog(TensorImages):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         with open(self.log, "a") as handle:
-            handle.write(f"{self.rank} {index}\n")
+            handle.write(f"{self.rank} {index} {multiprocessing.get_start_method()}\n")
         return super().__getitem__(index)
 
 
