@@ -8,7 +8,7 @@ one worker's private memory within 1% of the CPUs, the threads at the window's
 ends) and with it switched off (``SegmentSpec.watch``), in rotated rounds. Writes
 results/benchmarks/watch_overhead.json: samples/s watched and not, their ratio
 (median and mean of the rounds' ratios, with the mean's standard error; target:
-within 2%), and the watcher's own reading time over the time it watched. A round's
+within 2%), and the watcher's readings' CPU time over the time it watched. A round's
 runs differ by a few percent either way on a shared 2-core machine: the rounds'
 spread says how far one figure can be trusted.
 """

@@ -220,9 +220,25 @@ class _Epochs:
         return [w.pid for w in workers if w.pid is not None]
 
     def close(self) -> None:
+        """End the workers now. A DataLoader with persistent workers keeps its iterator,
+        and left to a garbage collection, its queues' feeder threads close before the
+        iterator's own shutdown writes to them: each worker then waits out DataLoader's
+        5 s join before it is killed, in whatever a later trial is measuring."""
         iterator, self.iterator = self.iterator, None
-        if hasattr(iterator, "close"):  # a generator: the thread loader stops its threads
-            iterator.close()
+        kept = getattr(self.loader, "_iterator", None)  # persistent workers' iterator
+        if kept is not None:
+            self.loader._iterator = None
+        try:
+            if hasattr(iterator, "close"):  # a generator: the thread loader stops its threads
+                iterator.close()
+        finally:
+            for each in (iterator, kept):  # with persistent workers, one: idempotent
+                shutdown = getattr(each, "_shutdown_workers", None)
+                try:
+                    if shutdown is not None:
+                        shutdown()
+                except (OSError, RuntimeError) as exc:  # as __del__ would: the trial's error wins
+                    log.warning("the loader's workers did not shut down cleanly: %s", exc)
 
 
 @contextlib.contextmanager
@@ -322,6 +338,7 @@ def train_segment(
     trainer: Trainer,
     config: LoaderConfig,
     spec: SegmentSpec,
+    *,
     report: ReportFn | None = None,
     seed: int = 0,
     ceiling: float | None = None,
@@ -539,7 +556,9 @@ def run_trial(
             def at_size(metrics: dict[str, Any]) -> None:
                 report({**metrics, "effective_batch_size": batch_size, "oom_backoffs": backoffs})
 
-        return train_segment(subset, trainer, config_at, job.segment, at_size, job.seed, ceiling)
+        return train_segment(
+            subset, trainer, config_at, job.segment, report=at_size, seed=job.seed, ceiling=ceiling
+        )
 
     try:
         outcome = run_with_backoff(segment, config.batch_size, job.min_batch_size)

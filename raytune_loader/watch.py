@@ -3,14 +3,14 @@
 A :class:`Watcher` runs in a thread of the measuring process beside the training
 segment (:func:`raytune_loader.measure.train_segment`). Every ``interval_s`` it reads
 the resident memory of the main process and of each DataLoader worker process
-(``/proc/<pid>/statm``: microseconds), and it follows one worker (the first)
+(``/proc/<pid>/status``: microseconds), and it follows one worker (the first)
 closely: its private and proportional memory (USS and PSS, psutil's
-``memory_full_info``: the kernel walks the process's page tables, 15-40 ms for a
-process holding torch), no more often than a share (:data:`BUDGET`) of the
-measurement's CPUs allows; every process's once the window has ended, outside it
-(the other workers read the same data the same way: they are taken to grow alike).
-Each reading carries the samples the
-training loop had received, so that :func:`fit_memory` can fit the growth per
+``memory_full_info``: the kernel walks the process's page tables, 10-20 ms of CPU
+for a process holding torch), no more often than a share (:data:`BUDGET`) of the
+measurement's CPUs allows, counted in the readings' CPU time; every process's once
+the window has ended, outside it (the other workers read the same data the same way:
+they are taken to grow alike). Each reading carries the samples the training loop
+had received, so that :func:`fit_memory` can fit the growth per
 sample read and project it to an epoch of the whole dataset: the main process's
 pages a worker copies as reference counts touch them (what it still shares with
 the main process shrinks) apart from new memory it keeps (its resident anonymous
@@ -85,7 +85,7 @@ class Watch:
     threads: tuple[ThreadUse, ...]
     free_bytes: int  # the node's available memory at the window's end
     libraries: tuple[tuple[str, int], ...]  # thread pools loaded here, and their size
-    cost_s: float  # seconds the private-memory readings took, in the watcher's thread
+    cost_s: float  # CPU seconds the private-memory readings took, in the watcher's thread
     full_readings: int
     watched_s: float = 0.0  # from the watcher's start to the window's end
 
@@ -130,11 +130,12 @@ class Watcher:
         self._marks: list[tuple[float, dict[int, Any]]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="raytune-watch", daemon=True)
+        self._thread: threading.Thread | None = None  # started by start(), when active
 
     def start(self) -> Watcher:
         self._started = time.monotonic()
-        if self._active:
+        if self._active:  # created here: an inactive watcher holds no thread (nor a cycle)
+            self._thread = threading.Thread(target=self._run, name="raytune-watch", daemon=True)
             self._thread.start()
         return self
 
@@ -151,7 +152,8 @@ class Watcher:
             return
         self._mark()
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         with self._lock:
             for worker, process in self._current():
                 reading = self._read(process, worker, self.reads, full=True, budgeted=False)
@@ -163,7 +165,7 @@ class Watcher:
     def stop(self) -> Watch:
         """Stop reading (idempotent) and return what was read."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join()
         return Watch(
             readings=tuple(self._readings),
@@ -217,9 +219,9 @@ class Watcher:
             rss, anon, file = resident(process)
             if not full:
                 return Reading(reads, worker, rss, anon, file)
-            started = time.monotonic()
+            started = time.thread_time()  # CPU time: on a busy machine, waiting is not cost
             info = process.memory_full_info()
-            cost = time.monotonic() - started
+            cost = time.thread_time() - started
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             return None  # a worker that ended, or a platform that hides it
         if budgeted:

@@ -164,7 +164,7 @@ def test_a_million_python_objects_read_at_random_grow_each_worker_by_copy_on_wri
     (found,) = findings.findings(winner, [], [], Rules(memory_share=growth / free / 2))
     assert found.kind == "memory" and "copy-on-write" in found.figure
     assert "numpy or pyarrow" in found.fix
-    alone = run_trial(job, LoaderConfig(32))
+    alone = run_trial(_job("datasets_for_tests:python_objects", steps=50), LoaderConfig(32))
     assert alone.metrics is not None and alone.metrics.memory_growth_per_sample == 0
 
 

@@ -123,10 +123,11 @@ def _digest(folder: Path) -> dict[str, str]:
 def test_the_dry_run_runs_every_stage_into_its_scratch_folder(tmp_path: Path) -> None:
     kept = _digest(REPO / "results" / "gpu")
     ray_before = ray_processes()
+    # PYTHON: the tests' own interpreter, whether or not its virtual environment is active
     result = subprocess.run(
         ["bash", str(SCRIPT), "--dry-run", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHON": sys.executable},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     stages = (tmp_path / "stages.txt").read_text()

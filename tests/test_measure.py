@@ -88,7 +88,8 @@ def _big_trainer() -> Trainer:
 
 def test_reports_every_interval_with_partial_metrics() -> None:
     reports: list[dict] = []
-    train_segment(TensorImages(64), _trainer(), LoaderConfig(batch_size=8), SPEC, reports.append)
+    train_segment(TensorImages(64), _trainer(), LoaderConfig(batch_size=8), SPEC,
+                  report=reports.append)  # fmt: skip
     assert len(reports) == SPEC.steps // SPEC.report_every - 1  # the last one is the final report
     assert all(r["final"] is False and r["samples_per_s"] > 0 for r in reports)
 
@@ -162,6 +163,19 @@ def test_a_killed_worker_ends_the_trial_and_leaves_no_process() -> None:
     assert outcome.failure == "data_loader"
     assert "killed by signal" in outcome.detail or "exited unexpectedly" in outcome.detail
     assert _children() <= before
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_persistent_workers_end_before_the_trial_returns(watch: bool) -> None:
+    """Whether its processes were watched or not, a trial's persistent workers are gone
+    when it returns: left to a later garbage collection, each would cost that moment
+    DataLoader's 5 s join timeout (in a reused Ray worker: the next trial)."""
+    before = _children()
+    job = _job("datasets_for_tests:fast")
+    job = replace(job, segment=replace(job.segment, watch=watch))
+    outcome = run_trial(job, LoaderConfig(8, 2, 2, persistent_workers=True))
+    assert outcome.failure is None, outcome.detail
+    assert _children() <= before  # no gc.collect(): ended by the trial itself
 
 
 def test_a_stalled_loader_times_out_and_leaves_no_process() -> None:
