@@ -66,10 +66,10 @@ class TrialJob:
     model: str
     segment: SegmentSpec
     device: str = "cpu"
-    samples_per_trial: int = 1024
+    samples_per_trial: int = SearchOptions.samples_per_trial
     seed: int = 0
-    min_batch_size: int = 1
-    cpus_per_worker: float = 1.0
+    min_batch_size: int = SearchOptions.min_batch_size
+    cpus_per_worker: float = SearchOptions.cpus_per_worker
     node_cpus: float = 1.0
     ceilings: dict[int, float] = field(default_factory=dict)
     cold: bool = False

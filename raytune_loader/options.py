@@ -98,32 +98,31 @@ class SearchOptions:
             )
 
     def _check_counts(self) -> None:
-        positive = {
-            "--num-samples": self.num_samples, "--steps": self.steps,
-            "--samples-per-trial": self.samples_per_trial, "--verify-repeats": self.verify_repeats,
-            "--compute-threads": self.compute_threads, "--report-every": self.report_every,
-            "--min-batch-size": self.min_batch_size, "--synthetic-images": self.synthetic_images,
-            "--max-concurrent": 1 if self.max_concurrent is None else self.max_concurrent,
-        }  # fmt: skip
-        for flag, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{flag} must be at least 1, got {value}")
-        non_negative = {
-            "--warmup-steps": self.warmup_steps, "--verify-top": self.verify_top,
-            "--max-workers": self.max_workers or 0, "--gpus-per-trial": self.gpus_per_trial or 0,
-            "--ranks-per-node": self.ranks_per_node,
-            "--shuffle-buffer": self.shuffle_buffer or 0,
-        }  # fmt: skip
-        for flag, value in non_negative.items():
-            if value < 0:
-                raise ConfigError(f"{flag} must be 0 or more, got {value}")
-        strictly_positive = {
-            "--trial-timeout": self.trial_timeout_s, "--cpus-per-worker": self.cpus_per_worker,
-            "--time-budget": 1 if self.time_budget_s is None else self.time_budget_s,
-        }  # fmt: skip
-        for flag, value in strictly_positive.items():
-            if value <= 0:
-                raise ConfigError(f"{flag} must be positive, got {value}")
+        bounds = (  # what each flag must be, and its value
+            ("at least 1", lambda v: v >= 1, {
+                "--num-samples": self.num_samples, "--steps": self.steps,
+                "--samples-per-trial": self.samples_per_trial,
+                "--verify-repeats": self.verify_repeats, "--compute-threads": self.compute_threads,
+                "--report-every": self.report_every, "--min-batch-size": self.min_batch_size,
+                "--synthetic-images": self.synthetic_images,
+                "--max-concurrent": 1 if self.max_concurrent is None else self.max_concurrent,
+            }),
+            ("0 or more", lambda v: v >= 0, {
+                "--warmup-steps": self.warmup_steps, "--verify-top": self.verify_top,
+                "--max-workers": self.max_workers or 0,
+                "--gpus-per-trial": self.gpus_per_trial or 0,
+                "--ranks-per-node": self.ranks_per_node,
+                "--shuffle-buffer": self.shuffle_buffer or 0,
+            }),
+            ("positive", lambda v: v > 0, {
+                "--trial-timeout": self.trial_timeout_s, "--cpus-per-worker": self.cpus_per_worker,
+                "--time-budget": 1 if self.time_budget_s is None else self.time_budget_s,
+            }),
+        )  # fmt: skip
+        for must, holds, values in bounds:
+            for flag, value in values.items():
+                if not holds(value):
+                    raise ConfigError(f"{flag} must be {must}, got {value}")
         if not 0 < self.memory_share <= 1:
             share = self.memory_share
             raise ConfigError(f"--memory-share must be above 0 and at most 1, got {share}")

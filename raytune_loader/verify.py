@@ -138,8 +138,9 @@ def verify(
     configs: dict[str, LoaderConfig],
     repeats: int,
     measurer: Measurer,
-    on_measured: MeasuredFn | None = None,
+    *,
     slot_base: int = 0,
+    on_measured: MeasuredFn | None = None,
     objective: str | None = None,
 ) -> Verified:
     """Each configuration once a round, one at a time, the order rotated every round,

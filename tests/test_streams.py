@@ -187,7 +187,7 @@ def test_a_webdataset_search_end_to_end(tiny_shards: Path, tmp_path: Path) -> No
                                                 "--synthetic-images", "96")]  # fmt: skip
     result = run_cli(
         *args, "--dataset", "webdataset", "--data-root", str(tiny_shards), "--num-samples",
-        "5", "--verify-repeats", "1", "--shuffle-buffer", "64", "--samples-per-trial", "48",
+        "3", "--verify-repeats", "1", "--shuffle-buffer", "64", "--samples-per-trial", "48",
         "--out", str(tmp_path / "out"), cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -215,7 +215,7 @@ def test_a_user_iterable_dataset_search_end_to_end(tmp_path: Path) -> None:
     before = ray_processes()
     result = run_cli(
         "--dataset", "datasets_for_tests:stream_that_repeats", "--batch-size", "8",
-        "--steps", "6", "--warmup-steps", "1", "--report-every", "3", "--num-samples", "3",
+        "--steps", "6", "--warmup-steps", "1", "--report-every", "3", "--num-samples", "2",
         "--verify-top", "1", "--verify-repeats", "1", "--out", str(tmp_path / "out"),
         cwd=tmp_path,
     )  # fmt: skip
