@@ -27,16 +27,19 @@ def _trainer() -> Trainer:
 
 def test_slow_data_shows_as_waiting_trivial_data_does_not() -> None:
     config = LoaderConfig(batch_size=4)
+    # trivial data: a step takes under a millisecond, so its window is 25 times longer
+    # than the slow data's for one moment off the CPU not to weigh as a wait
+    long = replace(SPEC, steps=SPEC.steps * 25)
     slow = train_segment(TensorImages(64, delay_s=0.02), _trainer(), config, SPEC)
-    fast = train_segment(TensorImages(64), _trainer(), config, SPEC)
+    fast = train_segment(TensorImages(64), _trainer(), config, long)
     assert slow.data_wait_frac > 0.7
     assert fast.data_wait_frac < 0.5
     assert slow.data_wait_frac > fast.data_wait_frac + 0.3
     assert slow.samples_per_s < fast.samples_per_s
-    for metrics in (slow, fast):
+    for metrics, spec in ((slow, SPEC), (fast, long)):
         assert metrics.util_source == "step-timing"
         assert 0 < metrics.util <= 1 - metrics.data_wait_frac + 0.05
-        assert metrics.samples == SPEC.steps * 4
+        assert metrics.samples == spec.steps * 4
 
 
 def test_workers_hide_the_data_cost() -> None:
