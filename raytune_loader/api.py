@@ -147,6 +147,13 @@ def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJ
         node_cpus=hardware.usable_cpus(),
         gpu_memory_share=min(1.0, gpus_per_trial / opts.ranks_per_node) if gpus_per_trial else 1.0,
     )
+    half = job.precision if job.precision in hardware.HALF_PRECISION_FLAGS else None
+    if job.device == "cpu" and half and hardware.cpu_computes_in(half) is False:
+        progress.warn(
+            f"--precision {half} on a CPU without {half} instructions: PyTorch emulates it, "
+            f"so every trial's step runs several times slower than in fp32; leave --precision "
+            f"out for fp32 unless you train in {half} here"
+        )
     return opts, job, gpus_per_trial, out_dir
 
 

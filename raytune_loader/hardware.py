@@ -77,6 +77,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# the x86 flags (/proc/cpuinfo) of instructions that compute in each half precision
+HALF_PRECISION_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def cpu_computes_in(precision: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
+    """Whether this CPU has instructions for ``precision`` (``bf16`` or ``fp16``); None
+    where its flags cannot be read (not Linux on x86). Without them PyTorch emulates
+    the format, and a model's step runs several times slower than in fp32."""
+    text = _read(cpuinfo) or ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), None)  # fmt: skip
+    if flags is None:
+        return None
+    return any(flag in flags for flag in HALF_PRECISION_FLAGS[precision])
+
+
 def cuda_available() -> bool:
     import torch
 

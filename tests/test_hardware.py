@@ -49,3 +49,59 @@ def test_usable_cpus_follows_the_affinity_set(tmp_path: Path) -> None:
     finally:
         os.sched_setaffinity(0, before)
     assert usable_cpus(tmp_path) == len(before)
+
+
+def _cpuinfo(tmp_path: Path, flags: str) -> Path:
+    path = tmp_path / "cpuinfo"
+    path.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 {flags}\n\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("flags", "bf16", "fp16"),
+    [("avx2", False, False), ("avx2 avx512f avx512_bf16", True, False),
+     ("amx_bf16 amx_fp16 amx_tile", True, True)],
+)  # fmt: skip
+def test_half_precision_instructions_are_read_from_the_cpu_flags(
+    tmp_path: Path, flags: str, bf16: bool, fp16: bool
+) -> None:
+    from raytune_loader.hardware import cpu_computes_in
+
+    path = _cpuinfo(tmp_path, flags)
+    assert (cpu_computes_in("bf16", path), cpu_computes_in("fp16", path)) == (bf16, fp16)
+    assert cpu_computes_in("bf16", tmp_path / "absent") is None  # not Linux: unknown
+
+
+@pytest.mark.parametrize(("precision", "flags", "warned"), [
+    ("bf16", "avx2", True), ("bf16", "avx512_bf16", False), ("fp32", "avx2", False),
+    (None, "avx2", False),  # the CPU's default, fp32
+])  # fmt: skip
+def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    precision: str | None,
+    flags: str,
+    warned: bool,
+) -> None:
+    from raytune_loader import api, hardware
+
+    path = _cpuinfo(tmp_path, flags)
+    real = hardware.cpu_computes_in
+    monkeypatch.setattr(hardware, "cpu_computes_in", lambda p: real(p, path))
+    monkeypatch.setattr(hardware, "cuda_available", lambda: False)
+    warnings: list[str] = []
+
+    class Recorder:
+        def warn(self, text: str) -> None:
+            warnings.append(text)
+
+        def stage(self, text: str) -> None:
+            pass
+
+    opts = SearchOptions(precision=precision, out=str(tmp_path / "out"))
+    _, job, _, _ = api._job(opts, Recorder())  # type: ignore[arg-type]
+    said = [w for w in warnings if "instructions" in w]
+    assert bool(said) == warned, warnings
+    if warned:
+        assert said[0].startswith(f"--precision {precision} on a CPU without {precision}")
+        assert job.precision == precision  # warned, not overridden: the user's choice

@@ -102,7 +102,7 @@ def test_the_output_names_the_job_and_ends_with_the_table_and_the_limit(
     searched: Searched,
 ) -> None:
     out, best = searched.result.stdout, _best(searched)
-    assert "small-cnn, bf16 on synthetic-imagenet, batch 8 on cpu" in out
+    assert "small-cnn, tf32 on synthetic-imagenet, batch 8 on cpu" in out
     assert re.search(r"^tuned\s+\d", out, re.M) and re.search(r"^pytorch-default\s+0", out, re.M)
     assert f"{best['limit']['bound']}-bound: " in out
 
@@ -122,7 +122,7 @@ def test_best_config_json_records_the_job_its_pipeline_and_the_trainers(
     searched: Searched,
 ) -> None:
     best = _best(searched)
-    assert best["job"]["precision"] == "bf16" and best["job"]["requested_batch_size"] == 8
+    assert best["job"]["precision"] == "tf32" and best["job"]["requested_batch_size"] == 8
     assert best["pipeline"]["transfer"] in ("float32", "uint8")  # its pipeline was searched
     assert best["pipeline"]["decode"] in ("pil", "tensor")  # not "device": no CUDA here
     assert set(best["trainers"]["checked"]) == {"lightning", "accelerate", "ray_train",
