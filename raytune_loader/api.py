@@ -148,7 +148,9 @@ def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJ
         gpu_memory_share=min(1.0, gpus_per_trial / opts.ranks_per_node) if gpus_per_trial else 1.0,
     )
     half = job.precision if job.precision in hardware.HALF_PRECISION_FLAGS else None
-    if job.device == "cpu" and half and hardware.cpu_computes_in(half) is False:
+    # this machine's flags; on a cluster (--address) the trials run on other nodes' CPUs
+    local = not opts.address
+    if local and job.device == "cpu" and half and hardware.cpu_computes_in(half) is False:
         progress.warn(
             f"--precision {half} on a CPU without {half} instructions: PyTorch emulates it, "
             f"so every trial's step runs several times slower than in fp32; leave --precision "

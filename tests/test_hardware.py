@@ -72,15 +72,17 @@ def test_half_precision_instructions_are_read_from_the_cpu_flags(
     assert cpu_computes_in("bf16", tmp_path / "absent") is None  # not Linux: unknown
 
 
-@pytest.mark.parametrize(("precision", "flags", "warned"), [
-    ("bf16", "avx2", True), ("bf16", "avx512_bf16", False), ("fp32", "avx2", False),
-    (None, "avx2", False),  # the CPU's default, fp32
+@pytest.mark.parametrize(("precision", "flags", "address", "warned"), [
+    ("bf16", "avx2", None, True), ("bf16", "avx512_bf16", None, False),
+    ("fp32", "avx2", None, False), (None, "avx2", None, False),  # the CPU's default, fp32
+    ("bf16", "avx2", "10.0.0.1:6379", False),  # a cluster's trials run on its nodes' CPUs
 ])  # fmt: skip
 def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     precision: str | None,
     flags: str,
+    address: str | None,
     warned: bool,
 ) -> None:
     from raytune_loader import api, hardware
@@ -98,7 +100,7 @@ def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts
         def stage(self, text: str) -> None:
             pass
 
-    opts = SearchOptions(precision=precision, out=str(tmp_path / "out"))
+    opts = SearchOptions(precision=precision, address=address, out=str(tmp_path / "out"))
     _, job, _, _ = api._job(opts, Recorder())  # type: ignore[arg-type]
     said = [w for w in warnings if "instructions" in w]
     assert bool(said) == warned, warnings
