@@ -69,12 +69,15 @@ def shm_bytes(path: str = "/dev/shm") -> int | None:
         return None
 
 
+def _cpuinfo_field(key: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first CPU's ``key`` in ``/proc/cpuinfo``; None where there is none (not Linux)."""
+    text = _read(cpuinfo) or ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith(key)), None)  # fmt: skip
+
+
 def _cpu_model() -> str:
-    text = _read(Path("/proc/cpuinfo")) or ""
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 # the x86 flags (/proc/cpuinfo) of instructions that compute in each half precision
@@ -85,12 +88,10 @@ def cpu_computes_in(precision: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> bo
     """Whether this CPU has instructions for ``precision`` (``bf16`` or ``fp16``); None
     where its flags cannot be read (not Linux on x86). Without them PyTorch emulates
     the format, and a model's step runs several times slower than in fp32."""
-    text = _read(cpuinfo) or ""
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), None)  # fmt: skip
+    flags = _cpuinfo_field("flags", cpuinfo)
     if flags is None:
         return None
-    return any(flag in flags for flag in HALF_PRECISION_FLAGS[precision])
+    return any(flag in flags.split() for flag in HALF_PRECISION_FLAGS[precision])
 
 
 def cuda_available() -> bool:

@@ -80,30 +80,24 @@ def test_half_precision_instructions_are_read_from_the_cpu_flags(
 def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
     precision: str | None,
     flags: str,
     address: str | None,
     warned: bool,
 ) -> None:
     from raytune_loader import api, hardware
+    from raytune_loader.progress import LogProgress
 
     path = _cpuinfo(tmp_path, flags)
     real = hardware.cpu_computes_in
     monkeypatch.setattr(hardware, "cpu_computes_in", lambda p: real(p, path))
     monkeypatch.setattr(hardware, "cuda_available", lambda: False)
-    warnings: list[str] = []
-
-    class Recorder:
-        def warn(self, text: str) -> None:
-            warnings.append(text)
-
-        def stage(self, text: str) -> None:
-            pass
-
     opts = SearchOptions(precision=precision, address=address, out=str(tmp_path / "out"))
-    _, job, _, _ = api._job(opts, Recorder())  # type: ignore[arg-type]
-    said = [w for w in warnings if "instructions" in w]
-    assert bool(said) == warned, warnings
+    with caplog.at_level("WARNING", logger="raytune_loader.progress"):
+        _, job, _, _ = api._job(opts, LogProgress())
+    said = [r.getMessage() for r in caplog.records if "instructions" in r.getMessage()]
+    assert bool(said) == warned, caplog.text
     if warned:
         assert said[0].startswith(f"--precision {precision} on a CPU without {precision}")
         assert job.precision == precision  # warned, not overridden: the user's choice
