@@ -362,15 +362,18 @@ def blas_transform() -> Dataset:
 
 
 class Stragglers(TensorImages):
-    """Samples take 1 ms to load, and one in a hundred (index 7, 107, ...) 50 times
-    that: a few slow files on a network filesystem."""
+    """Samples take 1 ms to load, and one in a hundred (index 7, 107, ...) 200 times
+    that: a few slow files on a network filesystem. At 200 ms a straggler stalls an
+    in-order loop long enough (the other worker idles after its two batches) that out of
+    order runs 1.2-1.5x faster in every round on a loaded 2-core machine; at 50 ms the
+    gain (1.1-1.3x) sank below the noise in one round in six."""
 
     def __init__(self, length: int = 1024, base_s: float = 0.001) -> None:
         super().__init__(length=length)
         self.base_s = base_s
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(self.base_s * (50 if index % 100 == 7 else 1))
+        time.sleep(self.base_s * (200 if index % 100 == 7 else 1))
         return super().__getitem__(index)
 
 
