@@ -38,6 +38,11 @@ from raytune_loader.trainable import ceiling_task, input_task, measure_task, pro
 log = logging.getLogger(__name__)
 NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
 REUSE_WAIT_S = 180  # see start_ray
+# Ray ends a task's worker after 1 s idle once the trials hold the node's CPUs, so the
+# worker that measured the ceiling (torch imported) died during the search and
+# verification started a new one: 8 of a tiny search's 65 s on 2 cores. Our own
+# instance keeps idle workers for a day; on a joined cluster its own settings rule.
+IDLE_WORKER_KEEP_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,10 @@ def start_ray(
     else:
         # "local": start our own instance even when a `ray start` cluster runs here
         context = ray.init(
-            address="local", num_cpus=num_cpus, dashboard_host=dashboard_host, **kwargs
-        )
+            address="local", num_cpus=num_cpus, dashboard_host=dashboard_host,
+            _system_config={"idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS},
+            **kwargs,
+        )  # fmt: skip
     url = getattr(context, "dashboard_url", None) or None
     if url and not url.startswith("http"):
         url = f"http://{url}"

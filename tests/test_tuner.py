@@ -2,12 +2,15 @@
 the scheduler Tune runs, Ctrl-C during the run, resuming a saved experiment.
 
 ``tune.Tuner`` is replaced by a stand-in that keeps what it was given, so a test sees
-the real trainable, searcher and scheduler that :func:`tuner.run_tune` hands Tune.
+the real trainable, searcher and scheduler that :func:`tuner.run_tune` hands Tune. The
+slow tier starts the local Ray instance :func:`tuner.start_ray` starts, once.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +18,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import ray
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.trainable import wrap_function
 
-from conftest import Searched
+from conftest import TESTS, Searched, ray_processes
 from raytune_loader import tuner
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.job import SegmentSpec, TrialJob
@@ -236,3 +240,36 @@ def test_only_a_saved_experiment_can_be_resumed(searched: Searched) -> None:
     assert tuner.can_resume(str(storage), experiment.name)
     assert tuner.can_resume(f"{storage}/", experiment.name)
     assert not tuner.can_resume(str(storage), "search-never-run")
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+@pytest.mark.slow
+def test_our_ray_keeps_the_measuring_worker_while_trials_hold_every_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker that measured the ceiling (torch imported) is the one verification
+    reuses: Ray's default ends a worker idle for 1 s while trials hold the node's CPUs,
+    and the next measurement then starts a process and imports torch again."""
+    before = ray_processes()
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # Ray's workers import _pid from here
+    tuner.start_ray(None, "127.0.0.1", num_cpus=2, verbose=False)
+    try:
+        measure = ray.remote(num_cpus=1)(_pid)
+        first = ray.get(measure.remote())
+
+        @ray.remote(num_cpus=2, runtime_env={"env_vars": {"A_TRIAL": "1"}})  # its own process
+        class Trial:
+            def pid(self) -> int:
+                return os.getpid()
+
+        trial = Trial.remote()
+        assert ray.get(trial.pid.remote()) != first
+        time.sleep(3)  # past the 1 s idle limit, checked every 0.2 s, every CPU held
+        ray.kill(trial)
+        assert ray.get(measure.remote()) == first
+    finally:
+        tuner.stop_ray()
+    assert ray_processes() <= before

@@ -1,0 +1,93 @@
+"""What keeping Ray's idle workers saves a search: the same tiny search with Ray's own
+idle limit (1 s) and with ours, in one run.
+
+    python experiments/warm_worker.py [--rounds 2]
+
+A search measures the ceiling in a Ray task, runs its trials as Tune actors that hold
+the node's CPUs, then verifies in Ray tasks again. With Ray's default a task's worker
+idle for 1 s is ended once the trials hold the CPUs, so verification starts a new
+process and imports torch again; our instance keeps it (tuner.IDLE_WORKER_KEEP_MS).
+Each round runs the search both ways (rotated), in subprocesses, timing its progress
+lines: from Ray's start to the end of the search (the data prepared before is left
+out) and verification's first two measurements. Writes
+results/benchmarks/warm_worker.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import save
+from raytune_loader import tuner
+from raytune_loader.selection import rotated
+
+FLAGS = [
+    "--dataset", "synthetic-imagenet", "--synthetic-images", "96", "--batch-size", "8",
+    "--steps", "6", "--warmup-steps", "1", "--report-every", "3", "--samples-per-trial", "64",
+    "--verify-top", "1", "--verify-repeats", "2", "--precision", "tf32", "--num-samples", "4",
+]  # fmt: skip
+RUN = (
+    "import sys; from raytune_loader import tuner; "
+    "tuner.IDLE_WORKER_KEEP_MS = int(sys.argv[1]); "
+    "from raytune_loader.search import main; sys.exit(main(sys.argv[2:]))"
+)
+KEEP = {"ray's default (1 s)": 1000, "kept (ours)": tuner.IDLE_WORKER_KEEP_MS}
+
+
+def timed_lines(keep_ms: int, args: list[str]) -> list[tuple[float, str]]:
+    """The search's output lines, each with the seconds since it started."""
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-u", "-c", RUN, str(keep_ms), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines = [(time.perf_counter() - start, line.rstrip()) for line in process.stdout]
+    if process.wait() != 0:
+        raise SystemExit("\n".join(line for _, line in lines[-20:]))
+    return lines
+
+
+def phases(lines: list[tuple[float, str]]) -> dict[str, float]:
+    def first(text: str) -> float:
+        return next(t for t, line in lines if text in line)
+
+    verifying = [t for t, line in lines if "verifying" in line]
+    return {
+        "ray_start_to_end_s": lines[-1][0] - first("dashboard"),
+        "verification_first_two_runs_s": verifying[1] - verifying[0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in KEEP}
+    with tempfile.TemporaryDirectory() as tmp:
+        common = [*FLAGS, "--data-root", str(Path(tmp) / "data"), "--out", str(Path(tmp) / "out")]
+        for repeat, name in rotated(list(KEEP), args.rounds):
+            found = phases(timed_lines(KEEP[name], common))
+            runs[name].append(found)
+            print(f"round {repeat + 1}: {name:<20} {found}", flush=True)
+    medians = {name: {key: statistics.median(r[key] for r in found) for key in found[0]}
+               for name, found in runs.items()}  # fmt: skip
+    default, kept = (medians[name]["ray_start_to_end_s"] for name in KEEP)
+    save("warm_worker", {
+        "median": medians,
+        "runs": runs,
+        "kept_over_default_ray_start_to_end": kept / default,
+        "flags": " ".join(FLAGS),
+        "method": f"{args.rounds} rotated rounds, the CLI search in a subprocess with "
+        "tuner.IDLE_WORKER_KEEP_MS at Ray's default or ours; times from its output lines",
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
