@@ -62,6 +62,7 @@ class Reading:
     file: int  # of which file-backed (libraries' pages, mapped as they are first used)
     uss: int | None = None  # private bytes; None where only the resident figure was read
     pss: int | None = None  # proportional bytes: shared pages split among their sharers
+    pid: int = 0  # the process: without persistent workers an index is a new one each epoch
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ class Watcher:
         try:
             rss, anon, file = resident(process)
             if not full:
-                return Reading(reads, worker, rss, anon, file)
+                return Reading(reads, worker, rss, anon, file, pid=process.pid)
             started = time.thread_time()  # CPU time: on a busy machine, waiting is not cost
             info = process.memory_full_info()
             cost = time.thread_time() - started
@@ -231,7 +232,7 @@ class Watcher:
                 cost / self._budget_s if self._budget_s > 0 else math.inf
             )
         uss, pss = getattr(info, "uss", None), getattr(info, "pss", None)
-        return Reading(reads, worker, rss, anon, file, uss, pss)
+        return Reading(reads, worker, rss, anon, file, uss, pss, process.pid)
 
     def _mark(self) -> None:
         """Each worker's threads and CPU time now (cheap: /proc/<pid>/task)."""
@@ -427,8 +428,14 @@ def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
     if not inside:
         return None
     # a worker's first batches copy and allocate what any worker does once (caches, the
-    # allocator's first pools): the rates leave the window's first tenth out
-    settled = [r for r in inside if r.reads >= start + SETTLING * (end - start)]
+    # allocator's first pools): the rates leave out each process's first tenth of the
+    # window, counted from its own first reading (without persistent workers a new
+    # worker starts every epoch; one that lives less than that gives no rate)
+    first: dict[tuple[int, int], int] = {}
+    for r in inside:
+        first.setdefault((r.worker, r.pid), r.reads)
+    settle = SETTLING * (end - start)
+    settled = [r for r in inside if r.reads >= first[r.worker, r.pid] + settle]
     workers = watch.workers
     parts = max(1, workers) * scope.ranks
 
@@ -524,9 +531,10 @@ def _growth(
 ) -> Growth:
     """The workers' copies (what one shares with the main process shrinking, per
     distinct sample it reads: a page is copied once) and kept memory, when sustained."""
-    copied = _sustained(
-        [(r.worker, distinct(r.reads), -float(_still_shared(r))) for r in readings if r.uss]
-    )
+    copied = _sustained([
+        ((r.worker, r.pid), distinct(r.reads), -float(_still_shared(r)))
+        for r in readings if r.uss
+    ])  # fmt: skip
     return Growth(copies=copied, kept=_kept(readings, readers, floor))
 
 
@@ -534,11 +542,11 @@ def _kept(readings: Sequence[Reading], readers: int, floor: float) -> float:
     """Resident anonymous memory growing per sample each of ``readers`` reads, when
     sustained and at least ``floor`` a sample: below that it is the allocator settling,
     which a short window cannot tell from a leak."""
-    kept = _sustained([(r.worker, r.reads / readers, float(r.anon)) for r in readings])
+    kept = _sustained([((r.worker, r.pid), r.reads / readers, float(r.anon)) for r in readings])
     return kept if kept >= floor else 0.0
 
 
-def _sustained(points: Sequence[tuple[int, float, float]]) -> float:
+def _sustained(points: Sequence[tuple[tuple[int, int], float, float]]) -> float:
     """The slope of memory against samples read, pooled over processes (each its own
     intercept) over the processes read MIN_READINGS times or more in the window, when
     the growth is sustained: at least FLOOR_BYTES in all, no step between readings
@@ -546,8 +554,8 @@ def _sustained(points: Sequence[tuple[int, float, float]]) -> float:
     garbage collection's pass), and LATE_SHARE of it after the middle of the samples
     read (a warm-up that levelled off is not a rate). Else 0: fewer readings cannot
     tell a rate from an allocator settling."""
-    groups: dict[int, list[tuple[float, float]]] = {}
-    for group, x, y in points:
+    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for group, x, y in points:  # group: (worker index, pid)
         groups.setdefault(group, []).append((x, y))
     runs = [sorted(g) for g in groups.values() if len(g) >= MIN_READINGS]
     growth = sum(run[-1][1] - run[0][1] for run in runs)

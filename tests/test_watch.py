@@ -35,12 +35,14 @@ def _watch(readings: list[Reading], workers: int = 2, window: tuple[int, int] = 
     return Watch(tuple(readings), workers, window, 5.0, (), 10 * 2**30, (), 0.0, 0)
 
 
-def _worker(reads: int, shared: float, kept: float = 0.0, worker: int = FOLLOWED) -> Reading:
+def _worker(
+    reads: int, shared: float, kept: float = 0.0, worker: int = FOLLOWED, pid: int = 0
+) -> Reading:
     """A worker that still shares ``shared`` MiB with the main process and keeps ``kept``
     MiB of its own (its anonymous memory grows by that), with 50 MiB of libraries."""
     anon = int((400 + kept) * MIB)
     uss = anon - int(shared * MIB)
-    return Reading(reads, worker, anon + 50 * MIB, anon, 50 * MIB, uss, uss + 100 * MIB)
+    return Reading(reads, worker, anon + 50 * MIB, anon, 50 * MIB, uss, uss + 100 * MIB, pid)
 
 
 def test_a_reader_s_distinct_samples_are_every_read_in_the_first_pass_then_fewer() -> None:
@@ -66,6 +68,24 @@ def test_copies_are_what_a_worker_shares_shrinking_projected_up_to_all_it_shares
     assert fit.epoch_growth() == pytest.approx(shared, rel=0.01)  # capped: all they share
     twice = fit.epoch_growth(20_000)  # 5,000 more samples each: within the cap
     assert twice == pytest.approx(2 * 5_000 * 8 * 1024, rel=0.01)
+
+
+def test_a_new_worker_under_the_same_index_is_its_own_process_with_its_own_settling() -> None:
+    """Without persistent workers the index's process changes each epoch: each copies
+    8 KiB per sample from its own start (the first tenth of the window after its own
+    first reading left out), not one process whose sharing jumped back up."""
+
+    def shared(r: int, born: int) -> float:
+        return 300 - 8 * 1024 * (r - born) / 2 / MIB
+
+    readings = [_worker(r, shared(r, 0), pid=1) for r in range(0, 5000, 500)]
+    readings += [_worker(r, shared(r, 5000), pid=2) for r in range(5000, 10_001, 500)]
+    fit = fit_memory(_watch(readings), Scope(subset=10**6, epoch=10**6, sample_bytes=SAMPLE))
+    assert fit is not None and fit.workers.copies == pytest.approx(8 * 1024, rel=0.01)
+    # epochs of 800 reads: no worker lives past its settling, so none gives a rate
+    short = [_worker(r, shared(r, r - r % 800) - 20, pid=r // 800) for r in range(0, 10_001, 100)]
+    fit = fit_memory(_watch(short), Scope(subset=10**6, epoch=10**6, sample_bytes=SAMPLE))
+    assert fit is not None and fit.workers.copies == 0
 
 
 def test_copies_follow_the_curve_of_pages_read_at_random_up_to_the_objects() -> None:
