@@ -64,6 +64,11 @@ class Reading:
     pss: int | None = None  # proportional bytes: shared pages split among their sharers
     pid: int = 0  # the process: without persistent workers an index is a new one each epoch
 
+    @property
+    def process(self) -> tuple[int, int]:
+        """Which process this is: a worker's index and its process id."""
+        return self.worker, self.pid
+
 
 @dataclass(frozen=True)
 class ThreadUse:
@@ -433,9 +438,9 @@ def fit_memory(watch: Watch, scope: Scope) -> MemoryFit | None:
     # worker starts every epoch; one that lives less than that gives no rate)
     first: dict[tuple[int, int], int] = {}
     for r in inside:
-        first.setdefault((r.worker, r.pid), r.reads)
+        first.setdefault(r.process, r.reads)
     settle = SETTLING * (end - start)
-    settled = [r for r in inside if r.reads >= first[r.worker, r.pid] + settle]
+    settled = [r for r in inside if r.reads >= first[r.process] + settle]
     workers = watch.workers
     parts = max(1, workers) * scope.ranks
 
@@ -531,10 +536,9 @@ def _growth(
 ) -> Growth:
     """The workers' copies (what one shares with the main process shrinking, per
     distinct sample it reads: a page is copied once) and kept memory, when sustained."""
-    copied = _sustained([
-        ((r.worker, r.pid), distinct(r.reads), -float(_still_shared(r)))
-        for r in readings if r.uss
-    ])  # fmt: skip
+    copied = _sustained(
+        [(r.process, distinct(r.reads), -float(_still_shared(r))) for r in readings if r.uss]
+    )
     return Growth(copies=copied, kept=_kept(readings, readers, floor))
 
 
@@ -542,7 +546,7 @@ def _kept(readings: Sequence[Reading], readers: int, floor: float) -> float:
     """Resident anonymous memory growing per sample each of ``readers`` reads, when
     sustained and at least ``floor`` a sample: below that it is the allocator settling,
     which a short window cannot tell from a leak."""
-    kept = _sustained([((r.worker, r.pid), r.reads / readers, float(r.anon)) for r in readings])
+    kept = _sustained([(r.process, r.reads / readers, float(r.anon)) for r in readings])
     return kept if kept >= floor else 0.0
 
 
@@ -555,7 +559,7 @@ def _sustained(points: Sequence[tuple[tuple[int, int], float, float]]) -> float:
     read (a warm-up that levelled off is not a rate). Else 0: fewer readings cannot
     tell a rate from an allocator settling."""
     groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for group, x, y in points:  # group: (worker index, pid)
+    for group, x, y in points:  # group: a Reading's process
         groups.setdefault(group, []).append((x, y))
     runs = [sorted(g) for g in groups.values() if len(g) >= MIN_READINGS]
     growth = sum(run[-1][1] - run[0][1] for run in runs)
