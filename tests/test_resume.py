@@ -1,5 +1,5 @@
 """Ctrl-C in every phase of a real search: exit 130 within seconds, finished trials kept,
-no Ray process left, and --resume completes the search."""
+no Ray process left, and --resume goes on from each stop and completes the search."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,11 @@ from conftest import REPO, TESTS, ray_processes
 pytestmark = pytest.mark.slow  # real searches: pytest -m slow
 
 
-def _search(data: Path, out: Path, trials: int, verify_repeats: int) -> list[str]:
+def _search(data: Path, out: Path, images: int, trials: int, verify_repeats: int) -> list[str]:
     """The command line of a small real search."""
     return [
         sys.executable, "-m", "raytune_loader.search",
-        "--data-root", str(data), "--synthetic-images", "96",
+        "--data-root", str(data), "--synthetic-images", str(images),
         "--num-samples", str(trials), "--batch-size", "8", "--steps", "12", "--warmup-steps", "1",
         "--report-every", "12", "--samples-per-trial", "64", "--verify-top", "1",
         "--verify-repeats", str(verify_repeats), "--search", "tpe", "--out", str(out),
@@ -71,7 +72,8 @@ class _Search:
         return time.monotonic() - started, stderr
 
 
-# Each phase, recognised by what the command prints when it starts.
+# Each phase, recognised by what the command prints when it starts, in the order one
+# search reaches them.
 PHASES = {
     "data preparation": "==> Synthetic ImageNet",
     "ceiling": "measuring the ceiling",
@@ -80,44 +82,95 @@ PHASES = {
 }
 
 
-@pytest.mark.parametrize("phase", PHASES)
-def test_ctrl_c_in_every_phase_stops_within_10_s_and_resume_finishes(
-    phase: str, tiny_imagenet: Path, tmp_path: Path
-) -> None:
-    before = ray_processes()
-    out = tmp_path / "results"
-    data = tmp_path / "fresh" if phase == "data preparation" else tiny_imagenet
-    images = "600" if phase == "data preparation" else "96"  # long enough to be caught
-    args = [*_search(data, out, trials=2, verify_repeats=1), "--synthetic-images", images]
-    search = _Search(args, tmp_path)
-    search.wait_for(PHASES[phase])
-    seconds, stderr = search.interrupt()
-    assert search.process.returncode == 130, stderr[-2000:]
-    assert seconds < 10, f"Ctrl-C took {seconds:.1f}s"
-    assert "--resume" in stderr.strip().splitlines()[-1]
-    assert "Traceback" not in stderr
-    folder = out / "synthetic-imagenet"
-    assert not (folder / "best_config.json").exists()
-    assert ray_processes() <= before  # no Ray daemon left behind
-    finished_before = _done(out)
-    if phase == "the last trial":
-        with open(folder / "trials.partial.csv") as handle:
-            statuses = [row["status"] for row in csv.DictReader(handle)]
-        assert "interrupted" in statuses or len(statuses) < 2  # not taken for a finished search
-        assert len(finished_before) == 1
-    if phase == "ceiling":
-        return  # resumed, it starts afresh, as after data preparation
+@dataclass(frozen=True)
+class Stop:
+    """What one Ctrl-C left."""
 
+    seconds: float  # from SIGINT to the exit
+    returncode: int
+    stderr: str
+    best_config_written: bool
+    ray_left: set[int]  # Ray daemons that were not running before the search
+    finished: set[str]  # trials Tune marked done
+    statuses: list[str]  # trials.partial.csv's, where it was written
+
+
+@dataclass(frozen=True)
+class Chain:
+    stops: dict[str, Stop]
+    resumed: subprocess.CompletedProcess[str]  # the last --resume, left to finish
+    folder: Path  # results/synthetic-imagenet
+    out: Path
+    ray_before: set[int]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
+    """One search Ctrl-C'd in each phase in turn, each time continued with --resume,
+    then resumed once more to its end: every phase is stopped and every stop is resumed
+    from, in one search's worth of starts. The data is generated afresh and is large
+    enough for its preparation to be caught."""
+    tmp = tmp_path_factory.mktemp("resume")
+    before = ray_processes()
+    out = tmp / "results"
+    folder = out / "synthetic-imagenet"
+    args = _search(tmp / "fresh", out, images=600, trials=2, verify_repeats=1)
+    stops = {}
+    for n, (phase, text) in enumerate(PHASES.items()):
+        search = _Search([*args, "--resume"] if n else args, tmp)
+        search.wait_for(text)
+        seconds, stderr = search.interrupt()
+        statuses = []
+        if (folder / "trials.partial.csv").exists():
+            with open(folder / "trials.partial.csv") as handle:
+                statuses = [row["status"] for row in csv.DictReader(handle)]
+        stops[phase] = Stop(
+            seconds, search.process.returncode, stderr, (folder / "best_config.json").exists(),
+            ray_processes() - before, _done(out), statuses,
+        )  # fmt: skip
     resumed = subprocess.run(
-        [*args, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=400,
+        [*args, "--resume"], cwd=tmp, capture_output=True, text=True, timeout=400,
         env={**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"},
     )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    with open(folder / "trials.csv") as handle:
+    return Chain(stops, resumed, folder, out, before)
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_ctrl_c_in_every_phase_stops_within_10_s_and_says_how_to_resume(
+    phase: str, chain: Chain
+) -> None:
+    stop = chain.stops[phase]
+    assert stop.returncode == 130, stop.stderr[-2000:]
+    assert stop.seconds < 10, f"Ctrl-C took {stop.seconds:.1f}s"
+    assert "--resume" in stop.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stop.stderr
+    assert not stop.best_config_written
+    assert not stop.ray_left  # no Ray daemon left behind
+
+
+def test_a_stop_in_the_last_trial_keeps_the_first_and_a_stop_in_verification_both(
+    chain: Chain,
+) -> None:
+    """Before the trials nothing is finished; in the last trial the first is kept and the
+    interrupted one is not taken for finished; in verification both are kept."""
+    assert chain.stops["data preparation"].finished == chain.stops["ceiling"].finished == set()
+    last = chain.stops["the last trial"]
+    assert len(last.finished) == 1
+    assert "interrupted" in last.statuses or len(last.statuses) < 2
+    assert len(chain.stops["verification"].finished) == 2
+
+
+def test_resume_after_every_stop_finishes_the_search_without_losing_a_trial(
+    chain: Chain,
+) -> None:
+    assert chain.resumed.returncode == 0, chain.resumed.stderr[-3000:]
+    with open(chain.folder / "trials.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 2 and all(r["status"] in ("ok", "stopped_early") for r in rows)
-    assert finished_before <= _done(out)  # nothing finished was lost or re-run anew
-    assert len(_trial_dirs(out)) == 2  # the total asked for, no more
-    assert (folder / "best_config.json").exists() and (folder / "report.md").exists()
-    assert not (folder / "trials.partial.csv").exists()
-    assert ray_processes() <= before
+    for stop in chain.stops.values():
+        assert stop.finished <= _done(chain.out)  # nothing finished was lost or re-run anew
+    assert len(_trial_dirs(chain.out)) == 2  # the total asked for, no more
+    assert (chain.folder / "best_config.json").exists()
+    assert (chain.folder / "report.md").exists()
+    assert not (chain.folder / "trials.partial.csv").exists()
+    assert ray_processes() <= chain.ray_before
