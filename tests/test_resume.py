@@ -118,8 +118,10 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     stops = {}
     for n, (phase, text) in enumerate(PHASES.items()):
         search = _Search([*args, "--resume"] if n else args, tmp)
-        search.wait_for(text)
-        seconds, stderr = search.interrupt()
+        try:
+            search.wait_for(text)
+        finally:  # also when the phase never came: the search stops as a user would stop it
+            seconds, stderr = search.interrupt()
         statuses = []
         if (folder / "trials.partial.csv").exists():
             with open(folder / "trials.partial.csv") as handle:
