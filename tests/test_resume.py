@@ -68,7 +68,11 @@ class _Search:
         """Ctrl-C; (seconds until it exited, stderr)."""
         self.process.send_signal(signal.SIGINT)
         started = time.monotonic()
-        _, stderr = self.process.communicate(timeout=120)
+        try:
+            _, stderr = self.process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # it ignored Ctrl-C: the test fails, the search ends
+            raise
         return time.monotonic() - started, stderr
 
 
@@ -92,7 +96,7 @@ class Stop:
     best_config_written: bool
     ray_left: set[int]  # Ray daemons that were not running before the search
     finished: set[str]  # trials Tune marked done
-    statuses: list[str]  # trials.partial.csv's, where it was written
+    statuses: list[str] | None  # trials.partial.csv's; None where it was not written
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
             search.wait_for(text)
         finally:  # also when the phase never came: the search stops as a user would stop it
             seconds, stderr = search.interrupt()
-        statuses = []
+        statuses = None
         if (folder / "trials.partial.csv").exists():
             with open(folder / "trials.partial.csv") as handle:
                 statuses = [row["status"] for row in csv.DictReader(handle)]
@@ -158,6 +162,7 @@ def test_a_stop_in_the_last_trial_keeps_the_first_and_a_stop_in_verification_bot
     assert chain.stops["data preparation"].finished == chain.stops["ceiling"].finished == set()
     last = chain.stops["the last trial"]
     assert len(last.finished) == 1
+    assert last.statuses is not None  # the trials so far are kept in trials.partial.csv
     assert "interrupted" in last.statuses or len(last.statuses) < 2
     assert len(chain.stops["verification"].finished) == 2
 
