@@ -247,17 +247,30 @@ def segment_batches(
 ) -> Iterator[_Epochs]:
     """The candidate loader over ``dataset`` as the segment reads it: one long epoch,
     endless, with the segment's thread count (not Ray's OMP_NUM_THREADS, which follows
-    the reservation). Its workers are gone when the block ends, however it ends."""
+    the reservation). Its workers are gone when the block ends, however it ends.
+
+    The process's objects are frozen out of the garbage collector while the workers
+    run (unless its caller froze them already): a forked worker's first full
+    collection would otherwise write to every object it inherited and copy the main
+    process's whole heap once (hundreds of MB for a process holding torch and a test
+    session's modules), which the memory fit reads as a rate of copies per sample
+    when its few private-memory readings straddle it. Reference counts still copy
+    the pages of the objects a worker reads: what the fit is for."""
     torch.set_num_threads(spec.compute_threads)
+    freeze = gc.get_freeze_count() == 0
     loader = build_dataloader(
         dataset, config, timeout_s=spec.loader_timeout, seed=seed,
         samples_per_epoch=segment_samples(config.batch_size, spec),
     )  # fmt: skip
     batches = _Epochs(loader)
+    if freeze:
+        gc.freeze()  # before the first batch forks the workers
     try:
         yield batches
     finally:
         batches.close()
+        if freeze:
+            gc.unfreeze()
         del loader
         gc.collect()
 

@@ -341,6 +341,27 @@ def python_objects() -> Dataset:
     return PythonObjects()
 
 
+class CollectsInWorker(TensorImages):
+    """Each worker runs one full garbage collection at its 80th sample, as Python does
+    on its own once a worker's allocations pass the thresholds it inherited."""
+
+    def __init__(self) -> None:
+        super().__init__(length=1024)
+        self.served = 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import gc
+
+        self.served += 1  # in the worker's copy of the dataset
+        if self.served == 80:
+            gc.collect()
+        return super().__getitem__(index)
+
+
+def collects_in_worker() -> Dataset:
+    return CollectsInWorker()
+
+
 class BlasTransform(TensorImages):
     """Every sample runs a multi-threaded BLAS call (two 256 x 256 matrix products in
     numpy), as transforms built on numpy, SciPy or OpenCV do."""

@@ -263,8 +263,26 @@ def test_the_default_and_the_test_datasets_give_no_finding(
     tuned = replace(winner, name=findings.TUNED)
     assert findings.findings(winner, [tuned], [], Rules()) == []
     metrics = winner.outcomes[0].metrics
-    fit = metrics.memory  # which processes grew, should this fail (seen in full runs only)
+    fit = metrics.memory  # which processes grew, should this fail
     assert metrics.memory_growth_per_sample == 0, (fit.workers, fit.main) if fit else None
+
+
+def test_a_worker_s_garbage_collection_copies_none_of_the_main_process_s_heap() -> None:
+    """A million tracked objects in the measuring process (a test session holds as
+    many), and a worker that runs a full collection mid-window: the objects it inherited
+    stay shared (unfrozen, the collection copied all of them once: a growth the fit read
+    as 1 MB a sample in 1 of 3 full fast-tier runs), and no growth is fitted."""
+    from raytune_loader.watch import FOLLOWED, _still_shared
+
+    heap = [[i] for i in range(1_000_000)]  # about 90 MB of objects the collector tracks
+    job = _job("datasets_for_tests:collects_in_worker", steps=40, samples=1024)
+    outcome = run_trial(job, PROCESSES.with_batch_size(8))
+    assert outcome.metrics is not None and outcome.metrics.watch is not None, outcome.detail
+    shared = [_still_shared(r) for r in outcome.metrics.watch.readings
+              if r.worker == FOLLOWED and r.uss is not None]  # fmt: skip
+    assert len(shared) >= 2 and shared[0] - shared[-1] < 30 * 2**20, shared
+    assert outcome.metrics.memory_growth_per_sample == 0
+    assert len(heap) == 1_000_000  # alive through the measurement
 
 
 @pytest.mark.slow
