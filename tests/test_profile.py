@@ -6,20 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader import profile as profile_module
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.profile import Profile, profile
 from raytune_loader.space import LoaderConfig
 
+pytestmark = pytest.mark.alone  # each stage's cost, timed
 
-def test_every_structure_s_stages_are_measured(
-    tiny_imagenet: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # On this CPU a uint8 batch's conversion costs a few ms beside a 20 ms step: timed
-    # over 6 steps a round it measured 1-12 ms, and 0 now and then (the rounds'
-    # minima crossed); over 24, 2-15 ms in 8 runs
-    monkeypatch.setattr(profile_module, "BATCHES", 24)
+
+def test_every_structure_s_stages_are_measured(tiny_imagenet: Path) -> None:
     job = TrialJob(
         dataset=DatasetSpec("synthetic-imagenet", str(tiny_imagenet)), model="small-cnn",
         segment=SegmentSpec(1, 4, 2), samples_per_trial=32, node_cpus=2, ceilings={8: 500.0},
