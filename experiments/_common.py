@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,13 @@ from raytune_loader.job import TrialJob, job_from_options, prepare_data, subset_
 from raytune_loader.measure import worker_side_rate
 from raytune_loader.models import default_model
 from raytune_loader.results import write_json
+
+# a tiny search's flags, for the experiments that time whole searches
+TINY_SEARCH = [
+    "--dataset", "synthetic-imagenet", "--synthetic-images", "96", "--batch-size", "8",
+    "--steps", "6", "--warmup-steps", "1", "--report-every", "3", "--samples-per-trial", "64",
+    "--verify-top", "1", "--verify-repeats", "2", "--precision", "tf32", "--num-samples", "4",
+]  # fmt: skip
 
 RESULTS = Path(
     os.environ.get("BENCH_DIR", Path(__file__).resolve().parent.parent / "results" / "benchmarks")
@@ -75,3 +84,22 @@ def save(name: str, figures: dict[str, Any]) -> Path:
     print(json.dumps({k: v for k, v in figures.items() if k != "machine"}, indent=1)[:2000])
     print(f"wrote {path}")
     return path
+
+
+def timed_search(setup: str, args: list[str]) -> list[tuple[float, str]]:
+    """The CLI search in a subprocess, after the Python statements ``setup`` (a
+    constant of the package changed, say), and its output lines, each with the seconds
+    since it started."""
+    code = (
+        f"import sys; {setup}; from raytune_loader.search import main; sys.exit(main(sys.argv[1:]))"
+    )
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-u", "-c", code, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines = [(time.perf_counter() - start, line.rstrip()) for line in process.stdout]
+    if process.wait() != 0:
+        raise SystemExit("\n".join(line for _, line in lines[-20:]))
+    return lines

@@ -17,41 +17,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _common import save
+from _common import TINY_SEARCH as FLAGS
+from _common import save, timed_search
 from raytune_loader import tuner
 from raytune_loader.selection import rotated
 
-FLAGS = [
-    "--dataset", "synthetic-imagenet", "--synthetic-images", "96", "--batch-size", "8",
-    "--steps", "6", "--warmup-steps", "1", "--report-every", "3", "--samples-per-trial", "64",
-    "--verify-top", "1", "--verify-repeats", "2", "--precision", "tf32", "--num-samples", "4",
-]  # fmt: skip
-RUN = (
-    "import sys; from raytune_loader import tuner; "
-    "tuner.IDLE_WORKER_KEEP_MS = int(sys.argv[1]); "
-    "from raytune_loader.search import main; sys.exit(main(sys.argv[2:]))"
-)
 KEEP = {"ray's default (1 s)": 1000, "kept (ours)": tuner.IDLE_WORKER_KEEP_MS}
 
 
 def timed_lines(keep_ms: int, args: list[str]) -> list[tuple[float, str]]:
     """The search's output lines, each with the seconds since it started."""
-    start = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-u", "-c", RUN, str(keep_ms), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    assert process.stdout is not None
-    lines = [(time.perf_counter() - start, line.rstrip()) for line in process.stdout]
-    if process.wait() != 0:
-        raise SystemExit("\n".join(line for _, line in lines[-20:]))
-    return lines
+    return timed_search(
+        f"from raytune_loader import tuner; tuner.IDLE_WORKER_KEEP_MS = {keep_ms}", args
+    )
 
 
 def phases(lines: list[tuple[float, str]]) -> dict[str, float]:

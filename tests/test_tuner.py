@@ -246,17 +246,24 @@ def _pid() -> int:
     return os.getpid()
 
 
+def _niceness() -> int:
+    return os.nice(0)
+
+
 @pytest.mark.slow
 def test_our_ray_keeps_the_measuring_worker_while_trials_hold_every_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The worker that measured the ceiling (torch imported) is the one verification
     reuses: Ray's default ends a worker idle for 1 s while trials hold the node's CPUs,
-    and the next measurement then starts a process and imports torch again."""
+    and the next measurement then starts a process and imports torch again. And it
+    measures at the priority a training job runs at, the driver's: Ray's default puts
+    its workers at niceness 15, below anything else on the machine."""
     before = ray_processes()
     monkeypatch.setenv("PYTHONPATH", str(TESTS))  # Ray's workers import _pid from here
     tuner.start_ray(None, "127.0.0.1", num_cpus=2, verbose=False)
     try:
+        assert ray.get(ray.remote(num_cpus=1)(_niceness).remote()) == os.nice(0)
         measure = ray.remote(num_cpus=1)(_pid)
         first = ray.get(measure.remote())
 
