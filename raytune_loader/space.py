@@ -325,15 +325,14 @@ class SearchSpace:
         not held to the space's per-rank bound), and with several ranks the rule of
         thumb on each rank's share of the CPUs."""
         ranks = self.ranks > 1
+        rule = self._heuristic_rule if ranks else min(self._heuristic_rule, self.max_workers)
         found = {
             PYTORCH_DEFAULT: LoaderConfig(
                 batch_size=self.baseline_batch_size, access=self.baseline_access
             ),  # fmt: skip
-            HEURISTIC: self._rule_of_thumb(
-                self._heuristic_rule if ranks else min(self._heuristic_rule, self.max_workers)
-            ),
+            HEURISTIC: self._rule_of_thumb(min(rule, self._stream_bound)),
         }
-        share = self._rule_of_thumb(min(self.usable_cpus // self.ranks, 8))
+        share = self._rule_of_thumb(min(self.usable_cpus // self.ranks, 8, self._stream_bound))
         if ranks and share != found[HEURISTIC]:  # a node of 8+ CPUs a rank: the same loader
             found[RANK_SHARE] = share
         return found
@@ -351,6 +350,14 @@ class SearchSpace:
         )
 
     @property
+    def _stream_bound(self) -> int:
+        """The most workers the baselines' stream keeps busy (a stream that does not
+        split yields the same samples in every worker: more would read duplicates)."""
+        if self.baseline_access == "stream" and self.stream_workers is not None:
+            return self.stream_workers
+        return self._heuristic_rule
+
+    @property
     def _heuristic_rule(self) -> int:
         """The rule of thumb's worker count: min(usable CPUs, 8)."""
         return min(self.usable_cpus, 8)
@@ -359,6 +366,11 @@ class SearchSpace:
     def heuristic_note(self) -> str | None:
         """Why the heuristic has fewer workers than the rule of thumb, if it does; with
         several ranks, that the rule of thumb applied per rank overfills the node."""
+        if self._stream_bound < self._heuristic_rule:
+            return (
+                f"num_workers is {self._stream_bound}, the most workers the stream keeps "
+                f"busy, below the rule of thumb min(usable CPUs, 8) = {self._heuristic_rule}"
+            )
         if self.ranks > 1:
             wanted = self.ranks * (1 + self._heuristic_rule)
             if wanted <= self.usable_cpus:

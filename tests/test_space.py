@@ -99,6 +99,21 @@ def test_baselines_follow_the_contract() -> None:
     assert space.heuristic_note is None and cpu.heuristic_note is None
 
 
+def test_a_stream_that_does_not_split_holds_the_rule_of_thumb_to_one_worker_too() -> None:
+    """Its heuristic would read every sample twice with two workers: as a winner (it
+    won under load beside other tests) it trains on duplicates at twice the speed."""
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
+                        accesses=("stream",), stream_workers=1)  # fmt: skip
+    assert space.baselines()[HEURISTIC] == LoaderConfig(8, 1, 2, False, True, access="stream")
+    assert space.heuristic_note == (
+        "num_workers is 1, the most workers the stream keeps busy, below the rule of thumb "
+        "min(usable CPUs, 8) = 2"
+    )
+    split = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
+                        accesses=("stream",), stream_workers=4)  # fmt: skip
+    assert split.baselines()[HEURISTIC].num_workers == 2 and split.heuristic_note is None
+
+
 @pytest.mark.parametrize("cuda", [False, True])
 def test_enqueued_baselines_are_reproduced_by_the_space(cuda: bool) -> None:
     space = SearchSpace(max_workers=4, batch_sizes=(16, 32), cuda=cuda, usable_cpus=4)
