@@ -61,7 +61,10 @@ def main() -> None:
     config = LoaderConfig(32, 2, 2, False, True)
     storage = tempfile.mkdtemp(prefix="overhead-")
     started = time.perf_counter()
-    ray.init(num_cpus=hardware.usable_cpus(), include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=hardware.usable_cpus(), include_dashboard=False,
+        log_to_driver=False,
+    )  # fmt: skip
     ray_start_s = time.perf_counter() - started
     bare, tuned, bare_wall = [], [], []
     walls: dict[int, list[float]] = {1: [], args.trials: []}

@@ -68,7 +68,7 @@ def main() -> None:
     cv = statistics.stdev(repeated) / statistics.mean(repeated)
 
     usable = hardware.usable_cpus()
-    ray.init(num_cpus=2 * usable, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2 * usable, include_dashboard=False, log_to_driver=False)
     try:
         task = measure_task.options(num_cpus=usable)
         sequential = [speed(ray.get(task.remote(job, c, 0))) for c in CONFIGS]

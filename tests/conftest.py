@@ -1,15 +1,27 @@
-"""Shared fixtures: a tiny real JPEG dataset and Ray hygiene."""
+"""Shared fixtures: a tiny real JPEG dataset and Ray hygiene; the tests side by side
+(``alone``'s hooks)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
+from alone import (  # noqa: F401 - pytest finds hooks by name in a conftest
+    TAG,
+    pytest_collection_finish,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_protocol,
+    pytest_unconfigure,
+    pytest_xdist_make_scheduler,
+)
 from raytune_loader.synthetic import ensure_synthetic_imagenet
 
 TESTS = Path(__file__).parent
@@ -24,13 +36,30 @@ def tiny_imagenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def ray_processes() -> set[int]:
-    """PIDs of Ray daemons started by this user (raylet, gcs_server, dashboard)."""
+    """PIDs of the Ray daemons (raylet, gcs_server, dashboard) this test process's tests
+    started: those carrying its tag, not a neighbouring worker's search's."""
     out = subprocess.run(
         ["pgrep", "-u", str(os.getuid()), "-f", "raylet|gcs_server|dashboard/dashboard.py"],
         capture_output=True,
         text=True,
     )
-    return {int(pid) for pid in out.stdout.split()}
+    ours = set()
+    for pid in map(int, out.stdout.split()):
+        try:
+            if psutil.Process(pid).environ().get(TAG) == os.environ[TAG]:
+                ours.add(pid)
+        except psutil.Error:
+            continue  # ended meanwhile
+    return ours
+
+
+def ray_processes_left(before: set[int], timeout: float = 20) -> set[int]:
+    """This test process's Ray daemons not in ``before``, once they had ``timeout`` s to
+    end (a daemon told to stop may take seconds on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while (left := ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None):

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ray_processes, run_cli
 
-pytestmark = pytest.mark.slow  # real searches: pytest -m slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # real searches, timed: pytest -m slow
 
 COMMON = (
     "--num-samples", "4", "--batch-size", "16", "--steps", "12", "--warmup-steps", "2",

@@ -30,7 +30,7 @@ import pytest
 
 from conftest import REPO, TESTS, ray_processes
 
-pytestmark = pytest.mark.slow  # real searches: pytest -m slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # real searches: pytest -m slow
 
 DASHBOARD = re.compile(r"^==> Ray dashboard: (http://127\.0\.0\.1:\d+) \(")
 TRIAL_ACTOR = "ImplicitFunc"  # Tune's wrapper class of a function trainable (trial_fn)

@@ -120,6 +120,7 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_dry_run_runs_every_stage_into_its_scratch_folder(tmp_path: Path) -> None:
     kept = _digest(REPO / "results" / "gpu")
     ray_before = ray_processes()

@@ -329,7 +329,7 @@ def test_a_ray_worker_reads_the_source_offline(tables: Tables) -> None:
 
     before = ray_processes()
     off = {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}
-    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": off})
+    ray.init(address="local", num_cpus=1, include_dashboard=False, runtime_env={"env_vars": off})
     try:
         task = ray.remote(offline_in_a_worker).remote(str(tables.saved))
         assert ray.get(task, timeout=120) == ("0", "1", True)
@@ -339,6 +339,7 @@ def test_a_ray_worker_reads_the_source_offline(tables: Tables) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_search_on_a_parquet_folder_end_to_end(tables: Tables, tmp_path: Path) -> None:
     """The command line on Parquet files: map-style and stream both candidates, the
     JSON's source says what the table is and the pipeline how the winner reads it."""

@@ -25,6 +25,7 @@ def _trainer() -> Trainer:
     return Trainer.for_model(model, torch.device("cpu"))
 
 
+@pytest.mark.alone
 def test_slow_data_shows_as_waiting_trivial_data_does_not() -> None:
     config = LoaderConfig(batch_size=4)
     # trivial data: a step takes under a millisecond, so its window is 25 times longer
@@ -42,6 +43,7 @@ def test_slow_data_shows_as_waiting_trivial_data_does_not() -> None:
         assert metrics.samples == spec.steps * 4
 
 
+@pytest.mark.alone
 def test_workers_hide_the_data_cost() -> None:
     dataset = TensorImages(64, delay_s=0.005)
     alone = train_segment(dataset, _trainer(), LoaderConfig(batch_size=8), SPEC)
@@ -51,6 +53,7 @@ def test_workers_hide_the_data_cost() -> None:
     assert helped.samples_per_s > 1.3 * alone.samples_per_s  # two workers sleep in parallel
 
 
+@pytest.mark.alone
 def test_util_counts_the_cpu_time_the_step_got_not_the_time_it_was_not_waiting() -> None:
     """A step slowed by a competing process is not fully computing, although nothing waits."""
     import multiprocessing
@@ -201,6 +204,7 @@ def test_a_trial_past_its_time_limit_ends_with_reason_timeout() -> None:
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.alone
 def test_with_a_ceiling_cpu_util_is_useful_work_over_the_window() -> None:
     """Util ranks like throughput: a step slowed by its loader is not counted as busy."""
     config = LoaderConfig(batch_size=4)
@@ -354,6 +358,7 @@ def test_a_uint8_transfer_holds_a_quarter_of_the_bytes_in_flight(tiny_imagenet: 
 
 
 @pytest.mark.slow  # inductor compiles C++ for the CPU: tens of seconds
+@pytest.mark.alone
 def test_a_compiled_model_compiles_in_the_warm_up_not_in_the_measured_window() -> None:
     job = replace(_job("datasets_for_tests:fast"), compile=True)
     job = replace(job, segment=SegmentSpec(warmup_steps=2, steps=6, report_every=6))

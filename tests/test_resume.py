@@ -16,7 +16,8 @@ import pytest
 
 from conftest import REPO, TESTS, ray_processes
 
-pytestmark = pytest.mark.slow  # real searches: pytest -m slow
+# real searches: pytest -m slow; alone: each stop must end the search within 10 s
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def _search(data: Path, out: Path, images: int, trials: int, verify_repeats: int) -> list[str]:

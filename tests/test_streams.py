@@ -174,6 +174,7 @@ def test_the_tuned_stream_trains_in_the_readme_s_loop(tiny_shards: Path, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_webdataset_search_end_to_end(tiny_shards: Path, tmp_path: Path) -> None:
     """The command line on tar shards: the space searches batching in the workers,
     every trial's first batch is timed, the JSON says how the stream is read."""

@@ -41,7 +41,7 @@ def train_func(config: dict) -> None:
 
 def main() -> None:
     out, images, kinds = args()
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a test's cluster
     try:
         trainer = ray.train.torch.TorchTrainer(
             train_func,
