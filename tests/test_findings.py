@@ -3,7 +3,10 @@ no finding on the datasets that have none."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -177,6 +180,7 @@ def _blas_runs(steps: int) -> dict[LoaderConfig, TrialOutcome]:
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: BLAS runs one thread anyway")
+@pytest.mark.alone
 def test_a_transform_running_multithreaded_blas_keeps_two_threads_busy_in_each_worker() -> None:
     runs = _blas_runs(steps=40)
     limit = Rules().cpus_per_worker + findings.OVERSUBSCRIBED
@@ -186,6 +190,7 @@ def test_a_transform_running_multithreaded_blas_keeps_two_threads_busy_in_each_w
 
 @pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: BLAS runs one thread anyway")
+@pytest.mark.alone
 def test_a_multithreaded_blas_transform_is_a_threads_finding_and_one_thread_wins() -> None:
     runs = _blas_runs(steps=20)
     (default, one), (limited, limited_run) = runs.items()
@@ -206,6 +211,7 @@ def _stragglers() -> tuple[TrialJob, LoaderConfig]:
     return _job("datasets_for_tests:stragglers", steps=100), PROCESSES.with_batch_size(8)
 
 
+@pytest.mark.alone
 def test_a_200_ms_sample_in_a_hundred_gives_a_step_s_wait_a_long_tail() -> None:
     job, config = _stragglers()
     winner = _candidate(config, run_trial(job, config))
@@ -215,6 +221,7 @@ def test_a_200_ms_sample_in_a_hundred_gives_a_step_s_wait_a_long_tail() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_200_ms_sample_in_a_hundred_is_a_straggler_finding() -> None:
     """The search's own probe: the winner in order beside itself out of order, rotated.
     The probes run 300 steps (about 5 s): at 100, one run in two left the in-order
@@ -240,12 +247,12 @@ NO_PATHOLOGY = [
 ]
 
 
-def _plain_run(name: str, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def _plain_run(name: str, root: Path, tmp_path: Path) -> tuple[TrialJob, Candidate]:
     """One of the datasets without a pathology read by two worker processes (fresh every
     epoch) for 60 steps, as a winner."""
     job = _job(name, steps=60, samples=64, root=str(root) if name == NO_PATHOLOGY[0] else None)
     if name.endswith("dict_samples"):  # dict batches: the user's step trains them
-        monkeypatch.setenv("RECORD_TO", str(tmp_path / "record"))
+        os.environ["RECORD_TO"] = str(tmp_path / "record")
         job = replace(job, train_step="datasets_for_tests:make_step")
     config = replace(PROCESSES.with_batch_size(8), persistent_workers=False)
     outcome = run_trial(job, config)
@@ -253,13 +260,29 @@ def _plain_run(name: str, root: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     return job, _candidate(config, outcome)
 
 
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[ProcessPoolExecutor]:
+    """A process with none of the test session's heap, as a search's trial process has:
+    forked from a test session's heap, workers copied up to 1.7 MB a sample of it in
+    some runs (a growth no trial of a search has)."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, spawn, initializer=_fork_by_default) as executor:
+        yield executor
+
+
+def _fork_by_default() -> None:
+    """A spawned process spawns its own children too; a trial's process (Ray's) forks."""
+    multiprocessing.set_start_method("fork", force=True)
+
+
 @pytest.mark.parametrize("name", NO_PATHOLOGY)
 def test_the_default_and_the_test_datasets_give_no_finding(
-    name: str, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, tiny_imagenet: Path, tmp_path: Path, fresh: ProcessPoolExecutor
 ) -> None:
     """Nothing copied or kept, no busy threads beyond the workers' own, no slow epoch
-    start (a tail, if any, needs the slow tier's probe to be judged)."""
-    _, winner = _plain_run(name, tiny_imagenet, tmp_path, monkeypatch)
+    start (a tail, if any, needs the slow tier's probe to be judged); measured in a
+    fresh process."""
+    _, winner = fresh.submit(_plain_run, name, tiny_imagenet, tmp_path).result()
     tuned = replace(winner, name=findings.TUNED)
     assert findings.findings(winner, [tuned], [], Rules()) == []
     metrics = winner.outcomes[0].metrics
@@ -287,12 +310,14 @@ def test_a_worker_s_garbage_collection_copies_none_of_the_main_process_s_heap() 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NO_PATHOLOGY)
+@pytest.mark.alone
 def test_the_default_and_the_test_datasets_give_no_finding_after_the_probes(
     name: str, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The search's own probes, in order beside out of order where a step's wait had a
     long tail: none of these datasets has stragglers, whatever the noise of a run."""
-    job, winner = _plain_run(name, tiny_imagenet, tmp_path, monkeypatch)
+    monkeypatch.delenv("RECORD_TO", raising=False)  # _plain_run sets it
+    job, winner = _plain_run(name, tiny_imagenet, tmp_path)
     verified = Verified([winner], {})
     probed = findings.probe(verified, job, "samples_per_s", [], LocalMeasurer(), LogProgress(),
                             Rules())  # fmt: skip
@@ -300,6 +325,7 @@ def test_the_default_and_the_test_datasets_give_no_finding_after_the_probes(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_memory_projection_lands_within_2x_of_a_run_ten_times_longer() -> None:
     """One worker's copies from a short run's window end to the reads of a run ten times
     longer, projected by the short run's fit, against what the long run measured (its
