@@ -6,9 +6,12 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from raytune_loader.job import TrialJob, job_from_options, prepare_data, subset_
 from raytune_loader.measure import worker_side_rate
 from raytune_loader.models import default_model
 from raytune_loader.results import write_json
+from raytune_loader.selection import rotated
 
 # a tiny search's flags, for the experiments that time whole searches
 TINY_SEARCH = [
@@ -103,3 +107,21 @@ def timed_search(setup: str, args: list[str]) -> list[tuple[float, str]]:
     if process.wait() != 0:
         raise SystemExit("\n".join(line for _, line in lines[-20:]))
     return lines
+
+
+def search_rounds(
+    variants: list[str], rounds: int, measure: Callable[[str, list[str]], dict[str, float]]
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, dict[str, float]]]:
+    """``rounds`` rotated rounds of ``measure(variant, flags)`` for each variant, the tiny
+    search's flags on a scratch folder: every run's figures, and their medians."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = [*TINY_SEARCH, "--data-root", str(Path(tmp) / "data"),
+                 "--out", str(Path(tmp) / "out")]  # fmt: skip
+        for repeat, name in rotated(variants, rounds):
+            found = measure(name, flags)
+            runs[name].append(found)
+            print(f"round {repeat + 1}: {name:<20} {found}", flush=True)
+    medians = {name: {key: statistics.median(r[key] for r in found) for key in found[0]}
+               for name, found in runs.items()}  # fmt: skip
+    return runs, medians

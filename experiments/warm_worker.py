@@ -16,14 +16,10 @@ results/benchmarks/warm_worker.json.
 from __future__ import annotations
 
 import argparse
-import statistics
-import tempfile
-from pathlib import Path
 
 from _common import TINY_SEARCH as FLAGS
-from _common import save, timed_search
+from _common import save, search_rounds, timed_search
 from raytune_loader import tuner
-from raytune_loader.selection import rotated
 
 KEEP = {"ray's default (1 s)": 1000, "kept (ours)": tuner.IDLE_WORKER_KEEP_MS}
 
@@ -50,15 +46,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in KEEP}
-    with tempfile.TemporaryDirectory() as tmp:
-        common = [*FLAGS, "--data-root", str(Path(tmp) / "data"), "--out", str(Path(tmp) / "out")]
-        for repeat, name in rotated(list(KEEP), args.rounds):
-            found = phases(timed_lines(KEEP[name], common))
-            runs[name].append(found)
-            print(f"round {repeat + 1}: {name:<20} {found}", flush=True)
-    medians = {name: {key: statistics.median(r[key] for r in found) for key in found[0]}
-               for name, found in runs.items()}  # fmt: skip
+    runs, medians = search_rounds(
+        list(KEEP), args.rounds, lambda name, flags: phases(timed_lines(KEEP[name], flags))
+    )
     default, kept = (medians[name]["ray_start_to_end_s"] for name in KEEP)
     save("warm_worker", {
         "median": medians,

@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from _common import TINY_SEARCH as FLAGS
-from _common import save, timed_search
+from _common import save, search_rounds, timed_search
 from raytune_loader import tuner
-from raytune_loader.selection import rotated
 
 NICENESS = {"ray's default (15)": 15, "the driver's (ours)": tuner.WORKER_NICENESS}
 BUSY = "while True: pass"
@@ -57,15 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in NICENESS}
-    with tempfile.TemporaryDirectory() as tmp:
-        common = [*FLAGS, "--data-root", str(Path(tmp) / "data"), "--out", str(Path(tmp) / "out")]
-        for repeat, name in rotated(list(NICENESS), args.rounds):
-            found = measured(NICENESS[name], common)
-            runs[name].append(found)
-            print(f"round {repeat + 1}: {name:<20} {found}", flush=True)
-    medians = {name: {key: statistics.median(r[key] for r in found) for key in found[0]}
-               for name, found in runs.items()}  # fmt: skip
+    runs, medians = search_rounds(
+        list(NICENESS), args.rounds, lambda name, flags: measured(NICENESS[name], flags)
+    )
     default, ours = (medians[name] for name in NICENESS)
     save("worker_priority", {
         "median": medians,

@@ -44,8 +44,9 @@ REUSE_WAIT_S = 180  # see start_ray
 # instance keeps idle workers for a day; on a joined cluster its own settings rule.
 IDLE_WORKER_KEEP_MS = 24 * 3600 * 1000
 # Ray starts its workers at niceness 15, below its own daemons and anything else on the
-# machine at the default priority, which a training job runs at: two busy processes at
-# niceness 10 took a tiny search from 82 to 241 s and its trials' samples/s to a third.
+# machine at the default priority, which a training job runs at: beside two busy
+# processes at niceness 10 a tiny search took 208 s against 91 s, and its first trial
+# trained 24 against 78 samples/s (results/benchmarks/worker_priority.json).
 # Our own instance's workers keep the driver's priority; a joined cluster keeps its own.
 WORKER_NICENESS = 0
 
