@@ -3,6 +3,8 @@ loader goes through ``ray.train.torch.prepare_data_loader``."""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import ray
 import ray.train
 import ray.train.torch
 import torch
+from ray.util.state import get_actor
 
 from common import EPOCHS, Record, Recorded, args, model
 from raytune_loader import load_best_config
@@ -39,10 +42,39 @@ def train_func(config: dict) -> None:
         record.dump(out)
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@ray.remote(num_cpus=0)
+class _Probe:
+    """A worker of this instance, as Ray Train's placement-group cleaner is."""
+
+    def own_state(self) -> str | None:
+        found = get_actor(ray.get_runtime_context().get_actor_id(), timeout=30)
+        return None if found is None else found.state
+
+
 def main() -> None:
     out, images, kinds = args()
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a test's cluster
+    # Ray Train's placement-group cleaner asks the state API whether the controller
+    # lives, and finds that API from /tmp/ray/ray_current_cluster (the cluster test's
+    # head) and that head's dashboard URL (127.0.0.1:8265 even with no dashboard): on a
+    # machine where another test's search serves 8265 it heard "no such actor" and
+    # removed this run's placement group, killing both ranks. This instance serves its
+    # own dashboard, and its workers (started after this line) ask that one.
+    port = _free_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    ray.init(address="local", num_cpus=2, include_dashboard=True,
+             dashboard_port=port)  # never a test's cluster  # fmt: skip
     try:
+        probe = _Probe.remote()
+        seen = ray.get(probe.own_state.remote())
+        if seen != "ALIVE":  # Ray Train's cleaner would take its controller for dead
+            raise SystemExit(f"a worker's state API sees its own live actor as {seen}")
+        ray.kill(probe)
         trainer = ray.train.torch.TorchTrainer(
             train_func,
             train_loop_config={"out": str(out), "images": str(images), "kinds": kinds,
