@@ -43,10 +43,15 @@ def _counters() -> dict[str, int]:
     return dict(zip(FIELDS, map(int, values), strict=True))
 
 
-def _busy(before: dict[str, int], after: dict[str, int]) -> float:
+def _shares(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Each counter's share of the CPU time between two readings."""
     delta = {name: after[name] - before[name] for name in FIELDS}
-    total = sum(delta.values())
-    return 1 - (delta["idle"] + delta["iowait"]) / total if total else 0.0
+    total = sum(delta.values()) or 1
+    return {name: value / total for name, value in delta.items()}
+
+
+def _busy(shares: dict[str, float]) -> float:
+    return 1 - shares["idle"] - shares["iowait"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def run_tier(command: list[str], log: Path) -> TierRun:
         last = _counters()
         while not stop.wait(1.0):
             now = _counters()
-            samples.append(_busy(last, now))
+            samples.append(_busy(_shares(last, now)))
             last = now
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -81,19 +86,16 @@ def run_tier(command: list[str], log: Path) -> TierRun:
     log.write_text(done.stdout + done.stderr)
     stop.set()
     sampler.join()
-    delta = {name: after[name] - before[name] for name in FIELDS}
-    total = sum(delta.values())
+    shares = _shares(before, after)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
-    busy = _busy(before, after)
+    busy = _busy(shares)
     return TierRun(
         command=" ".join(command),
         summary=lines[-1] if lines else done.stderr[-300:],
         returncode=done.returncode,
         wall_s=round(wall, 1),
         busy_share=round(busy, 3),
-        shares={
-            name: round(delta[name] / total, 3) for name in ("user", "nice", "system", "steal")
-        },
+        shares={name: round(shares[name], 3) for name in ("user", "nice", "system", "steal")},
         busy_core_s=round(busy * wall * os.cpu_count(), 0),
         saturated_share=round(sum(s > SATURATED for s in samples) / max(len(samples), 1), 3),
     )
