@@ -28,11 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from shared_gpu import candidates, pairings
-
 from raytune_loader.job import SegmentSpec
 from raytune_loader.measure import CEILING_WINDOWS
 from raytune_loader.options import GPU_BATCH_SIZE, SearchOptions
+from shared_gpu import candidates, pairings
 
 RATES = Path(__file__).resolve().parent.parent / "results" / "gpu" / "rates.json"
 BUDGET_S = 480  # the stage limits of one run on the device: 8 minutes
