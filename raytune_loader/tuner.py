@@ -49,6 +49,13 @@ IDLE_WORKER_KEEP_MS = 24 * 3600 * 1000
 # trained 24 against 78 samples/s (results/benchmarks/worker_priority.json).
 # Our own instance's workers keep the driver's priority; a joined cluster keeps its own.
 WORKER_NICENESS = 0
+# Ray starts a Python worker per CPU for the first driver, and ray.init waits for them.
+# They carry no runtime_env; every task and trial of a search carries one (the driver's
+# env_vars below, Tune's own for its trials), so none of them ever runs anything: 2 idle
+# processes on 2 cores, 64 on a 64-core node. Our own instance starts workers when a
+# task or trial asks (results/benchmarks/worker_prestart.json); a joined cluster keeps
+# its own settings.
+PRESTART_WORKERS = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,7 @@ def start_ray(
             _system_config={
                 "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
                 "worker_niceness": WORKER_NICENESS,
+                "prestart_worker_first_driver": PRESTART_WORKERS,
             },
             **kwargs,
         )  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 import ray
 from ray.tune.schedulers import TrialScheduler
@@ -250,6 +251,23 @@ def _niceness() -> int:
     return os.nice(0)
 
 
+def _ray_workers() -> set[int]:
+    """The worker processes of this test process's Ray: its raylet's children, its
+    agents aside."""
+    workers = set()
+    for raylet in ray_processes():
+        try:
+            if "raylet/raylet" not in " ".join(psutil.Process(raylet).cmdline()):
+                continue
+            for child in psutil.Process(raylet).children():
+                line = " ".join(child.cmdline())
+                if "default_worker.py" in line or line.startswith("ray::IDLE"):
+                    workers.add(child.pid)
+        except psutil.Error:
+            continue  # ended meanwhile
+    return workers
+
+
 @pytest.mark.slow
 def test_our_ray_keeps_the_measuring_worker_while_trials_hold_every_cpu(
     monkeypatch: pytest.MonkeyPatch,
@@ -258,11 +276,14 @@ def test_our_ray_keeps_the_measuring_worker_while_trials_hold_every_cpu(
     reuses: Ray's default ends a worker idle for 1 s while trials hold the node's CPUs,
     and the next measurement then starts a process and imports torch again. And it
     measures at the priority a training job runs at, the driver's: Ray's default puts
-    its workers at niceness 15, below anything else on the machine."""
+    its workers at niceness 15, below anything else on the machine. No worker starts
+    before a task asks: Ray's default starts one per CPU, which no task of a search
+    could run on (they carry no runtime_env)."""
     before = ray_processes()
     monkeypatch.setenv("PYTHONPATH", str(TESTS))  # Ray's workers import _pid from here
     tuner.start_ray(None, "127.0.0.1", num_cpus=2, verbose=False)
     try:
+        assert _ray_workers() == set()  # ray.init waits for those it prestarts
         assert ray.get(ray.remote(num_cpus=1)(_niceness).remote()) == os.nice(0)
         measure = ray.remote(num_cpus=1)(_pid)
         first = ray.get(measure.remote())
