@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
@@ -255,6 +256,18 @@ def step_oom_above_8(device: torch.device) -> object:
         optimizer.step()
 
     return step
+
+
+def counted(data_root: str) -> Dataset:
+    """A factory that logs each call (its process id) to ``data_root``/calls."""
+    with open(Path(data_root) / "calls", "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    return TensorImages(length=64)
+
+
+def counted_with_transfer(data_root: str, transfer: str = "float32") -> Dataset:
+    """``counted``, opting into pipeline search."""
+    return counted(data_root)
 
 
 def images_with_transfer(transfer: str = "float32") -> Dataset:

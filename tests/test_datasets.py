@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.datasets import DatasetSpec, build_dataset, num_classes
+from raytune_loader.datasets import DatasetSpec, build_dataset, dataset_for_trial, num_classes
 from raytune_loader.errors import DatasetError
 
 
@@ -43,3 +43,29 @@ def test_factory_datasets(tmp_path: Path) -> None:
         build_dataset(DatasetSpec("datasets_for_tests:not_a_dataset"))
     with pytest.raises(DatasetError, match="cannot import"):
         build_dataset(DatasetSpec("no_such_module:make"))
+
+
+def _calls(folder: Path) -> int:
+    return len((folder / "calls").read_text().splitlines())
+
+
+def test_a_factory_is_called_once_to_see_whether_it_streams_and_to_build(tmp_path: Path) -> None:
+    """The dataset called to see whether it streams is the next build's, unread: each
+    trial's process calls the user's factory once, not twice (an ImageFolder over
+    ImageNet lists 1.28M files a call). Every build after gets a fresh one."""
+    spec = DatasetSpec("datasets_for_tests:counted", str(tmp_path))
+    assert spec.source.accesses(spec) == ("map",)  # called, to see
+    first = dataset_for_trial(spec)
+    assert _calls(tmp_path) == 1
+    assert dataset_for_trial(spec) is not first and _calls(tmp_path) == 2  # not kept
+
+
+def test_a_build_with_other_arguments_calls_the_factory_and_drops_the_unread_one(
+    tmp_path: Path,
+) -> None:
+    spec = DatasetSpec("datasets_for_tests:counted_with_transfer", str(tmp_path))
+    assert spec.source.accesses(spec) == ("map",)  # called with transfer="float32"
+    dataset_for_trial(spec, transfer="uint8")
+    assert _calls(tmp_path) == 2
+    dataset_for_trial(spec)  # float32 again: the unread one went with the uint8 build
+    assert _calls(tmp_path) == 3
