@@ -47,8 +47,8 @@ DAEMONS = ("gcs_server", "raylet/raylet", "dashboard/dashboard.py", "dashboard/a
 # (phase, the progress line that ends it), in the order a search prints them
 PHASES = (
     ("start and imports", "==> Synthetic ImageNet"),
-    ("data: subset, pre-warm", "==> Pre-warming"),
-    ("ray start", "Ray dashboard"),
+    ("data: the subset", "==> Pre-warming"),
+    ("pre-warm, ray start", "Ray dashboard"),
     ("ceiling (first Ray task)", "==> Profiling"),
     ("profile", "==> Searching"),
     ("trials", "verifying"),
@@ -78,14 +78,27 @@ def _holds(seen: Seen, parts: tuple[str, ...]) -> bool:
     return any(part in name for name in seen.names for part in parts)
 
 
-def _kind(pid: int, seen: Seen, driver: int, ray_workers: set[int]) -> str:
+def _descendants(seen: dict[int, Seen], roots: set[int]) -> set[int]:
+    found: set[int] = set()
+    while more := {pid for pid, e in seen.items() if e.ppid in roots | found} - found:
+        found |= more
+    return found
+
+
+def _kind(pid: int, seen: Seen, driver: int, workers: set[int], below: set[int]) -> str:
     if pid == driver:
         return "driver"
-    if seen.ppid in ray_workers:
-        return "children of ray workers (loader workers)"
-    if pid in ray_workers:
+    if pid in workers:
         return "ray workers (tasks, trial actors)"
+    if pid in below:
+        return "below ray workers (loader workers, ranks)"
     return "ray daemons" if _holds(seen, DAEMONS) else "other"
+
+
+def _titles(seen: Seen) -> str:
+    """A Ray process's titles (ray::IDLE, ray::profile_task...), else its command line."""
+    titles = sorted({name.strip() for name in seen.names if name.startswith("ray::")})
+    return " ".join(titles) if titles else max(seen.names, key=len)[:90]
 
 
 def run_once(flags: list[str], setup: str = "pass") -> dict[str, Any]:
@@ -127,12 +140,13 @@ def run_once(flags: list[str], setup: str = "pass") -> dict[str, Any]:
     raylets = {pid for pid, entry in seen.items() if _holds(entry, ("raylet/raylet",))}
     workers = {pid for pid, entry in seen.items()  # what the raylet starts, its agents aside
                if entry.ppid in raylets and not _holds(entry, DAEMONS)}  # fmt: skip
+    below = _descendants(seen, workers)
     cpu: dict[str, float] = {}
     table = []
     for pid, entry in seen.items():
-        kind = _kind(pid, entry, search.pid, workers)
+        kind = _kind(pid, entry, search.pid, workers, below)
         cpu[kind] = cpu.get(kind, 0.0) + entry.cpu_s
-        table.append((kind, round(entry.cpu_s, 1), pid, entry.ppid, sorted(entry.names)[-1][:90]))
+        table.append((kind, round(entry.cpu_s, 1), pid, entry.ppid, _titles(entry)))
     return {"wall_s": wall, "phases_s": _phases(lines, wall), "cpu_s": cpu,
             "ray_worker_processes": len(workers), "processes": sorted(table)}  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""What starting no idle workers saves a search: the same tiny search with Ray's
+"""What prestarting no workers saves a search: the same tiny search with Ray's
 prestart (a Python worker per CPU for the first driver, which ray.init waits for) and
 without it (ours), in one run.
 
@@ -8,8 +8,9 @@ Ray starts the prestarted workers with no runtime_env. Every task of a search ru
 the driver's runtime_env and every trial in Tune's, so none of those workers ever runs
 anything. Each round runs the search both ways (rotated), in subprocesses, and reads
 the phases and the processes as experiments/search_phases.py does. It reports Ray's
-start, the search from Ray's start to its end, the Ray worker processes, and the CPU
-time they and the whole search used. Writes results/benchmarks/worker_prestart.json.
+start, the search from Ray's start to its end, the Ray worker processes (and those
+that never ran anything), and the CPU time they and the whole search used. Writes
+results/benchmarks/worker_prestart.json.
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ from raytune_loader import tuner
 from search_phases import run_once
 
 PRESTART = {"ray's prestart": True, "none (ours)": tuner.PRESTART_WORKERS}
-AFTER_DATA = ("ray start", "ceiling (first Ray task)", "profile", "trials", "verification",
-              "input alone, ray stop, results", "exit")  # fmt: skip
+AFTER_DATA = ("pre-warm, ray start", "ceiling (first Ray task)", "profile", "trials",
+              "verification", "input alone, ray stop, results", "exit")  # fmt: skip
 
 
 def measure(name: str, flags: list[str]) -> dict[str, float]:
     run = run_once(flags, f"from raytune_loader import tuner; tuner.PRESTART_WORKERS = "
                           f"{PRESTART[name]}")  # fmt: skip
     phases, cpu = run["phases_s"], run["cpu_s"]
-    idle = [p for p in run["processes"] if p[0].startswith("ray workers") and "IDLE" in p[4]]
+    idle = [p for p in run["processes"] if p[0].startswith("ray workers") and p[4] == "ray::IDLE"]
     return {
-        "ray_start_s": phases["ray start"],
-        "ray_start_to_end_s": sum(phases.get(name, 0.0) for name in AFTER_DATA),
+        "ray_start_s": phases["pre-warm, ray start"],
+        "ray_start_to_end_s": sum(phases.get(phase, 0.0) for phase in AFTER_DATA),
         "ray_worker_processes": run["ray_worker_processes"],
         "never_used_workers": len(idle),
         "ray_workers_cpu_s": cpu.get("ray workers (tasks, trial actors)", 0.0),
@@ -55,7 +56,7 @@ def main() -> None:
         "method": f"{args.rounds} rotated rounds, the CLI search in a subprocess with "
         "tuner.PRESTART_WORKERS at Ray's default (True) or ours; phases from its output "
         "lines, processes and CPU time as experiments/search_phases.py reads them (a "
-        "worker never used is one still titled ray::IDLE at its last sample)",
+        "worker never used is one never titled other than ray::IDLE)",
     })  # fmt: skip
 
 

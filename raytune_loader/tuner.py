@@ -52,9 +52,9 @@ WORKER_NICENESS = 0
 # Ray starts a Python worker per CPU for the first driver, and ray.init waits for them.
 # They carry no runtime_env; every task and trial of a search carries one (the driver's
 # env_vars below, Tune's own for its trials), so none of them ever runs anything: 2 idle
-# processes on 2 cores, 64 on a 64-core node. Our own instance starts workers when a
-# task or trial asks (results/benchmarks/worker_prestart.json); a joined cluster keeps
-# its own settings.
+# processes on 2 cores, one per CPU on any node. Our own instance prestarts none; Ray
+# starts workers as tasks and trials ask (results/benchmarks/worker_prestart.json). A
+# joined cluster keeps its own settings.
 PRESTART_WORKERS = False
 
 

@@ -251,11 +251,11 @@ def _niceness() -> int:
     return os.nice(0)
 
 
-def _ray_workers() -> set[int]:
-    """The worker processes of this test process's Ray: its raylet's children, its
-    agents aside."""
+def _idle_workers(before: set[int]) -> set[int]:
+    """The idle worker processes (``ray::IDLE``, or not yet titled) of the raylets this
+    test process started since ``before``."""
     workers = set()
-    for raylet in ray_processes():
+    for raylet in ray_processes() - before:
         try:
             if "raylet/raylet" not in " ".join(psutil.Process(raylet).cmdline()):
                 continue
@@ -283,7 +283,7 @@ def test_our_ray_keeps_the_measuring_worker_while_trials_hold_every_cpu(
     monkeypatch.setenv("PYTHONPATH", str(TESTS))  # Ray's workers import _pid from here
     tuner.start_ray(None, "127.0.0.1", num_cpus=2, verbose=False)
     try:
-        assert _ray_workers() == set()  # ray.init waits for those it prestarts
+        assert _idle_workers(before) == set()  # ray.init waits for those it prestarts
         assert ray.get(ray.remote(num_cpus=1)(_niceness).remote()) == os.nice(0)
         measure = ray.remote(num_cpus=1)(_pid)
         first = ray.get(measure.remote())

@@ -67,6 +67,7 @@ class Factory(Source):
         probed_with, probed = self._probed.pop(spec, (None, None))  # held until one build
         if probed_with == kwargs:
             return probed
+        del probed  # built with other arguments: not alive beside the new one
         try:
             dataset = self._factory(spec)(**kwargs)
         except (OSError, ValueError, TypeError) as exc:
@@ -115,7 +116,7 @@ class _Repeated(IterableDataset):  # type: ignore[type-arg]
 @functools.lru_cache(maxsize=8)
 def _streams(source: Factory, spec: DatasetSpec) -> bool:
     """Whether the factory returns a stream (found once per process, by calling it; the
-    next build takes what it returned)."""
+    next build with the same arguments takes what it returned)."""
     dataset = source._called(spec, "float32")
     source._probed[spec] = (source._kwargs(spec, "float32"), dataset)
     return isinstance(dataset, IterableDataset)
