@@ -19,11 +19,12 @@ import argparse
 
 from _common import TINY_SEARCH, save, search_rounds
 from raytune_loader import tuner
-from search_phases import run_once
+from search_phases import PHASES, run_once
 
 PRESTART = {"ray's prestart": True, "none (ours)": tuner.PRESTART_WORKERS}
-AFTER_DATA = ("pre-warm, ray start", "ceiling (first Ray task)", "profile", "trials",
-              "verification", "input alone, ray stop, results", "exit")  # fmt: skip
+RAY_START = "pre-warm, ray start"
+_NAMES = [name for name, _ in PHASES]
+AFTER_DATA = (*_NAMES[_NAMES.index(RAY_START) :], "exit")  # the phases from Ray's start on
 
 
 def measure(name: str, flags: list[str]) -> dict[str, float]:
@@ -32,7 +33,7 @@ def measure(name: str, flags: list[str]) -> dict[str, float]:
     phases, cpu = run["phases_s"], run["cpu_s"]
     idle = [p for p in run["processes"] if p[0].startswith("ray workers") and p[4] == "ray::IDLE"]
     return {
-        "ray_start_s": phases["pre-warm, ray start"],
+        "ray_start_s": phases[RAY_START],
         "ray_start_to_end_s": sum(phases.get(phase, 0.0) for phase in AFTER_DATA),
         "ray_worker_processes": run["ray_worker_processes"],
         "never_used_workers": len(idle),

@@ -117,8 +117,9 @@ class _Repeated(IterableDataset):  # type: ignore[type-arg]
 def _streams(source: Factory, spec: DatasetSpec) -> bool:
     """Whether the factory returns a stream (found once per process, by calling it; the
     next build with the same arguments takes what it returned)."""
+    kwargs = source._kwargs(spec, "float32")
     dataset = source._called(spec, "float32")
-    source._probed[spec] = (source._kwargs(spec, "float32"), dataset)
+    source._probed[spec] = (kwargs, dataset)
     return isinstance(dataset, IterableDataset)
 
 
