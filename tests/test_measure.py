@@ -236,7 +236,7 @@ def test_a_dataset_smaller_than_a_batch_is_a_reasoned_failure() -> None:
 def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -> None:
     """16 samples in batches of 4 are 4 batches an epoch; 14 steps must not restart workers.
     After the window one more batch starts the next epoch: without persistent workers,
-    with two new ones, and that start is timed."""
+    in new worker processes, and that start is timed."""
     from datasets_for_tests import ReaderPids
 
     log = tmp_path / "pids.txt"
@@ -247,7 +247,10 @@ def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -
     assert metrics.samples == 4 * 12
     assert len(readers) >= 4 * 15  # every sample of the segment was read, repeats included
     assert len(set(readers[: 4 * 14])) == 2  # the same two workers from start to end
-    assert len(set(readers[4 * 14 :]) - set(readers[: 4 * 14])) == 2  # the next epoch's
+    # the next epoch's reads come from new workers only; the batch it starts is all it
+    # waits for, so the second new worker may end before reading (a loaded machine)
+    after = set(readers[4 * 14 :])
+    assert after and not after & set(readers[: 4 * 14])
     assert metrics.epoch_start_s is not None and metrics.epoch_start_s > 0
 
 
