@@ -26,7 +26,7 @@ from typing import Any
 
 from raytune_loader import hardware, synthetic
 from raytune_loader.bestconfig import metrics_of
-from raytune_loader.console import ceiling_line, exit_status, summary_table
+from raytune_loader.console import ceiling_line, exit_status, freeze_at_exit, summary_table
 from raytune_loader.errors import (
     ConfigError,
     ModelError,
@@ -283,6 +283,7 @@ def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Cand
 
 
 def main(argv: list[str] | None = None) -> int:
+    freeze_at_exit()
     args = get_args_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

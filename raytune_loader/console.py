@@ -1,4 +1,5 @@
-"""What the command lines print: live progress, the summary table, notes.
+"""What the command lines print: live progress, the summary table, notes; and how they
+end (:func:`freeze_at_exit`).
 
 The library reports through :class:`~raytune_loader.progress.Progress` and
 returns data; only the command-line modules (:mod:`~raytune_loader.search`,
@@ -9,6 +10,8 @@ table.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +24,20 @@ from raytune_loader.report import limit_line, pipeline_line, summary_rows
 from raytune_loader.space import LoaderConfig
 
 WORDS = {"ok": "done", "stopped_early": "stopped early", "error": "error"}
+
+
+def freeze_at_exit() -> None:
+    """Spare this process's exit the garbage collector's passes over every object it
+    holds. The interpreter's shutdown collects the whole heap several times over: a
+    search's process spent about 2.8 s ending, against 0.7 s with its objects frozen
+    first (experiments/cli_exit.py). Exit handlers, buffered streams and the finalizers
+    of objects freed by reference counting still run.
+
+    Each command line's ``main`` calls it, so that the console script, ``python -m``
+    and a caller's own process all exit sooner; registered once, however often
+    ``main`` runs."""
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 class TerminalProgress:

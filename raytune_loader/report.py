@@ -640,6 +640,9 @@ def write_report(out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from raytune_loader.console import freeze_at_exit  # console imports this module
+
+    freeze_at_exit()
     parser = argparse.ArgumentParser(prog="python -m raytune_loader.report", description=__doc__)
     parser.add_argument("results", type=Path, help="a results/<dataset> folder")
     args = parser.parse_args(argv)

@@ -16,7 +16,13 @@ from typing import NoReturn
 
 from raytune_loader import __version__, sources
 from raytune_loader.api import run_search
-from raytune_loader.console import TerminalProgress, exit_status, notes, print_summary
+from raytune_loader.console import (
+    TerminalProgress,
+    exit_status,
+    freeze_at_exit,
+    notes,
+    print_summary,
+)
 from raytune_loader.errors import RaytuneLoaderError
 from raytune_loader.options import PRECISIONS, SEARCH_METHODS, SearchOptions
 
@@ -270,6 +276,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
 
 
 def main(argv: list[str] | None = None) -> int:
+    freeze_at_exit()
     parser = get_args_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -1,7 +1,9 @@
-"""The search's progress display: plain lines in a log, counters redrawn on a terminal."""
+"""The search's progress display: plain lines in a log, counters redrawn on a terminal;
+the command lines' exit."""
 
 from __future__ import annotations
 
+import gc
 import io
 import re
 from typing import Any
@@ -188,3 +190,32 @@ def test_the_summary_says_where_the_limit_is() -> None:
     bound = {**limit, "bound": "input", "input_samples_per_s": 310.0, "headroom": 0.03}
     assert limit_line(bound).startswith("input-bound: the input pipeline delivers at most 310")
     assert limit_line(None) is None
+
+
+class _ExitHandlers:
+    """atexit's register and unregister, on a list of handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: list[Any] = []
+
+    def register(self, handler: Any) -> None:
+        self.handlers.append(handler)
+
+    def unregister(self, handler: Any) -> None:
+        self.handlers = [h for h in self.handlers if h != handler]
+
+
+def test_every_command_line_freezes_its_objects_at_exit_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each main (bad input, exit status 2) leaves one exit handler, gc.freeze, however
+    often it runs: the shutdown's garbage collection then skips the heap."""
+    from raytune_loader import bench, console, report, search
+
+    handlers = _ExitHandlers()
+    monkeypatch.setattr(console, "atexit", handlers)
+    calls = [(search.main, ["--dataset", "no-such-set"]), (bench.main, ["--config", "none.json"]),
+             (report.main, ["no-such-folder"])]  # fmt: skip
+    assert [main(argv) for main, argv in calls * 2] == [2] * 6
+    assert handlers.handlers == [gc.freeze]
+    assert len(capsys.readouterr().err.strip().splitlines()) == 6  # one line each
