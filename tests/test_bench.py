@@ -19,7 +19,7 @@ from raytune_loader.bench import main, plan_from_config
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.job import SegmentSpec
 
-TINY_SEGMENT = {"warmup_steps": 1, "steps": 2, "report_every": 2, "compute_threads": 1}
+TINY_SEGMENT = {"warmup_steps": 1, "steps": 4, "report_every": 2, "compute_threads": 1}
 NAMES = ("tuned", "pytorch-default", "heuristic")
 
 
