@@ -3,12 +3,14 @@ no Ray process left, and --resume goes on from each stop and completes the searc
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +111,21 @@ class Chain:
     ray_before: set[int]
 
 
+@contextlib.contextmanager
+def _ctrl_c_reaches_the_searches() -> Iterator[None]:
+    """Run from a background shell (``pytest ... &``), this process ignores Ctrl-C and
+    its searches would inherit that and finish instead of stopping. A user's terminal
+    gives them the default: so does this, while it lasts."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # SIG_DFL after exec
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     """One search Ctrl-C'd in each phase in turn, each time continued with --resume,
@@ -116,29 +133,30 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     from, in one search's worth of starts. The data is generated afresh and is large
     enough for its preparation to be caught."""
     tmp = tmp_path_factory.mktemp("resume")
-    before = ray_processes()
-    out = tmp / "results"
-    folder = out / "synthetic-imagenet"
-    args = _search(tmp / "fresh", out, images=600, trials=2, verify_repeats=1)
-    stops = {}
-    for n, (phase, text) in enumerate(PHASES.items()):
-        search = _Search([*args, "--resume"] if n else args, tmp)
-        try:
-            search.wait_for(text)
-        finally:  # also when the phase never came: the search stops as a user would stop it
-            seconds, stderr = search.interrupt()
-        statuses = None
-        if (folder / "trials.partial.csv").exists():
-            with open(folder / "trials.partial.csv") as handle:
-                statuses = [row["status"] for row in csv.DictReader(handle)]
-        stops[phase] = Stop(
-            seconds, search.process.returncode, stderr, (folder / "best_config.json").exists(),
-            ray_processes() - before, _done(out), statuses,
+    with _ctrl_c_reaches_the_searches():
+        before = ray_processes()
+        out = tmp / "results"
+        folder = out / "synthetic-imagenet"
+        args = _search(tmp / "fresh", out, images=600, trials=2, verify_repeats=1)
+        stops = {}
+        for n, (phase, text) in enumerate(PHASES.items()):
+            search = _Search([*args, "--resume"] if n else args, tmp)
+            try:
+                search.wait_for(text)
+            finally:  # also when the phase never came: the search stops as a user would stop it
+                seconds, stderr = search.interrupt()
+            statuses = None
+            if (folder / "trials.partial.csv").exists():
+                with open(folder / "trials.partial.csv") as handle:
+                    statuses = [row["status"] for row in csv.DictReader(handle)]
+            stops[phase] = Stop(
+                seconds, search.process.returncode, stderr, (folder / "best_config.json").exists(),
+                ray_processes() - before, _done(out), statuses,
+            )  # fmt: skip
+        resumed = subprocess.run(
+            [*args, "--resume"], cwd=tmp, capture_output=True, text=True, timeout=400,
+            env={**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"},
         )  # fmt: skip
-    resumed = subprocess.run(
-        [*args, "--resume"], cwd=tmp, capture_output=True, text=True, timeout=400,
-        env={**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"},
-    )  # fmt: skip
     return Chain(stops, resumed, folder, out, before)
 
 
