@@ -8,8 +8,8 @@ Runs the CLI search on the tests' tiny flags (one trial) in a subprocess, both w
 each round, the order rotated. The subprocess notes the time when ``main`` returns
 (after the results are written and Ray is stopped); the time from there to the
 process's end is the exit. For "not frozen" the exit handler is unregistered before
-the process ends, so that everything else is the same. Every command line, trainer
-script or test that runs the search pays this once.
+the process ends, so that everything else is the same. Every search from the command
+line ends this way, and so does every test's.
 
 Writes results/benchmarks/cli_exit.json. Run it on an otherwise idle machine.
 """
