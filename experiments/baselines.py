@@ -21,6 +21,7 @@ from pathlib import Path
 
 from _common import add_images_flag, default_job, save
 from raytune_loader import SearchOptions, load_best_config, run_search
+from raytune_loader.console import freeze_at_exit
 from raytune_loader.measure import run_trial
 from raytune_loader.selection import rotated
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
@@ -48,6 +49,7 @@ def tuned_config(config_path: str | None) -> tuple[LoaderConfig, dict[str, Loade
 
 
 def main() -> None:
+    freeze_at_exit()  # a stage of gpu_check.sh: it exits as quickly as the command lines
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", help="an existing best_config.json (default: search now)")
     parser.add_argument("--repeats", type=int, default=5)

@@ -23,6 +23,7 @@ from torch.utils.data import default_collate
 
 from _common import add_images_flag, default_job, save
 from raytune_loader import datasets, decoders
+from raytune_loader.console import freeze_at_exit
 from raytune_loader.pipeline import collate_encoded, to_device
 from raytune_loader.transforms import IMAGENET_STD
 
@@ -30,6 +31,7 @@ VARIANTS = [("tensor", "float32"), ("tensor", "uint8"), ("device", "uint8")]
 
 
 def main() -> None:
+    freeze_at_exit()  # a stage of gpu_check.sh: it exits as quickly as the command lines
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=32)
     add_images_flag(parser)

@@ -20,10 +20,12 @@ from pathlib import Path
 
 from _common import RESULTS, add_images_flag, decode_rate, default_job, save
 from raytune_loader import hardware, load_best_config
+from raytune_loader.console import freeze_at_exit
 from raytune_loader.measure import measure_ceiling, run_trial
 
 
 def main() -> None:
+    freeze_at_exit()  # a stage of gpu_check.sh: it exits as quickly as the command lines
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="results/synthetic-imagenet/best_config.json")
     parser.add_argument("--steps", type=int, default=60, help="measured steps per run")

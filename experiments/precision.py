@@ -17,11 +17,13 @@ import statistics
 from dataclasses import replace
 
 from _common import add_images_flag, default_job, save
+from raytune_loader.console import freeze_at_exit
 from raytune_loader.measure import measure_ceiling
 from raytune_loader.selection import rotated
 
 
 def main() -> None:
+    freeze_at_exit()  # a stage of gpu_check.sh: it exits as quickly as the command lines
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch-size", type=int, help="default: 256 on CUDA, 32 on a CPU")
     parser.add_argument("--rounds", type=int, default=3)

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from _common import add_images_flag, default_job, save
 from raytune_loader import hardware
+from raytune_loader.console import freeze_at_exit
 from raytune_loader.job import TrialJob
 from raytune_loader.loader import use_platform_start_method
 from raytune_loader.measure import TrialOutcome, run_trial
@@ -78,6 +79,7 @@ def _speed(outcome: TrialOutcome) -> float:
 
 
 def main() -> None:
+    freeze_at_exit()  # a stage of gpu_check.sh: it exits as quickly as the command lines
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--configs", type=int, default=6)
