@@ -54,7 +54,13 @@ def _run(policy: str | None, processes: int, steps: int) -> float:
         )  # fmt: skip
         for _ in range(processes)
     ]
-    return max(float(p.communicate()[0].split()[-1]) for p in started)
+    seconds = []
+    for process in started:
+        out, _ = process.communicate()
+        if process.returncode != 0:
+            raise SystemExit(f"a training loop failed (exit {process.returncode}); see above")
+        seconds.append(float(out.split()[-1]))
+    return max(seconds)
 
 
 def main() -> None:
@@ -62,9 +68,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=150)
     args = parser.parse_args()
-    cases = [(policy, n) for policy in POLICIES for n in (1, 2)]
-    runs: dict[str, list[float]] = {f"{p}, {'alone' if n == 1 else 'two'}": [] for p, n in cases}
-    names = {f"{p}, {'alone' if n == 1 else 'two'}": (p, n) for p, n in cases}
+    names = {f"{p}, {case}": (p, n) for p in POLICIES for case, n in (("alone", 1), ("two", 2))}
+    runs: dict[str, list[float]] = {name: [] for name in names}
     for round_, name in rotated(list(names), args.rounds):
         policy, n = names[name]
         runs[name].append(seconds := _run(POLICIES[policy], n, args.steps))

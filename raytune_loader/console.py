@@ -34,8 +34,8 @@ def freeze_at_exit() -> None:
     of objects freed by reference counting still run.
 
     Each command line's ``main`` calls it, so that the console script, ``python -m``
-    and a caller's own process all exit sooner; registered once, however often
-    ``main`` runs."""
+    and a caller's own process all exit sooner, and so does each experiment the GPU
+    check runs; registered once, however often ``main`` runs."""
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
 

@@ -17,7 +17,9 @@ other test on its own. The tests marked ``long`` start first among the rest. (xd
 own ``--dist loadgroup`` does not group on pytest 9.2, which no longer reads the
 node id it rewrites: github.com/pytest-dev/pytest-xdist/issues/1386.)
 A worker's Ray daemons carry its :data:`TAG` in their environment, so that a test
-asking which Ray processes are left sees its own worker's, not a neighbour's.
+asking which Ray processes are left sees its own worker's, not a neighbour's. Side by
+side, the workers' torch threads sleep when idle rather than spin
+(``OMP_WAIT_POLICY=PASSIVE``): they would take the cores their neighbours need.
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[RUN] = uuid.uuid4().hex
         if getattr(config.option, "numprocesses", None):
             _ensure_ray_token()
+            # Every worker, and every process a test starts, inherits this; OpenMP reads
+            # it when torch loads. Its threads then sleep once their share of an op is
+            # done instead of spinning: side by side on 2 cores, the slower of two
+            # small-CNN loops took 9.0 s with the default against 3.1 s, though one
+            # alone took 3.1 s against 2.2 s (results/benchmarks/omp_wait.json). The
+            # workers import torch only once they collect. One process (-n 0) keeps
+            # OpenMP's default; a search's trials train on one thread either way.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

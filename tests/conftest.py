@@ -13,17 +13,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-# Every process the tests start inherits this, read by OpenMP when torch loads: its
-# threads then sleep once their share of an op is done rather than spin for a while.
-# The tests put more torch processes than cores side by side (three xdist workers on
-# 2 cores, two trainer ranks on 2): two small-CNN loops side by side took 9.0 s each
-# with the default against 3.1 s, one alone 2.2 s against 3.1 s
-# (results/benchmarks/omp_wait.json). The searches train on one thread (the
-# segment's compute_threads), which no wait policy changes.
-if "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ:
-    raise RuntimeError("a plugin imported torch before conftest.py: set OMP_WAIT_POLICY=PASSIVE")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from alone import (  # noqa: F401 - pytest finds hooks by name in a conftest
     TAG,
     pytest_collection_finish,
