@@ -38,6 +38,7 @@ from torch.utils.data import (
     Dataset,
     IterableDataset,
     default_collate,
+    default_convert,
 )
 from torch.utils.data.distributed import DistributedSampler
 
@@ -56,6 +57,7 @@ def build_dataloader(
     timeout_s: float = 0.0,
     seed: int | None = None,
     samples_per_epoch: int | None = None,
+    stamp: bool = False,
     **overrides: Any,
 ) -> TunedDataLoader | ThreadLoader | DataLoader[Any] | ThreadStreamLoader:
     """The tuned loader over ``dataset``; ``overrides`` (DataLoader arguments) win over
@@ -64,6 +66,8 @@ def build_dataloader(
     Without a ``sampler`` override the loader shards itself in a process group: each rank
     reads its own share of every epoch (:mod:`raytune_loader.sharding`), whoever iterates
     it. ``samples_per_epoch`` (per rank) makes an epoch longer or shorter than the data.
+    ``stamp`` (measurements only) yields every batch as a :class:`Stamped`: which worker
+    made it and when it was done.
     """
     kwargs: dict[str, Any] = config.kwargs()
     if config.num_workers == 0:
@@ -78,8 +82,14 @@ def build_dataloader(
     if config.worker_threads is not None:  # worker processes only (LoaderConfig checks)
         then = kwargs.get("worker_init_fn")  # the user's own runs after ours
         kwargs["worker_init_fn"] = WorkerThreads(config.worker_threads, then)
+    if stamp:
+        dataset = timed(dataset)
     if isinstance(dataset, IterableDataset):
-        return _stream_loader(dataset, config, kwargs, set(overrides), drop_last, timeout_s)
+        return _stream_loader(
+            dataset, config, kwargs, set(overrides), drop_last, timeout_s, stamp
+        )  # fmt: skip
+    if stamp:
+        kwargs["collate_fn"] = Stamping(kwargs.get("collate_fn") or default_collate)
     _refuse_unsupported(config, kwargs.get("sampler"))
     if "batch_sampler" in kwargs:
         raise ConfigError(
@@ -105,6 +115,85 @@ def build_dataloader(
             kwargs["prefetch_factor"] or 2, kwargs["in_order"], kwargs["pin_memory"],
         )  # fmt: skip
     return TunedDataLoader(dataset, drop_last=drop_last, timeout=timeout_s, **kwargs)
+
+
+@dataclass(frozen=True)
+class Stamped:
+    """A batch as a measurement reads it, with when its worker started and finished
+    making it (``time.monotonic``, one clock for every process of a host): the worker's
+    own time for it, whatever stock the loader holds and however long the worker
+    waited for a task before. :mod:`raytune_loader.steady` turns them into the rate
+    the workers produce at."""
+
+    batch: Any
+    started: float
+    made: float
+
+    def pin_memory(self) -> Stamped:  # DataLoader's pin thread and torchdata's call it
+        return Stamped(_pinned(self.batch), self.started, self.made)
+
+
+_making = threading.local()  # this worker's batch in the making: when its first read began
+
+
+def _reading() -> None:
+    """A sample is about to be read: the worker's batch starts now, unless it has."""
+    if getattr(_making, "started", None) is None:
+        _making.started = time.monotonic()
+
+
+class Stamping:
+    """A collate function that stamps what ``collate`` makes (picklable, so spawn and
+    forkserver workers get it); the datasets :func:`timed` wraps say when reading began."""
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, items: Any) -> Stamped:
+        batch = self.collate(items)
+        made = time.monotonic()
+        started = getattr(_making, "started", None)
+        _making.started = None
+        return Stamped(batch, made if started is None else started, made)
+
+
+class _TimedMap(Dataset):  # type: ignore[type-arg]
+    def __init__(self, dataset: Dataset[Any]) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        _reading()
+        return self.dataset[index]
+
+
+class _TimedStream(IterableDataset):  # type: ignore[type-arg]
+    def __init__(self, dataset: IterableDataset[Any]) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[Any]:
+        items = iter(self.dataset)
+        while True:
+            _reading()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            yield item
+
+    def __getattr__(self, name: str) -> Any:  # the stream's own attributes, as before
+        if name == "dataset":
+            raise AttributeError(name)  # while unpickling, before it is set
+        return getattr(self.dataset, name)
+
+
+def timed(dataset: Dataset[Any]) -> Dataset[Any]:
+    """``dataset`` saying when each batch's first read begins, for :class:`Stamping`."""
+    if isinstance(dataset, IterableDataset):
+        return _TimedStream(dataset)
+    return _TimedMap(dataset)
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -160,6 +249,7 @@ def _stream_loader(
     overridden: set[str],
     drop_last: bool,
     timeout_s: float,
+    stamp: bool = False,
 ) -> DataLoader[Any] | ThreadStreamLoader:
     """The tuned loader over a stream: no sampler (the stream splits itself by rank and
     worker); batches made by the loader, or already by the stream's pipeline in each
@@ -171,6 +261,8 @@ def _stream_loader(
         )
     batch_size = None if config.batching == "workers" else kwargs["batch_size"]
     collate = kwargs.get("collate_fn") if batch_size is not None else None
+    if stamp:  # each made batch stamped; a ready one converted as DataLoader would
+        collate = Stamping(collate or (default_collate if batch_size else default_convert))
     if config.workers == "thread":
         return ThreadStreamLoader(
             dataset, batch_size, collate or default_collate, config.num_workers,
@@ -345,6 +437,8 @@ class ThreadStreamLoader:
                         if len(pending) < self.batch_size:
                             continue
                         sample, pending = self.collate_fn(pending), []
+                    elif isinstance(self.collate_fn, Stamping):  # a ready batch, measured
+                        sample = self.collate_fn(sample)
                     _put(out, _pinned(sample) if self.pin_memory else sample, stop)
                 if pending and not self.drop_last:
                     last = self.collate_fn(pending)

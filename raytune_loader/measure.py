@@ -27,7 +27,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
-from raytune_loader import datasets, hardware, nvml, streams, watch
+from raytune_loader import datasets, hardware, nvml, steady, streams, watch
 from raytune_loader.backoff import run_with_backoff
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
@@ -37,7 +37,7 @@ from raytune_loader.errors import (
     last_line,
 )
 from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
-from raytune_loader.loader import build_dataloader
+from raytune_loader.loader import Stamped, build_dataloader
 from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
 from raytune_loader.models import build_model
 from raytune_loader.sharding import process_group
@@ -58,6 +58,8 @@ class SegmentMetrics:
     device_util: float | None
     samples: int
     wall_s: float
+    steady: bool | None = None  # the window's halves agreed (steady.STEADY_TOLERANCE)
+    steady_ratio: float | None = None  # the first half's rate over the second's
     first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
     epoch_start_s: float | None = None  # from an epoch's end to the next one's first batch
     data_wait_p50_s: float | None = None  # a measured step's wait for its batch: median
@@ -260,7 +262,7 @@ def segment_batches(
     freeze = gc.get_freeze_count() == 0
     loader = build_dataloader(
         dataset, config, timeout_s=spec.loader_timeout, seed=seed,
-        samples_per_epoch=segment_samples(config.batch_size, spec),
+        samples_per_epoch=segment_samples(config, spec), stamp=True,
     )  # fmt: skip
     batches = _Epochs(loader)
     if freeze:
@@ -276,38 +278,50 @@ def segment_batches(
 
 
 class _Window:
-    """Running totals of the measured window.
+    """The measured window as it runs: each consumed batch (:class:`steady.Consumed`),
+    each step's wait for its batch, the CPU time the step got.
 
     ``util`` by step timing, on a CPU, is the share of the window the training step
-    would need at its own speed: samples trained x (1 / ceiling) / wall time, the
-    ceiling being the same step on a resident batch with the cores to itself. The
-    plain share of the window not spent waiting, or the CPU time the step got, both
-    reward a configuration whose loader workers slow the step down (contention for
-    cores and caches, copy-on-write faults after each worker fork); useful work does
-    not. It is not capped at 1: a ceiling measured too low must show, not flatten every
-    fast configuration to the same 1.0. Without a ceiling it falls back to the CPU time
-    the step got. On CUDA, where the step only queues work, it is the share not spent
-    waiting for data.
+    would need at its own speed: the steady rate over the ceiling, the ceiling being the
+    same step on a resident batch with the cores to itself. The plain share of the
+    window not spent waiting, or the CPU time the step got, both reward a configuration
+    whose loader workers slow the step down (contention for cores and caches,
+    copy-on-write faults after each worker fork); useful work does not. It is not
+    capped at 1: a ceiling measured too low must show, not flatten every fast
+    configuration to the same 1.0. Without a ceiling it falls back to the CPU time the
+    step got. On CUDA, where the step only queues work, it is the share not spent
+    waiting for data. Every figure is taken over the steady wall time
+    (:attr:`steady.Rate.wall_s`): where the workers took longer to make the window's
+    batches than the loop took to train them, the loop was served from a stock.
     """
 
     def __init__(
-        self, device: torch.device, compute_threads: int, ceiling: float | None = None
-    ) -> None:
+        self, device: torch.device, config: LoaderConfig, compute_threads: int,
+        ceiling: float | None = None,
+    ) -> None:  # fmt: skip
         self.cuda = device.type == "cuda"
         self.threads = compute_threads
+        self.makers = steady.producers(config)
         self.ceiling = ceiling
-        self.samples = 0
+        self.batches: list[steady.Consumed] = []
         self.wait_s = 0.0
         self.waits: list[float] = []
         self.compute_cpu_s = 0.0
-        self.start = time.perf_counter()
+        self.start = time.monotonic()
         # One compute thread runs in the calling thread: its own clock excludes Ray's
         # and the pin-memory threads. More threads: the process clock, shared out.
         self.cpu_clock = time.thread_time if compute_threads == 1 else time.process_time
 
+    @property
+    def samples(self) -> int:
+        return sum(b.samples for b in self.batches)
+
     def waited(self, seconds: float) -> None:
         self.wait_s += seconds
         self.waits.append(seconds)
+
+    def steadiness(self) -> steady.Steadiness:
+        return steady.steadiness(self.batches, self.start, self.makers)
 
     def wait_figures(self, wall: float) -> dict[str, Any]:
         """A step's wait for its batch: median, 99th percentile, the share of the window
@@ -318,24 +332,35 @@ class _Window:
         return {"data_wait_p50_s": p50, "data_wait_p99_s": p99, "data_wait_tail_frac": tail,
                 "waits": tuple(self.waits)}  # fmt: skip
 
-    def util(self, wall: float) -> float:
-        if self.cuda:
-            return 1.0 - self.wait_s / wall
-        if self.ceiling:
-            return self.samples / wall / self.ceiling
-        return min(1.0, self.compute_cpu_s / (wall * self.threads))
-
-    def metrics(self, wall: float) -> dict[str, Any]:
+    def metrics(self, device_util: float | None = None) -> dict[str, Any]:
+        """The window's figures over its steady wall time; ``device_util`` is NVML's
+        share of the loop's own wall time."""
+        held = self.steadiness()
+        whole = held.whole
+        wall = whole.wall_s
+        busy = whole.consumed_s - self.wait_s  # the loop's time not waiting for a batch
+        if device_util is not None:
+            util = device_util / whole.stretch
+        elif self.cuda:
+            util = busy / wall
+        elif self.ceiling:
+            util = whole.samples_per_s / self.ceiling
+        else:
+            util = min(1.0, self.compute_cpu_s / (wall * self.threads))
         return {
-            "samples_per_s": self.samples / wall,
-            "data_wait_frac": self.wait_s / wall,
-            "util": self.util(wall),
+            "samples_per_s": whole.samples_per_s,
+            "data_wait_frac": 1.0 - busy / wall if wall else 0.0,
+            "util": util,
             "util_source": "step-timing",
+            "samples": whole.samples,
+            "wall_s": wall,
+            "steady": held.steady,
+            "steady_ratio": held.ratio,
         }
 
 
-def segment_samples(batch_size: int, spec: SegmentSpec) -> int:
-    """Samples a rank reads in a segment: warm-up and measured steps, as one epoch.
+def segment_samples(config: LoaderConfig, spec: SegmentSpec) -> int:
+    """Samples a rank reads in a segment: warm-up, drain and measured steps, as one epoch.
 
     A trial's subset holds a few batches; read epoch by epoch, the loader would drain
     its workers' queue every few steps and, without persistent workers, start them
@@ -343,7 +368,14 @@ def segment_samples(batch_size: int, spec: SegmentSpec) -> int:
     segment (the subset reshuffled as often as needed) measures the steady state the
     user's training sees.
     """
-    return batch_size * (spec.warmup_steps + spec.steps)
+    return config.batch_size * (warmup_batches(config, spec) + spec.steps)
+
+
+def warmup_batches(config: LoaderConfig, spec: SegmentSpec) -> int:
+    """Batches trained before the window: the warm-up steps, then every batch the
+    loader can hold (:func:`steady.in_flight`), so the window reads none of the stock
+    the workers built while the first steps were slow."""
+    return spec.warmup_steps + steady.in_flight(config)
 
 
 def train_segment(
@@ -356,7 +388,9 @@ def train_segment(
     seed: int = 0,
     ceiling: float | None = None,
 ) -> SegmentMetrics:
-    """Warm up, then train ``spec.steps`` measured steps; report every ``report_every``."""
+    """Warm up and drain (:func:`warmup_batches`), then train ``spec.steps`` measured
+    steps; report every ``report_every``. The figures are the window's steady ones
+    (:mod:`raytune_loader.steady`)."""
     size = None if isinstance(dataset, IterableDataset) else len(dataset)  # type: ignore[arg-type]
     if size is not None and size < config.batch_size:
         raise DataPipelineError(
@@ -369,51 +403,52 @@ def train_segment(
         cpus = min(hardware.usable_cpus(), 1 + config.num_workers)
         watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
 
-        def fetch() -> Any:  # the next batch on the device, counted as read
-            on_device = _on_device(trainer, next(batches), non_blocking, config)
+        def fetch() -> tuple[Any, Stamped]:  # the next batch on the device, its stamps
+            stamped = next(batches)
+            on_device = _on_device(trainer, stamped.batch, non_blocking, config)
             watcher.reads += batch_samples(on_device)
-            return on_device
+            return on_device, stamped
 
         try:
             started = time.perf_counter()
-            first = fetch()
+            first, first_stamps = fetch()
             trainer.sync()
             first_batch_s = time.perf_counter() - started  # workers' start-up, shards opened
             scope = _scope(dataset, sample_nbytes(first) // max(1, batch_samples(first)))
-            for warm_up in range(spec.warmup_steps):
-                trainer.step(first if warm_up == 0 else fetch())
-            first = None if spec.warmup_steps else first  # trained in the warm-up, or measured
+            warm_up = warmup_batches(config, spec)
+            for done in range(warm_up):
+                trainer.step(first if done == 0 else fetch()[0])
+                _check_deadline(deadline, spec, f"{done + 1} of {warm_up} warm-up steps")
+            first = None if warm_up else first  # trained in the warm-up, or measured
             trainer.sync()
             watcher.window_started()
             sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
-            window = _Window(trainer.device, spec.compute_threads, ceiling)
+            window = _Window(trainer.device, config, spec.compute_threads, ceiling)
             for step in range(1, spec.steps + 1):
-                if time.monotonic() > deadline:
-                    raise DataPipelineError(
-                        "timeout",
-                        f"the trial took longer than its limit of {spec.time_limit_s:.0f}s "
-                        f"(--trial-timeout) after {step - 1} of {spec.steps} measured steps",
-                    )
-                fetch_start = time.perf_counter()
-                batch = next(batches) if first is None else None
-                window.waited(time.perf_counter() - fetch_start)
+                _check_deadline(deadline, spec, f"{step - 1} of {spec.steps} measured steps")
+                fetch_start = time.monotonic()
+                stamped = next(batches) if first is None else None
+                window.waited(time.monotonic() - fetch_start)
                 # the copy to the device is part of the step: a pageable copy waits for
                 # the previous step's kernels, which is compute, not waiting for data
-                on_device = first if batch is None else _on_device(
-                    trainer, batch, non_blocking, config)  # fmt: skip
-                watcher.reads += batch_samples(on_device) if batch is not None else 0
+                if stamped is None:
+                    on_device, stamped = first, first_stamps
+                else:
+                    on_device = _on_device(trainer, stamped.batch, non_blocking, config)
+                    watcher.reads += batch_samples(on_device)
                 first = None
                 cpu_start = window.cpu_clock()
                 trainer.step(on_device)
                 window.compute_cpu_s += window.cpu_clock() - cpu_start
-                window.samples += batch_samples(on_device)
+                if step == spec.steps // 2:
+                    trainer.sync()  # the halves split where the device is, not the host
+                window.batches.append(steady.Consumed.of(stamped, batch_samples(on_device)))
                 if report is not None and step % spec.report_every == 0 and step < spec.steps:
                     trainer.sync()
-                    interim = window.metrics(time.perf_counter() - window.start)
-                    report({**interim, "final": False})
+                    report({**window.metrics(), "final": False})
             trainer.sync()
-            wall = time.perf_counter() - window.start
+            window.batches[-1] = replace(window.batches[-1], ended=time.monotonic())
             reading = sampler.stop()
             watcher.window_ended()
             epoch_start_s = _epoch_start(batches, fetch, trainer)
@@ -423,21 +458,31 @@ def train_segment(
             seen = watcher.stop()
     use_nvml = reading.source != "step-timing" and reading.util is not None
     fit = watch.fit_memory(seen, scope)
+    figures = window.metrics(reading.util if use_nvml else None)
+    if not figures["steady"] and figures["steady"] is not None:
+        log.info(
+            "%s: the window's halves measured %.2fx apart: not steady",
+            config.label(), figures["steady_ratio"],
+        )  # fmt: skip
     return SegmentMetrics(
-        samples_per_s=window.samples / wall,
-        data_wait_frac=window.wait_s / wall,
-        util=reading.util if use_nvml else window.util(wall),  # type: ignore[arg-type]
-        util_source=reading.source if use_nvml else "step-timing",
+        **{**figures, "util_source": reading.source if use_nvml else "step-timing"},
         device_util=reading.device_util,
-        samples=window.samples,
-        wall_s=wall,
         first_batch_s=first_batch_s,
         epoch_start_s=epoch_start_s,
-        **window.wait_figures(wall),
+        **window.wait_figures(figures["wall_s"]),
         **watched_figures(seen, fit),
         watch=seen,
         memory=fit,
     )
+
+
+def _check_deadline(deadline: float, spec: SegmentSpec, where: str) -> None:
+    if time.monotonic() > deadline:
+        raise DataPipelineError(
+            "timeout",
+            f"the trial took longer than its limit of {spec.time_limit_s:.0f}s "
+            f"(--trial-timeout) after {where}",
+        )
 
 
 def _epoch_start(batches: _Epochs, fetch: Callable[[], Any], trainer: Trainer) -> float | None:
@@ -635,15 +680,21 @@ def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRa
     device = torch.device(job.device)
     cap_gpu_memory(job.gpu_memory_share, device)  # a device-side decode allocates there too
     trainer = Trainer(lambda batch: None, device, job.channels_last, "the input pipeline")
+
+    def fetch() -> steady.Consumed:
+        stamped = next(batches)
+        on_device = _on_device(trainer, stamped.batch, config.pin_memory, config)
+        return steady.Consumed.of(stamped, batch_samples(on_device))
+
     with segment_batches(subset, config, spec, job.seed) as batches:
-        for _ in range(spec.warmup_steps):
-            _on_device(trainer, next(batches), config.pin_memory, config)
+        for _ in range(warmup_batches(config, spec)):
+            fetch()
         trainer.sync()
-        start, samples = time.perf_counter(), 0
-        for _ in range(spec.steps):
-            samples += batch_samples(_on_device(trainer, next(batches), config.pin_memory, config))
+        start = time.monotonic()
+        read = [fetch() for _ in range(spec.steps)]
         trainer.sync()
-        rate = samples / (time.perf_counter() - start)
+        read[-1] = replace(read[-1], ended=time.monotonic())
+        rate = steady.rate(read, start, steady.producers(config)).samples_per_s
     return InputRate(rate, worker_side_rate(subset))
 
 

@@ -13,7 +13,7 @@ from datasets_for_tests import TensorImages
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.errors import DataPipelineError, ModelError
 from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import measure_ceiling, run_trial, train_segment
+from raytune_loader.measure import measure_ceiling, run_trial, train_segment, warmup_batches
 from raytune_loader.space import LoaderConfig
 from raytune_loader.step import Trainer
 
@@ -234,7 +234,8 @@ def test_a_dataset_smaller_than_a_batch_is_a_reasoned_failure() -> None:
 
 
 def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -> None:
-    """16 samples in batches of 4 are 4 batches an epoch; 14 steps must not restart workers.
+    """16 samples in batches of 4 are 4 batches an epoch; the segment's 22 steps (2 of
+    warm-up, 8 draining what two workers hold, 12 measured) must not restart workers.
     After the window one more batch starts the next epoch: without persistent workers,
     in new worker processes, and that start is timed."""
     from datasets_for_tests import ReaderPids
@@ -244,13 +245,15 @@ def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -
     spec = SegmentSpec(warmup_steps=2, steps=12, report_every=12)
     metrics = train_segment(ReaderPids(str(log)), _trainer(), config, spec)
     readers = log.read_text().split()
+    segment = warmup_batches(config, spec) + spec.steps
+    assert segment == 22
     assert metrics.samples == 4 * 12
-    assert len(readers) >= 4 * 15  # every sample of the segment was read, repeats included
-    assert len(set(readers[: 4 * 14])) == 2  # the same two workers from start to end
+    assert len(readers) >= 4 * (segment + 1)  # every sample of the segment was read
+    assert len(set(readers[: 4 * segment])) == 2  # the same two workers from start to end
     # the next epoch's reads come from new workers only; the batch it starts is all it
     # waits for, so the second new worker may end before reading (a loaded machine)
-    after = set(readers[4 * 14 :])
-    assert after and not after & set(readers[: 4 * 14])
+    after = set(readers[4 * segment :])
+    assert after and not after & set(readers[: 4 * segment])
     assert metrics.epoch_start_s is not None and metrics.epoch_start_s > 0
 
 
@@ -293,7 +296,8 @@ def test_a_trial_in_a_reused_process_trains_as_a_fresh_one_would(
         records.append((tmp_path / f"run{run}").read_text().splitlines())
         assert _children() <= before
     assert records[0] == records[1]
-    assert records[0][0].startswith("init ") and len(records[0]) == 1 + 1 + 4  # warm-up, steps
+    trained = warmup_batches(config, job.segment) + job.segment.steps  # warm-up, drain, window
+    assert records[0][0].startswith("init ") and len(records[0]) == 1 + trained
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,145 @@
+"""The steady state of a measured window: where it starts, the rate it measured, whether
+it held.
+
+A loader's workers fill every slot they have while the training loop does not read:
+while the workers start, and while the first steps are slow (cuDNN's autotuning,
+allocation, ``torch.compile``). A window that starts then is served from that stock
+and measures how deep the queue is, not how fast batches are made: the deeper the
+queue, the "faster" the loader. Three rules keep the stock out of every figure:
+
+1. **The warm-up drains what the loader holds.** After the warm-up steps, the loop
+   trains :func:`in_flight` more batches (every slot the configuration has: ready,
+   pinned, or in the making) before the window starts, so nothing made while the first
+   steps were slow is left for the window.
+2. **The rate is the slower of consuming and producing.** Every batch carries when its
+   worker began reading its first sample and when it finished the batch
+   (:class:`~raytune_loader.loader.Stamped`): the worker's own time for it, not the
+   time it waited for a task or a free slot. The window's rate (:class:`Rate`) is its
+   samples over the longer of the loop's wall time and the workers' time to make them,
+   shared among the workers that make batches at once: a loop served from a stock
+   consumes faster than the workers produce, and once the stock is gone training runs
+   at what they produce; a loop that is the limit leaves the workers idle, and its own
+   time is the longer.
+3. **The halves agree.** The window's first half and second half, each measured the
+   same way, must be within :data:`STEADY_TOLERANCE` of each other; a window whose
+   rate moved is marked not steady, and is not ranked as if it were.
+
+Nothing trains faster than the model on a resident batch (the ceiling) or than its input
+pipeline alone: :func:`above_bound` says when a figure beats either beyond
+:data:`BOUND_TOLERANCE`, which is a defect to report, not a result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from raytune_loader.loader import Stamped
+from raytune_loader.space import LoaderConfig
+
+STEADY_TOLERANCE = 0.15  # the halves' rates may differ by this share and still be steady
+BOUND_TOLERANCE = 0.10  # a figure this far above its bound is a defect, not noise
+
+
+def in_flight(config: LoaderConfig) -> int:
+    """Batches ``config``'s loader can hold at once besides the one the loop trains on:
+    ``prefetch_factor`` ready per worker plus the one each worker is making (process
+    workers; torchdata's thread mapper and the stream threads hold the same), and one
+    more each in the pin-memory and prefetch threads. None without workers."""
+    if config.num_workers == 0:
+        return 0
+    return config.num_workers * ((config.prefetch_factor or 2) + 1) + 2
+
+
+def producers(config: LoaderConfig) -> int:
+    """How many makers of batches run at once: the workers, or the loop itself."""
+    return max(1, config.num_workers)
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """One batch the loop trained on: its samples, when its step ended (host clock,
+    ``time.monotonic``), and its worker's time to make it (None where unknown)."""
+
+    samples: int
+    ended: float
+    cost_s: float | None
+
+    @classmethod
+    def of(cls, stamped: Stamped, samples: int) -> Consumed:
+        """A batch just trained on, from its stamps."""
+        return cls(samples, time.monotonic(), stamped.made - stamped.started)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A stretch of consumed batches: its samples, the loop's wall time for them, and
+    the workers' time to make them (None when no batch has a cost)."""
+
+    samples: int
+    consumed_s: float
+    produced_s: float | None
+
+    @property
+    def wall_s(self) -> float:
+        """The stretch as it lasts once no stock is left: the longer of the two."""
+        return max(self.consumed_s, self.produced_s or 0.0)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def stretch(self) -> float:
+        """The steady wall over the loop's own (1 when the loop is the limit)."""
+        return self.wall_s / self.consumed_s if self.consumed_s > 0 else 1.0
+
+
+def rate(batches: Sequence[Consumed], start: float, makers: int) -> Rate:
+    """The rate of ``batches``, consumed from ``start`` on, made by ``makers`` at once:
+    the workers' total cost of the batches with one, scaled to all of them, shared
+    among the makers."""
+    if not batches:
+        return Rate(0, 0.0, None)
+    consumed = batches[-1].ended - start
+    costs = [b.cost_s for b in batches if b.cost_s is not None]
+    produced = sum(costs) / makers * len(batches) / len(costs) if costs else None
+    return Rate(sum(b.samples for b in batches), consumed, produced)
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """The window's rate as a whole and whether its halves agreed."""
+
+    whole: Rate
+    ratio: float | None  # the first half's rate over the second's
+
+    @property
+    def steady(self) -> bool | None:
+        if self.ratio is None:
+            return None
+        return abs(self.ratio - 1.0) <= STEADY_TOLERANCE
+
+
+def steadiness(batches: Sequence[Consumed], start: float, makers: int) -> Steadiness:
+    """The window's rate and its halves' ratio (none with fewer than four batches)."""
+    whole = rate(batches, start, makers)
+    half = len(batches) // 2
+    if half < 2:
+        return Steadiness(whole, None)
+    first = rate(batches[:half], start, makers)
+    second = rate(batches[half:], batches[half - 1].ended, makers)
+    if not first.samples_per_s or not second.samples_per_s:
+        return Steadiness(whole, None)
+    return Steadiness(whole, first.samples_per_s / second.samples_per_s)
+
+
+def above_bound(measured: float | None, bound: float | None, what: str) -> str | None:
+    """A sentence when ``measured`` beats ``bound`` beyond :data:`BOUND_TOLERANCE`."""
+    if not measured or not bound or measured <= bound * (1 + BOUND_TOLERANCE):
+        return None
+    return (
+        f"measured {measured:.0f} samples/s, above {what} ({bound:.0f}, "
+        f"+{measured / bound - 1:.0%}): a measurement defect"
+    )
