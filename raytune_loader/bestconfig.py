@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from raytune_loader import findings, hardware, streams, trainers
+from raytune_loader import findings, hardware, steady, streams, trainers
 from raytune_loader.costmodel import CostModel, what_if
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import TrialJob
@@ -80,6 +80,24 @@ def metrics_of(candidate: Candidate) -> dict[str, Any]:
     failures = [o.failure for o in candidate.outcomes if o.failure]
     if failures:
         out["failures"] = failures
+    out.update(steady_section(candidate))
+    return out
+
+
+def steady_section(candidate: Candidate) -> dict[str, Any]:
+    """Whether the runs' windows were steady, and the runs left out for beating a bound."""
+    ratios = [o.metrics.steady_ratio for o in candidate.ok if o.metrics]
+    out: dict[str, Any] = {
+        "steady": candidate.steady,
+        "steady_ratios": [None if r is None else round(r, 4) for r in ratios],
+        "steady_rule": (
+            f"the window's halves within {steady.STEADY_TOLERANCE:.0%} of each other, in at "
+            "least half the runs; the window starts after the warm-up steps and as many "
+            "batches as the loader holds"
+        ),
+    }
+    if candidate.refused:
+        out["refused"] = list(candidate.refused)
     return out
 
 
@@ -92,9 +110,14 @@ def _limit(winner: Candidate, rate: InputRate | None) -> dict[str, Any]:
     if rate is None or trained is None or not trained.median:
         return {}
     headroom = rate.samples_per_s / trained.median - 1
+    defect = steady.above_bound(
+        trained.median, rate.samples_per_s, "the input pipeline alone (no model)"
+    )
+    bound = "input" if headroom < INPUT_BOUND_MARGIN else "model"
     return {
         "limit": {
-            "bound": "input" if headroom < INPUT_BOUND_MARGIN else "model",
+            "bound": "defect" if defect else bound,
+            **({"defect": defect} if defect else {}),
             "input_samples_per_s": rate.samples_per_s,
             "trained_samples_per_s": trained.median,
             "headroom": headroom,

@@ -181,6 +181,8 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     limit = limit_line(best.get("limit"))
     if limit:
         print(limit, file=stream)
+    for line in steady_lines(best):
+        print(line, file=stream)
     for line in summary_lines(best):
         print(line, file=stream)
     selection = best.get("selection", {})
@@ -197,6 +199,23 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     )
 
 
+def steady_lines(best: dict[str, Any]) -> list[str]:
+    """What the user must know of the verified figures: runs left out for beating their
+    bound, a winner whose windows were not steady."""
+    out = []
+    metrics = best["metrics"]
+    if metrics.get("steady") is False:
+        out.append(
+            "not steady: most of the tuned configuration's runs measured halves more than "
+            "15% apart (no steady configuration was found; docs/measurement.md)"
+        )
+    sections = {"tuned": best, **best.get("baselines", {})}
+    for name, section in sections.items():
+        for reason in section["metrics"].get("refused", []):
+            out.append(f"left out of {name}'s figures: a run {reason}")
+    return out
+
+
 def notes(trials: Sequence[TrialRecord]) -> list[str]:
     """What the user should know about trials that were refused or failed."""
     out = []
@@ -209,6 +228,19 @@ def notes(trials: Sequence[TrialRecord]) -> list[str]:
     failed = [r for r in trials if r.status in ("failed", "error")]
     if failed:
         out.append(f"{len(failed)} trial(s) failed; reasons are in trials.csv")
+    unsteady = [r for r in trials if r.steady is False]
+    if unsteady:
+        out.append(
+            f"{len(unsteady)} trial(s) measured a window whose halves differed by more than "
+            "15% (not steady, ranked after the steady ones; trials.csv: steady_ratio); "
+            "longer windows (--steps) settle them"
+        )
+    beyond = [r for r in trials if r.bounds]
+    if beyond:
+        out.append(
+            f"{len(beyond)} trial(s) measured above the ceiling beyond noise, a measurement "
+            f"defect (not verified): {beyond[0].bounds}"
+        )
     return out
 
 

@@ -116,6 +116,14 @@ class TrialOutcome:
             return None
         return self.metrics.samples_per_s / self.ceiling_samples_per_s
 
+    @property
+    def beyond_bound(self) -> str | None:
+        """Why this run's figure cannot be right: it beat the ceiling (the model on a
+        resident batch) beyond noise; None when it did not."""
+        if self.metrics is None:
+            return None
+        return steady.above_ceiling(self.metrics.samples_per_s, self.ceiling_samples_per_s)
+
     def rebased(self, ceiling: float | None) -> TrialOutcome:
         """This run against another ceiling (the search's final one): efficiency, and on
         a CPU ``util`` too, are shares of the ceiling, so one ceiling serves every run."""
@@ -137,6 +145,7 @@ class TrialOutcome:
             "efficiency": self.efficiency,
             "failure": self.failure or "",
             "detail": self.detail or "",
+            "bounds": self.beyond_bound or "",
             "final": True,
         }
         if self.ranks:

@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 import torch
 
-from raytune_loader import measure
+from raytune_loader import measure, steady
 from raytune_loader.backoff import BackoffOutcome, run_with_backoff
 from raytune_loader.errors import BatchSizeTooSmallError, DataPipelineError, last_line
 from raytune_loader.job import TrialJob
@@ -161,6 +161,7 @@ def node_outcome(
     assert all(m is not None for m in metrics)
     slowest = min(metrics, key=lambda m: m.samples_per_s)  # type: ignore[union-attr]
     effective = min(o.effective_batch_size or 0 for o in outcomes)
+    held, ratio = steady.merged([m.steady_ratio for m in metrics])  # type: ignore[union-attr]
     node = SegmentMetrics(
         samples_per_s=job.ranks * slowest.samples_per_s,  # type: ignore[union-attr]
         data_wait_frac=max(m.data_wait_frac for m in metrics),  # type: ignore[union-attr]
@@ -169,6 +170,8 @@ def node_outcome(
         device_util=slowest.device_util,  # type: ignore[union-attr]
         samples=sum(m.samples for m in metrics),  # type: ignore[union-attr]
         wall_s=max(m.wall_s for m in metrics),  # type: ignore[union-attr]
+        steady=held,
+        steady_ratio=ratio,
         first_batch_s=max((m.first_batch_s or 0.0) for m in metrics),  # type: ignore[union-attr]
         **_watched(metrics),  # type: ignore[arg-type]
     )

@@ -18,6 +18,7 @@ from typing import Any
 from raytune_loader.errors import ConfigError
 from raytune_loader.results import write_csv
 from raytune_loader.space import CONFIG_KEYS, LoaderConfig, SearchSpace
+from raytune_loader.steady import above_ceiling
 
 PREDICTED = "predicted_samples_per_s"  # the cost model's, in a trial's config and trials.csv
 
@@ -73,6 +74,9 @@ class TrialRecord:
     device_util: float | None = None
     ceiling_samples_per_s: float | None = None
     efficiency: float | None = None
+    steady: bool | None = None  # the window's halves agreed (raytune_loader.steady)
+    steady_ratio: float | None = None  # the first half's rate over the second's
+    bounds: str | None = None  # why the figure cannot be right (above the ceiling), if so
     first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
     predicted_samples_per_s: float | None = None  # the cost model's, for a model search
     epoch_start_s: float | None = None  # from an epoch's end to the next one's first batch
@@ -101,8 +105,15 @@ class TrialRecord:
         value = getattr(self, name)
         return None if value is None else float(value)
 
+    @property
+    def trusted(self) -> bool:
+        """Its window was steady (or too short to tell) and its figure within bounds: a
+        trial that may be ranked."""
+        return self.steady is not False and not self.bounds
+
     def rebased(self, ceiling: float | None) -> TrialRecord:
-        """Efficiency (and CPU ``util``) against the search's final ceiling."""
+        """Efficiency (and CPU ``util``) against the search's final ceiling, and its
+        figure checked against it."""
         if not ceiling or self.samples_per_s is None:
             return self
         util = self.samples_per_s / ceiling if self.util_source == "step-timing" else self.util
@@ -111,6 +122,7 @@ class TrialRecord:
             util=util,
             ceiling_samples_per_s=ceiling,
             efficiency=self.samples_per_s / ceiling,
+            bounds=above_ceiling(self.samples_per_s, ceiling),
         )
 
     def row(self) -> dict[str, Any]:

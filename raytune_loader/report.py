@@ -56,6 +56,7 @@ def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
                 "data_wait_frac": _median(metrics, "data_wait_frac"),
                 "first_batch_s": _median(metrics, "first_batch_s"),
                 "tuned_speedup": (winner_speed / speed) if speed and winner_speed else None,
+                "steady": metrics.get("steady"),
             }
         )
     return out
@@ -82,9 +83,22 @@ def load_trials(path: Path) -> pd.DataFrame:
     trials.insert(0, "trial", range(1, len(trials) + 1))
     for flag in ("pin_memory", "persistent_workers"):
         trials[flag] = trials[flag].map(lambda v: str(v).strip().lower() == "true")
+    if "steady" in trials:  # True, False, or empty where a window was too short to tell
+        trials["steady"] = [_flag(v) for v in trials["steady"]]
     trials["prefetch"] = trials["prefetch_factor"].fillna(0).astype(int)
     trials["structure"] = [structure_of(row) for row in trials.to_dict("records")]
     return trials
+
+
+def _halves(row: dict[str, Any]) -> str:
+    """A trial's window: its halves' ratio, and whether that was steady."""
+    return _cell(row.get("steady_ratio")) + (" (not steady)" if row.get("steady") is False else "")
+
+
+def _flag(value: Any) -> bool | None:
+    if value is None or (not isinstance(value, str) and pd.isna(value)) or value == "":
+        return None
+    return str(value).strip().lower() == "true"
 
 
 def structure_of(row: dict[str, Any]) -> str:
@@ -360,12 +374,12 @@ def _intro(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
 
 def _winner(best: dict[str, Any]) -> list[str]:
     header = ["config", *LABELS.values(), "samples/s"]
-    header += ["range", "util", "data wait", "first batch (s)", "tuned speedup"]
+    header += ["range", "util", "data wait", "first batch (s)", "tuned speedup", "steady"]
     rows = [
         [r["config"], *(_cell(r[k]) for k in CONFIG_KEYS), _cell(r["samples_per_s"])]
         + [r["samples_per_s_range"] or "-", _cell(r["util"], "pct")]
         + [_cell(r["data_wait_frac"], "pct"), _cell(r["first_batch_s"])]
-        + [_cell(r["tuned_speedup"], "x")]
+        + [_cell(r["tuned_speedup"], "x"), _cell(r["steady"])]
         for r in summary_rows(best)
     ]
     sel, objective = best.get("selection", {}), best["objective"]
@@ -385,6 +399,33 @@ def _winner(best: dict[str, Any]) -> list[str]:
         settings = config_from_sections(r["loader"], r.get("pipeline"), r.get("worker_init"))
         settings = settings.label()
         lines.append(f"- {r['name']}: {settings}; {objective} {median} ({low}-{high})")
+    return lines
+
+
+def _measured(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
+    """How every figure was measured: the steady window, and what it marked or refused."""
+    rule = best["metrics"].get("steady_rule")
+    if not rule:  # an older best_config.json
+        return []
+    lines = ["", "## How it was measured", ""]
+    lines.append(
+        "Each figure is a window's rate once the loader is steady: the window starts after "
+        "the warm-up steps and as many more batches as the configuration holds in flight, "
+        "and its rate is the slower of what the training loop consumed and what the "
+        f"workers produced (each batch stamped with its worker's time to make it). Steady: {rule}."
+    )
+    unsteady = sum(1 for v in trials.get("steady", []) if v is False)
+    beyond = sum(1 for v in trials.get("bounds", []) if isinstance(v, str) and v.strip())
+    lines.append("")
+    lines.append(
+        f"{unsteady} of {len(trials)} trials had a window that was not steady (ranked "
+        f"after the steady ones); {beyond} measured above the ceiling beyond noise "
+        "(a measurement defect: not ranked)."
+    )
+    sections = {"tuned": best, **best.get("baselines", {})}
+    for name, section in sections.items():
+        for reason in section["metrics"].get("refused", []):
+            lines.append(f"- {name}: a verification run left out: {reason}")
     return lines
 
 
@@ -411,6 +452,11 @@ def limit_line(limit: dict[str, Any] | None) -> str | None:
         return None
     alone, trained = limit["input_samples_per_s"], limit["trained_samples_per_s"]
     core = f"one core decodes and augments {limit['per_core_samples_per_s']:.0f} samples/s"
+    if limit["bound"] == "defect":
+        return (
+            f"defect: training {limit['defect']}; the input pipeline alone delivered "
+            f"{alone:.0f} samples/s, and nothing trains faster than its input"
+        )
     if limit["bound"] == "input":
         return (
             f"input-bound: the input pipeline delivers at most {alone:.0f} samples/s "
@@ -606,13 +652,17 @@ def _all_trials(trials: pd.DataFrame) -> list[str]:
     known = [k for k in CONFIG_KEYS if k in trials]  # older files lack the pipeline's columns
     header = ["#", "trial", "status", "reason", "baseline", *(LABELS[k] for k in known)]
     header += ["effective batch", "OOM back-offs", "samples/s", "first batch (s)", "util"]
-    header += ["data wait", "efficiency"]
+    header += ["data wait", "efficiency", "halves"]
     keys = ["trial", "trial_id", "status", "reason", "baseline", *known]
     keys += ["effective_batch_size", "oom_backoffs", "samples_per_s", "first_batch_s"]
     hosts = ["hostname"] if trials.get("hostname", pd.Series()).nunique() > 1 else []
     rows = [
         [_cell(row.get(k)) for k in keys]
         + [_cell(row.get(k), "pct") for k in ("util", "data_wait_frac", "efficiency")]
+        + [
+            _cell(row.get("steady_ratio"))
+            + ("" if row.get("steady") is not False else " (not steady)")
+        ]
         + [_cell(row[k]) for k in hosts]
         for row in trials.astype(object).to_dict("records")
     ]
@@ -628,7 +678,8 @@ def write_report(out_dir: Path) -> Path:
     series = ((best.get("watch") or {}).get("memory") or {}).get("series")
     if series:
         _plot_memory(series, out_dir / "plots" / MEMORY_PLOT)
-    lines = _intro(best, trials) + _winner(best) + _efficiency(best) + _limit(best)
+    lines = _intro(best, trials) + _winner(best) + _measured(best, trials)
+    lines += _efficiency(best) + _limit(best)
     lines += _findings(best)
     lines += ["", "## Plots"]
     for name, caption in PLOTS.items():

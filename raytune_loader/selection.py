@@ -69,7 +69,19 @@ class Candidate:
 
     @property
     def ok(self) -> tuple[TrialOutcome, ...]:
-        return tuple(o for o in self.outcomes if o.metrics is not None)
+        """The runs with figures to report: measured, and within their bounds."""
+        return tuple(o for o in self.outcomes if o.metrics is not None and not o.beyond_bound)
+
+    @property
+    def refused(self) -> tuple[str, ...]:
+        """Why runs were left out: each figure that beat its bound (a defect)."""
+        return tuple(o.beyond_bound for o in self.outcomes if o.beyond_bound)
+
+    @property
+    def steady(self) -> bool:
+        """At least half its runs had a steady window (or one too short to tell)."""
+        unsteady = sum(1 for o in self.ok if o.metrics and o.metrics.steady is False)
+        return 2 * unsteady <= len(self.ok)
 
     def stats(self, metric: str) -> Stats | None:
         values = [float(v) for o in self.ok if (v := getattr(o.metrics, metric)) is not None]
@@ -104,15 +116,21 @@ def _keeps_workers(candidate: Candidate) -> bool:
 
 
 def select(candidates: Sequence[Candidate], objective: str) -> Selection | None:
-    """The cheapest candidate within noise of the best; None when all failed."""
+    """The cheapest candidate within noise of the best; None when all failed. Candidates
+    whose windows were mostly not steady rank after every steady one, and win only when
+    none is steady."""
     measured = [c for c in candidates if c.stats(objective) is not None]
     if not measured:
         return None
-    ranked = sorted(measured, key=lambda c: c.stats(objective).median, reverse=True)  # type: ignore[union-attr]
+    by_objective = sorted(measured, key=lambda c: c.stats(objective).median, reverse=True)  # type: ignore[union-attr]
+    ranked = [c for c in by_objective if c.steady] + [c for c in by_objective if not c.steady]
     best = ranked[0]
     best_stats = best.stats(objective)
     assert best_stats is not None
-    close = [c for c in ranked if c.stats(objective).median >= best_stats.min]  # type: ignore[union-attr]
+    close = [
+        c for c in ranked
+        if c.steady == best.steady and c.stats(objective).median >= best_stats.min  # type: ignore[union-attr]
+    ]  # fmt: skip
     winner = min(close, key=lambda c: (c.cost, not _keeps_workers(c), -c.stats(objective).median))  # type: ignore[union-attr]
     return Selection(winner, best, tuple(close), tuple(ranked))
 

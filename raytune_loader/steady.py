@@ -39,7 +39,7 @@ from raytune_loader.loader import Stamped
 from raytune_loader.space import LoaderConfig
 
 STEADY_TOLERANCE = 0.15  # the halves' rates may differ by this share and still be steady
-BOUND_TOLERANCE = 0.10  # a figure this far above its bound is a defect, not noise
+BOUND_TOLERANCE = 0.05  # a figure this far above its bound is a defect, not noise
 
 
 def in_flight(config: LoaderConfig) -> int:
@@ -135,6 +135,11 @@ def steadiness(batches: Sequence[Consumed], start: float, makers: int) -> Steadi
     return Steadiness(whole, first.samples_per_s / second.samples_per_s)
 
 
+def above_ceiling(measured: float | None, ceiling: float | None) -> str | None:
+    """A sentence when ``measured`` beats the ceiling beyond noise (:func:`above_bound`)."""
+    return above_bound(measured, ceiling, "the ceiling (the model on a resident batch)")
+
+
 def above_bound(measured: float | None, bound: float | None, what: str) -> str | None:
     """A sentence when ``measured`` beats ``bound`` beyond :data:`BOUND_TOLERANCE`."""
     if not measured or not bound or measured <= bound * (1 + BOUND_TOLERANCE):
@@ -143,3 +148,13 @@ def above_bound(measured: float | None, bound: float | None, what: str) -> str |
         f"measured {measured:.0f} samples/s, above {what} ({bound:.0f}, "
         f"+{measured / bound - 1:.0%}): a measurement defect"
     )
+
+
+def merged(ratios: Sequence[float | None]) -> tuple[bool | None, float | None]:
+    """Several ranks' windows as the node's: steady when every rank's was; the ratio of
+    the rank farthest from 1."""
+    known = [r for r in ratios if r is not None]
+    if not known:
+        return None, None
+    worst = max(known, key=lambda r: abs(r - 1.0))
+    return abs(worst - 1.0) <= STEADY_TOLERANCE, worst

@@ -106,12 +106,13 @@ def verification_configs(
     records: Sequence[TrialRecord], space: SearchSpace, top: int, objective: str
 ) -> dict[str, LoaderConfig]:
     """Both baselines, then the ``top`` best distinct configurations of the search
-    (finished trials before those ASHA stopped)."""
+    (trusted trials first: a steady window and a figure within bounds; then finished
+    trials before those ASHA stopped)."""
     named: dict[str, LoaderConfig] = dict(space.baselines())
     baselines = len(named)
     ranked = sorted(
         (r for r in records if r.status in MEASURED and r.objective(objective) and r.config),
-        key=lambda r: (r.status == "ok", r.objective(objective) or 0.0),
+        key=lambda r: (r.trusted, r.status == "ok", r.objective(objective) or 0.0),
         reverse=True,
     )
     for record in ranked:

@@ -413,3 +413,41 @@ class Stragglers(TensorImages):
 
 def stragglers() -> Dataset:
     return Stragglers()
+
+
+class Paced(TensorImages):
+    """Each sample takes ``delay_s`` to make, sleeping: the input delivers exactly
+    (workers or 1) / ``delay_s`` samples/s whatever the cores. From the ``slow_after``-th
+    read of a process on, each takes ``slow_delay_s`` instead (a rate that changes)."""
+
+    def __init__(
+        self, length: int, delay_s: float, slow_after: int | None = None,
+        slow_delay_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        super().__init__(length, size=8)
+        self.delay_s = delay_s
+        self.slow_after = slow_after
+        self.slow_delay_s = slow_delay_s
+        self.reads = 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads += 1
+        slow = self.slow_after is not None and self.reads > self.slow_after
+        time.sleep(self.slow_delay_s if slow else self.delay_s)
+        return self.images[index], self.labels[index]
+
+
+class SlowFirstStep:
+    """A training step whose first call takes ``first_s`` (cuDNN's autotuning, allocation
+    or torch.compile on a GPU) and every later one ``every_s``."""
+
+    def __init__(self, first_s: float, every_s: float = 0.0) -> None:
+        self.first_s = first_s
+        self.every_s = every_s
+        self.calls = 0
+
+    def __call__(self, batch: object) -> None:
+        self.calls += 1
+        delay = self.first_s if self.calls == 1 else self.every_s
+        if delay:
+            time.sleep(delay)

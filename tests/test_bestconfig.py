@@ -6,6 +6,7 @@ import pytest
 
 from raytune_loader.bestconfig import _baselines, _limit, metrics_of
 from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
+from raytune_loader.report import limit_line
 from raytune_loader.selection import Candidate, fitting
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
 
@@ -43,12 +44,33 @@ def test_efficiency_is_the_median_share_of_the_ceiling() -> None:
     assert metrics["efficiency"]["median"] == 0.75 and "ceiling_note" not in metrics
 
 
-def test_an_efficiency_above_one_is_reported_as_a_ceiling_too_low() -> None:
+def test_an_efficiency_above_one_within_noise_is_reported_as_a_ceiling_too_low() -> None:
     config = LoaderConfig(batch_size=32)
-    candidate = Candidate("tuned", config, tuple(_run(config, s, 300.0) for s in (330, 360)))
+    candidate = Candidate("tuned", config, tuple(_run(config, s, 300.0) for s in (309, 312)))
     metrics = metrics_of(candidate)
     assert metrics["efficiency"] is None
-    assert "measured too low" in metrics["ceiling_note"] and "1.15" in metrics["ceiling_note"]
+    assert "measured too low" in metrics["ceiling_note"] and "1.04" in metrics["ceiling_note"]
+    assert "refused" not in metrics
+
+
+def test_a_run_above_the_ceiling_beyond_noise_is_refused_and_said() -> None:
+    """585 samples/s against a ceiling of 534 (grid.json's defect): not a figure to report."""
+    config = LoaderConfig(batch_size=32)
+    runs = (_run(config, 500, 534.0), _run(config, 585, 534.0), _run(config, 510, 534.0))
+    candidate = Candidate("tuned", config, runs)
+    metrics = metrics_of(candidate)
+    assert metrics["samples_per_s"]["values"] == [500, 510]  # the defect left out
+    assert len(metrics["refused"]) == 1 and "585" in metrics["refused"][0]
+    assert "above the ceiling" in metrics["refused"][0] and "534" in metrics["refused"][0]
+
+
+def test_training_faster_than_its_input_alone_is_a_defect_not_a_limit() -> None:
+    config = LoaderConfig(batch_size=32)
+    candidate = Candidate("tuned", config, tuple(_run(config, s) for s in (4599, 4600)))
+    limit = _limit(candidate, InputRate(4203.0, 370.0))["limit"]
+    assert limit["bound"] == "defect" and "input pipeline alone" in limit["defect"]
+    assert "input-bound" not in (limit_line(limit) or "")
+    assert limit_line(limit).startswith("defect: training measured 4600")
 
 
 @pytest.mark.parametrize(

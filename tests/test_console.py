@@ -258,3 +258,25 @@ def _load(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up
     spec.loader.exec_module(module)
     return module
+
+
+def test_unsteady_trials_and_figures_beyond_a_bound_are_said() -> None:
+    from raytune_loader.console import notes, steady_lines
+    from raytune_loader.records import TrialRecord
+
+    trials = [
+        TrialRecord("a", "ok", steady=True, steady_ratio=1.02),
+        TrialRecord("b", "ok", steady=False, steady_ratio=1.4),
+        TrialRecord("c", "ok", steady=True, bounds="measured 585 samples/s, above the ceiling"),
+    ]
+    said = notes(trials)
+    assert any(line.startswith("1 trial(s) measured a window whose halves") for line in said)
+    assert any("above the ceiling beyond noise" in line and "585" in line for line in said)
+    assert notes(trials[:1]) == []
+    best = {
+        "metrics": {"steady": False, "refused": ["measured 585 samples/s, above the ceiling"]},
+        "baselines": {"heuristic": {"metrics": {"steady": True}}},
+    }
+    lines = steady_lines(best)
+    assert lines[0].startswith("not steady:") and "left out of tuned's figures" in lines[1]
+    assert steady_lines({"metrics": {"steady": True}}) == []

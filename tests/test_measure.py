@@ -385,3 +385,52 @@ def test_a_segment_unwatched_reads_no_memory_and_trains_the_same() -> None:
     assert metrics.samples == 8 * 12 and metrics.epoch_start_s is not None
     assert metrics.watch is not None and metrics.watch.readings == ()
     assert metrics.memory is None and metrics.worker_thread_count is None
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize(
+    ("workers", "kind"), [(0, "process"), (2, "process"), (2, "thread"), (4, "thread")]
+)
+def test_a_slow_first_step_does_not_make_a_deep_queue_look_fast(workers: int, kind: str) -> None:
+    """The input delivers exactly (workers or 1) x 200 samples/s (5 ms a sample, asleep);
+    the first step takes 1.5 s, while the workers fill every slot (the space's largest
+    prefetch_factor). Measured before the window drained that stock, 2 process workers
+    read 1.16x their rate and 8 thread workers 30x (and more): each must be within 10%."""
+    from datasets_for_tests import Paced, SlowFirstStep
+
+    config = LoaderConfig.from_dict(
+        {"num_workers": workers, "prefetch_factor": 8 if workers else None, "workers": kind},
+        batch_size=8,
+    )
+    spec = SegmentSpec(warmup_steps=2, steps=24, report_every=24)
+    trainer = Trainer(SlowFirstStep(1.5), torch.device("cpu"))
+    metrics = train_segment(Paced(512, delay_s=0.005), trainer, config, spec)
+    true = max(workers, 1) * 200
+    assert 0.9 * true <= metrics.samples_per_s <= 1.1 * true
+    assert metrics.steady
+    assert metrics.data_wait_frac > 0.8  # the step costs nothing: the loop waits
+
+
+@pytest.mark.alone
+def test_a_slow_step_on_fast_data_measures_the_step() -> None:
+    """Model-bound: 25 ms a step, data for free; the stock is full all along."""
+    from datasets_for_tests import SlowFirstStep
+
+    config = LoaderConfig(8, num_workers=2, prefetch_factor=8)
+    spec = SegmentSpec(warmup_steps=2, steps=24, report_every=24)
+    trainer = Trainer(SlowFirstStep(1.0, every_s=0.025), torch.device("cpu"))
+    metrics = train_segment(TensorImages(256), trainer, config, spec)
+    assert metrics.samples_per_s == pytest.approx(8 / 0.025, rel=0.1)
+    assert metrics.steady and metrics.data_wait_frac < 0.2
+
+
+def test_a_pipeline_whose_rate_changes_in_the_window_is_marked_not_steady() -> None:
+    """1 ms a sample, then from the middle of the window on 6 ms: the halves differ."""
+    from datasets_for_tests import Paced, SlowFirstStep
+
+    config = LoaderConfig(8)
+    spec = SegmentSpec(warmup_steps=2, steps=16, report_every=16)
+    middle = (2 + 8) * 8  # reads before the window's second half (one more: the first batch)
+    dataset = Paced(256, delay_s=0.001, slow_after=middle, slow_delay_s=0.006)
+    metrics = train_segment(dataset, Trainer(SlowFirstStep(0.0), torch.device("cpu")), config, spec)
+    assert metrics.steady is False and metrics.steady_ratio > 2

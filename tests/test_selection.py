@@ -109,3 +109,21 @@ def test_by_samples_per_s_a_busier_but_slower_candidate_loses() -> None:
     busy, fast = measured("device", 900.0, 0.95), measured("pil", 1000.0, 0.80)
     assert select([busy, fast], "util").winner is busy  # type: ignore[union-attr]
     assert select([busy, fast], "samples_per_s").winner is fast  # type: ignore[union-attr]
+
+
+def test_a_candidate_whose_windows_were_not_steady_ranks_after_the_steady_ones() -> None:
+    from dataclasses import replace
+
+    fast = _candidate("deep-queue", 4, [0.95, 0.96, 0.94])
+    unsteady = tuple(
+        replace(o, metrics=replace(o.metrics, steady=False, steady_ratio=1.5))
+        for o in fast.outcomes[:2]
+    )
+    fast = Candidate(fast.name, fast.config, unsteady + fast.outcomes[2:])
+    steady = _candidate("steady", 2, [0.8, 0.82, 0.81])
+    assert not fast.steady and steady.steady
+    chosen = select([fast, steady], "util")
+    assert chosen is not None and chosen.winner.name == "steady"
+    assert [c.name for c in chosen.ranked] == ["steady", "deep-queue"]
+    alone = select([fast], "util")  # with nothing steady, the best of the rest still wins
+    assert alone is not None and alone.winner.name == "deep-queue"

@@ -102,6 +102,26 @@ def test_verification_takes_both_baselines_and_the_best_distinct_trials() -> Non
     assert (configs["top-1"], configs["top-2"]) == (two, one)
 
 
+def test_verification_takes_trusted_trials_before_unsteady_ones_or_defects() -> None:
+    """A trial whose window was not steady, or that beat the final ceiling, is verified
+    only after the trusted ones, however high it measured."""
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2)
+    deep = LoaderConfig(8, 2, 8, False, True)
+    unsteady = LoaderConfig(8, 2, 4, False, False)
+    good = LoaderConfig(8, 1, 2, False, False)
+    ceiling = 500.0
+    records = [
+        TrialRecord("t1", "ok", config=deep, samples_per_s=585.0, util_source="step-timing"),
+        TrialRecord("t2", "ok", config=unsteady, samples_per_s=480.0, steady=False),
+        TrialRecord("t3", "ok", config=good, samples_per_s=450.0, steady=True),
+    ]
+    rebased = [r.rebased(ceiling) for r in records]
+    assert rebased[0].bounds and "585" in rebased[0].bounds and not rebased[0].trusted
+    assert not rebased[2].bounds and rebased[2].efficiency == pytest.approx(0.9)
+    configs = verification_configs(rebased, space, top=1, objective="samples_per_s")
+    assert configs["top-1"] == good
+
+
 class Scripted(LocalMeasurer):
     """Each configuration's samples/s come from a script, by its workers, in order."""
 

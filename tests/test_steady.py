@@ -1,0 +1,76 @@
+"""The steady window: the rate it measures, and when it is marked not steady."""
+
+from __future__ import annotations
+
+import pytest
+
+from raytune_loader.space import LoaderConfig
+from raytune_loader.steady import (
+    STEADY_TOLERANCE,
+    Consumed,
+    above_bound,
+    above_ceiling,
+    in_flight,
+    merged,
+    rate,
+    steadiness,
+)
+
+
+def _batches(costs: list[float | None], step_s: float, samples: int = 32) -> list[Consumed]:
+    return [Consumed(samples, (i + 1) * step_s, cost) for i, cost in enumerate(costs)]
+
+
+def test_a_loop_served_from_a_stock_measures_what_the_workers_produce() -> None:
+    """24 batches trained in 0.24 s, each of which cost one of 2 workers 0.4 s: the
+    workers make 5 batches a second, not the loop's 100."""
+    found = rate(_batches([0.4] * 24, 0.01), start=0.0, makers=2)
+    assert found.consumed_s == pytest.approx(0.24)
+    assert found.produced_s == pytest.approx(0.4 * 24 / 2)
+    assert found.samples_per_s == pytest.approx(32 * 24 / 4.8)
+    assert found.stretch == pytest.approx(4.8 / 0.24)
+
+
+def test_a_loop_that_is_the_limit_measures_its_own_pace() -> None:
+    found = rate(_batches([0.01] * 24, 0.1), start=0.0, makers=4)
+    assert found.samples_per_s == pytest.approx(32 / 0.1)
+    assert found.stretch == 1.0
+
+
+def test_batches_without_a_cost_count_at_the_others_mean() -> None:
+    found = rate(_batches([None, 0.2, 0.2, 0.2], 0.01), start=0.0, makers=1)
+    assert found.produced_s == pytest.approx(0.8)
+
+
+def test_halves_that_agree_are_steady_and_halves_that_do_not_are_marked() -> None:
+    held = steadiness(_batches([0.1] * 24, 0.05), 0.0, 1)
+    assert held.steady and held.ratio == pytest.approx(1.0)
+    # a stock that runs out in the middle: the first half consumed fast, the second paced
+    costs = [0.1] * 24
+    ends = [0.01 * (i + 1) for i in range(12)] + [0.12 + 0.1 * (i + 1) for i in range(12)]
+    batches = [Consumed(32, end, cost) for end, cost in zip(ends, costs, strict=True)]
+    moved = steadiness(batches, 0.0, 4)
+    assert moved.steady is False and moved.ratio == pytest.approx(4.0, rel=0.05)
+    assert steadiness(_batches([0.1] * 3, 0.05), 0.0, 1).steady is None  # too short
+
+
+def test_in_flight_counts_every_slot_of_the_configuration() -> None:
+    assert in_flight(LoaderConfig(32)) == 0
+    assert in_flight(LoaderConfig(32, num_workers=2, prefetch_factor=8)) == 2 * 9 + 2
+    threads = LoaderConfig(32, num_workers=8, prefetch_factor=8, workers="thread")
+    assert in_flight(threads) == 8 * 9 + 2
+
+
+def test_a_figure_beyond_its_bound_is_said_one_within_noise_is_not() -> None:
+    assert above_ceiling(540.0, 534.0) is None
+    note = above_ceiling(585.0, 534.0)
+    assert note is not None and "585" in note and "534" in note and "defect" in note
+    assert above_bound(4599.0, 4203.0, "the input pipeline alone") is not None
+    assert above_bound(None, 4203.0, "x") is None and above_bound(10.0, None, "x") is None
+
+
+def test_ranks_are_steady_together_and_report_the_worst_ratio() -> None:
+    assert merged([1.02, 0.97]) == (True, 0.97)
+    held, worst = merged([1.02, 1.0 + 2 * STEADY_TOLERANCE])
+    assert held is False and worst == pytest.approx(1.0 + 2 * STEADY_TOLERANCE)
+    assert merged([None, None]) == (None, None)
