@@ -207,7 +207,7 @@ def steady_lines(best: dict[str, Any]) -> list[str]:
     if metrics.get("steady") is False:
         out.append(
             "not steady: most of the tuned configuration's runs measured halves more than "
-            "15% apart (no steady configuration was found; docs/measurement.md)"
+            "20% apart (no steady configuration was found; docs/measurement.md)"
         )
     sections = {"tuned": best, **best.get("baselines", {})}
     for name, section in sections.items():
@@ -232,7 +232,7 @@ def notes(trials: Sequence[TrialRecord]) -> list[str]:
     if unsteady:
         out.append(
             f"{len(unsteady)} trial(s) measured a window whose halves differed by more than "
-            "15% (not steady, ranked after the steady ones; trials.csv: steady_ratio); "
+            "20% (not steady, ranked after the steady ones; trials.csv: steady_ratio); "
             "longer windows (--steps) settle them"
         )
     beyond = [r for r in trials if r.bounds]

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from raytune_loader.loader import Stamped
 from raytune_loader.space import LoaderConfig
 
-STEADY_TOLERANCE = 0.15  # the halves' rates may differ by this share and still be steady
+STEADY_TOLERANCE = 0.20  # the halves' rates may differ by this share and still be steady
+HALF_BATCHES = 8  # the fewest batches a half needs for its rate to say anything
 BOUND_TOLERANCE = 0.05  # a figure this far above its bound is a defect, not noise
 
 
@@ -117,16 +118,20 @@ class Steadiness:
 
     @property
     def steady(self) -> bool | None:
-        if self.ratio is None:
-            return None
-        return abs(self.ratio - 1.0) <= STEADY_TOLERANCE
+        return None if self.ratio is None else within(self.ratio)
+
+
+def within(ratio: float) -> bool:
+    """Two rates ``ratio`` apart, either way, agree within :data:`STEADY_TOLERANCE`."""
+    return max(ratio, 1.0 / ratio) <= 1.0 + STEADY_TOLERANCE
 
 
 def steadiness(batches: Sequence[Consumed], start: float, makers: int) -> Steadiness:
-    """The window's rate and its halves' ratio (none with fewer than four batches)."""
+    """The window's rate and its halves' ratio (none when a half would hold fewer than
+    :data:`HALF_BATCHES`: an interim report's, or a short window's)."""
     whole = rate(batches, start, makers)
     half = len(batches) // 2
-    if half < 2:
+    if half < HALF_BATCHES:
         return Steadiness(whole, None)
     first = rate(batches[:half], start, makers)
     second = rate(batches[half:], batches[half - 1].ended, makers)
@@ -156,5 +161,5 @@ def merged(ratios: Sequence[float | None]) -> tuple[bool | None, float | None]:
     known = [r for r in ratios if r is not None]
     if not known:
         return None, None
-    worst = max(known, key=lambda r: abs(r - 1.0))
-    return abs(worst - 1.0) <= STEADY_TOLERANCE, worst
+    worst = max(known, key=lambda r: max(r, 1.0 / r))
+    return within(worst), worst

@@ -51,7 +51,13 @@ def test_halves_that_agree_are_steady_and_halves_that_do_not_are_marked() -> Non
     batches = [Consumed(32, end, cost) for end, cost in zip(ends, costs, strict=True)]
     moved = steadiness(batches, 0.0, 4)
     assert moved.steady is False and moved.ratio == pytest.approx(4.0, rel=0.05)
-    assert steadiness(_batches([0.1] * 3, 0.05), 0.0, 1).steady is None  # too short
+    assert steadiness(_batches([0.1] * 14, 0.05), 0.0, 1).steady is None  # too short
+    # either way round: paced first, then a loop twice as fast that the workers keep up with
+    ends = [0.1 * (i + 1) for i in range(12)] + [1.2 + 0.05 * (i + 1) for i in range(12)]
+    costs = [0.4] * 12 + [0.2] * 12
+    batches = [Consumed(32, end, cost) for end, cost in zip(ends, costs, strict=True)]
+    slower_first = steadiness(batches, 0.0, 4)
+    assert slower_first.steady is False and slower_first.ratio == pytest.approx(0.5)
 
 
 def test_in_flight_counts_every_slot_of_the_configuration() -> None:
@@ -71,6 +77,7 @@ def test_a_figure_beyond_its_bound_is_said_one_within_noise_is_not() -> None:
 
 def test_ranks_are_steady_together_and_report_the_worst_ratio() -> None:
     assert merged([1.02, 0.97]) == (True, 0.97)
+    assert merged([1.1, 0.8]) == (False, 0.8)  # 1.25x apart, the other way round
     held, worst = merged([1.02, 1.0 + 2 * STEADY_TOLERANCE])
     assert held is False and worst == pytest.approx(1.0 + 2 * STEADY_TOLERANCE)
     assert merged([None, None]) == (None, None)
