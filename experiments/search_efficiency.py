@@ -64,7 +64,7 @@ def load(path: Path) -> tuple[list[Point], dict]:
     points = [
         Point(LoaderConfig.from_dict(_loader_keys(p["config"])), tuple(map(tuple, p["reports"])))
         for p in grid["points"]
-        if p["samples_per_s"] > 0
+        if p["samples_per_s"] > 0 and not p.get("bounds")  # a defect is not a figure
     ]
     return points, grid
 

@@ -25,9 +25,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from raytune_loader.errors import ConfigError
 from raytune_loader.records import MEASURED
 from raytune_loader.results import atomic_write_text, config_from_sections
-from raytune_loader.space import CONFIG_KEYS, LABELS
+from raytune_loader.space import CONFIG_KEYS, LABELS, LoaderConfig, structure
 
 FAILED = ("failed", "error")
 MARKERS = "osD^vP*Xph"
@@ -102,14 +103,28 @@ def _flag(value: Any) -> bool | None:
 
 
 def structure_of(row: dict[str, Any]) -> str:
-    """A trial's structure in words: decoder, transfer, worker kind (older files lack
-    the pipeline's columns: PIL, float32, processes)."""
-    decode = row.get("decode") if isinstance(row.get("decode"), str) else "pil"
-    transfer = row.get("transfer") if isinstance(row.get("transfer"), str) else "float32"
-    workers = row.get("num_workers")
-    kind = "no workers" if not workers or pd.isna(workers) else (
-        "threads" if row.get("workers") == "thread" else "processes")  # fmt: skip
-    return f"{decode}, {transfer}, {kind}"
+    """A trial's :func:`~raytune_loader.space.structure` in words (older files lack the
+    pipeline's columns: PIL, float32, processes; a trial without a configuration is
+    ``unknown``)."""
+    known = {k: _plain(row[k]) for k in CONFIG_KEYS if k in row and not _missing(row[k])}
+    try:
+        config = LoaderConfig.from_trial_config(known)
+    except (ConfigError, TypeError, ValueError):
+        return "unknown"
+    return structure(config).words()
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (not isinstance(value, str) and pd.isna(value))
+
+
+def _plain(value: Any) -> Any:
+    """A CSV cell as the configuration's type: 2.0 is 2, "True" is True."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value in ("True", "False"):
+        return value == "True"
+    return value
 
 
 def plot_points(trials: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,7 @@ reservation.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -70,104 +71,37 @@ class LoaderConfig:
     worker_threads: int | None = _knob(None, "worker threads", role="worker")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool):
-            raise ConfigError(f"batch_size must be an integer, got {self.batch_size!r}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be positive, got {self.batch_size}")
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ConfigError(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
-        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
-            raise ConfigError(
-                "prefetch_factor and persistent_workers need num_workers > 0 "
-                f"(got num_workers=0, prefetch_factor={self.prefetch_factor}, "
-                f"persistent_workers={self.persistent_workers})"
-            )
-        if self.prefetch_factor is not None and (
-            not isinstance(self.prefetch_factor, int) or self.prefetch_factor < 1
-        ):
-            raise ConfigError(
-                f"prefetch_factor must be a positive integer, got {self.prefetch_factor!r}"
-            )
-        for name in ("pin_memory", "persistent_workers", "in_order"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.multiprocessing_context not in START_METHODS + ("fork",):
-            raise ConfigError(
-                f"multiprocessing_context must be fork, forkserver or spawn, "
-                f"got {self.multiprocessing_context!r}"
-            )
-        if self.num_workers == 0 and (self.multiprocessing_context or not self.in_order):
-            raise ConfigError("multiprocessing_context and in_order need num_workers > 0")
-        if self.transfer not in TRANSFERS:
-            raise ConfigError(f"transfer must be one of {', '.join(TRANSFERS)}")
-        if self.decode not in DECODES:
-            raise ConfigError(f"decode must be one of {', '.join(DECODES)}")
-        if self.decode == "device" and self.transfer != "uint8":
-            raise ConfigError("decode=device finishes the images on the device: transfer uint8")
-        if self.workers not in WORKER_KINDS:
-            raise ConfigError(f"workers must be one of {', '.join(WORKER_KINDS)}")
-        if self.access not in ACCESSES or self.batching not in BATCHINGS:
-            raise ConfigError(
-                f"access must be one of {', '.join(ACCESSES)} and batching one of "
-                f"{', '.join(BATCHINGS)}, got {self.access!r} and {self.batching!r}"
-            )
-        if self.batching == "workers" and self.access != "stream":
-            raise ConfigError("batching in the workers is a choice of streams (access stream)")
-        if self.workers == "thread" and (
-            self.num_workers == 0 or self.multiprocessing_context or self.persistent_workers
-        ):
-            raise ConfigError(
-                "thread workers need num_workers > 0 and take neither a "
-                "multiprocessing_context nor persistent_workers (threads cost nothing to keep)"
-            )
-        self._check_worker_threads()
-
-    def _check_worker_threads(self) -> None:
-        if self.worker_threads is None:
-            return
-        threads = self.worker_threads
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise ConfigError(
-                f"worker_threads must be a positive integer or null, got {self.worker_threads!r}"
-            )
-        if self.num_workers == 0 or self.workers != "process":
-            raise ConfigError(
-                "worker_threads limits the thread pools of worker processes: it needs "
-                "num_workers > 0 and process workers (thread workers share the training "
-                "process's pools, and limiting them would limit the training step too)"
-            )
+        values = asdict(self)
+        for name, check in _VALUE_CHECKS.items():
+            problem = check(values[name])
+            if problem:
+                raise ConfigError(f"{name} must be {problem}, got {values[name]!r}")
+        for rule in RULES:
+            if not rule.when(values) and values[rule.name] != rule.inert:
+                raise ConfigError(rule.says)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], batch_size: int | None = None) -> LoaderConfig:
         """Build from a Tune trial config or a JSON ``loader`` section (with the
-        ``pipeline`` and ``worker_init`` sections' keys merged in), validating types."""
+        ``pipeline`` and ``worker_init`` sections' keys merged in): a field that does not
+        apply takes its inert value (:data:`RULES`), one that applies but is missing its
+        default; then the constructor validates."""
         known = set(CONFIG_KEYS)
         unknown = set(values) - known
         if unknown:
             raise ConfigError(
                 f"unknown loader keys {sorted(unknown)}; expected some of {sorted(known)}"
             )
-        merged = {"batch_size": batch_size, **values}
+        merged = {**_DEFAULTS, "batch_size": batch_size, **values}
         if merged["batch_size"] is None:
             raise ConfigError("loader config has no batch_size")
-        workers = merged.get("num_workers", 0)
-        if workers == 0:
-            merged["prefetch_factor"] = None
-            merged["persistent_workers"] = False
-            merged["in_order"] = True
-            merged["multiprocessing_context"] = None
-            merged["workers"] = "process"
-            merged["worker_threads"] = None
-        elif merged.get("prefetch_factor") is None:
-            merged["prefetch_factor"] = 2
-        if merged.get("workers") == "thread":
-            merged["multiprocessing_context"] = None
-            merged["persistent_workers"] = False
-            merged["worker_threads"] = None
-        if merged.get("decode") == "device":
-            merged["transfer"] = "uint8"
-        if merged.get("access", "map") == "map":
-            merged["batching"] = "loader"  # a map-style loader batches in its workers anyway
+        if not isinstance(merged["num_workers"], int) or merged["num_workers"] < 0:
+            raise ConfigError(f"num_workers must be an integer >= 0, got {merged['num_workers']!r}")
+        for rule in RULES:
+            if not rule.when(merged):
+                merged[rule.name] = rule.inert
+            elif merged[rule.name] is None and rule.default is not None:
+                merged[rule.name] = rule.default
         return cls(**merged)
 
     @classmethod
@@ -203,22 +137,26 @@ class LoaderConfig:
         return LoaderConfig(**{**asdict(self), "batch_size": batch_size})
 
     def label(self) -> str:
-        """Short human-readable form for tables and progress lines."""
-        extra = " uint8" if self.transfer == "uint8" and self.decode != "device" else ""
-        extra += {"pil": "", "tensor": " tensor-decode", "device": " device-decode"}[self.decode]
-        extra += " stream" if self.access == "stream" else ""
-        extra += " batched-in-workers" if self.batching == "workers" else ""
-        if self.num_workers == 0:
-            return f"workers=0 pin={_yn(self.pin_memory)} bs={self.batch_size}{extra}"
-        extra += " threads" if self.workers == "thread" else ""
-        extra += "" if self.in_order else " unordered"
-        extra += f" {self.multiprocessing_context}" if self.multiprocessing_context else ""
-        extra += f" worker-threads={self.worker_threads}" if self.worker_threads else ""
-        return (
-            f"workers={self.num_workers} prefetch={self.prefetch_factor} "
-            f"pin={_yn(self.pin_memory)} persistent={_yn(self.persistent_workers)} "
-            f"bs={self.batch_size}{extra}"
-        )
+        """Short human-readable form for tables and progress lines: the fields that
+        apply (:data:`RULES`), the pipeline's choices as words."""
+        values = asdict(self)
+        shown = [f"workers={self.num_workers}"]
+        if applies("prefetch_factor", values):
+            shown.append(f"prefetch={self.prefetch_factor}")
+        shown.append(f"pin={_yn(self.pin_memory)}")
+        if applies("persistent_workers", values):
+            shown.append(f"persistent={_yn(self.persistent_workers)}")
+        shown.append(f"bs={self.batch_size}")
+        if self.transfer == "uint8" and applies("transfer", values):
+            shown.append("uint8")
+        shown += [{"pil": "", "tensor": "tensor-decode", "device": "device-decode"}[self.decode]]
+        shown += ["stream" if self.access == "stream" else ""]
+        shown += ["batched-in-workers" if self.batching == "workers" else ""]
+        shown += ["threads" if self.workers == "thread" else ""]  # each inert where it
+        shown += ["" if self.in_order else "unordered"]  # does not apply: nothing shown
+        shown += [self.multiprocessing_context or ""]
+        shown += [f"worker-threads={self.worker_threads}" if self.worker_threads else ""]
+        return " ".join(word for word in shown if word)
 
 
 CONFIG_KEYS = tuple(f.name for f in fields(LoaderConfig))
@@ -232,6 +170,162 @@ SHOWN_IN_PIPELINE = {f.name: f.metadata["shown_as"] for f in fields(LoaderConfig
 
 def _yn(flag: bool) -> str:
     return "y" if flag else "n"
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What a configuration is built of, apart from its counts (workers, prefetch, batch
+    size): the decoder, the transfer, the worker kind (``none`` without workers), how
+    it is read and batched. The space is covered, profiled, modelled and reported by
+    structure (:func:`structure`)."""
+
+    decode: str
+    transfer: str
+    kind: str  # process, thread or none
+    access: str
+    batching: str
+
+    @property
+    def worker_side(self) -> str:
+        """The key of what a worker does to a sample (the profile's per-core cost):
+        decoder/transfer, and for a stream how it is read and batched."""
+        key = f"{self.decode}/{self.transfer}"
+        return f"{key}/stream/{self.batching}" if self.access == "stream" else key
+
+    @property
+    def receiving(self) -> str:
+        """The key of what the training process receives a batch from: kind/transfer
+        (the loop itself, without workers, counts as a process)."""
+        return f"{'process' if self.kind == 'none' else self.kind}/{self.transfer}"
+
+    def words(self) -> str:
+        """For tables: ``tensor, uint8, threads``."""
+        kind = {"none": "no workers", "process": "processes", "thread": "threads"}[self.kind]
+        read = ", stream" + (" batched in workers" if self.batching == "workers" else "")
+        return f"{self.decode}, {self.transfer}, {kind}" + (read if self.access == "stream" else "")
+
+
+def structure(config: LoaderConfig) -> Structure:
+    """``config``'s structure."""
+    kind = config.workers if applies("workers", asdict(config)) else "none"
+    return Structure(config.decode, config.transfer, kind, config.access, config.batching)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When a field of :class:`LoaderConfig` means something: ``when`` the other values
+    allow it; otherwise it holds ``inert``, and a candidate that sets it otherwise is
+    refused with ``says``. ``default`` fills it in where it applies and is not given."""
+
+    name: str
+    when: Callable[[Mapping[str, Any]], bool]
+    inert: Any
+    says: str
+    default: Any = None
+
+
+def _workers(values: Mapping[str, Any]) -> bool:
+    return values["num_workers"] > 0
+
+
+def _processes(values: Mapping[str, Any]) -> bool:
+    return values["num_workers"] > 0 and values["workers"] == "process"
+
+
+# PyTorch's rules for a candidate and the pipeline's, each written once: the constructor
+# refuses what breaks one, from_dict normalises by them, the space's define-by-run
+# suggests a field only where its rule applies, and label() shows only those fields.
+# In order: a rule reads only the fields of the rules before it.
+RULES = (
+    Rule("workers", _workers, "process", "thread workers need num_workers > 0"),
+    Rule("prefetch_factor", _workers, None, "prefetch_factor needs num_workers > 0", default=2),
+    Rule(
+        "persistent_workers",
+        _processes,
+        False,
+        "persistent_workers needs num_workers > 0 and process workers (thread workers cost "
+        "nothing to keep)",
+    ),  # fmt: skip
+    Rule("in_order", _workers, True, "in_order needs num_workers > 0"),
+    Rule(
+        "multiprocessing_context",
+        _processes,
+        None,
+        "multiprocessing_context needs num_workers > 0 and process workers (thread workers "
+        "start no process)",
+    ),  # fmt: skip
+    Rule(
+        "worker_threads",
+        _processes,
+        None,
+        "worker_threads limits the thread pools of worker processes: it needs num_workers > 0 "
+        "and process workers (thread workers share the training process's pools, and "
+        "limiting them would limit the training step too)",
+    ),  # fmt: skip
+    Rule(
+        "transfer",
+        lambda v: v["decode"] != "device",
+        "uint8",
+        "decode=device finishes the images on the device: transfer uint8",
+    ),  # fmt: skip
+    Rule(
+        "batching",
+        lambda v: v["access"] == "stream",
+        "loader",
+        "batching in the workers is a choice of streams (access stream)",
+    ),  # fmt: skip
+)
+_RULES = {rule.name: rule for rule in RULES}
+_DEFAULTS = {f.name: f.default for f in fields(LoaderConfig) if f.name != "batch_size"}
+
+
+def applies(name: str, values: Mapping[str, Any]) -> bool:
+    """Whether field ``name`` means something, given the other ``values`` (:data:`RULES`)."""
+    rule = _RULES.get(name)
+    return rule is None or rule.when(values)
+
+
+def _one_of(choices: tuple[Any, ...], words: str | None = None) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else words or f"one of {', '.join(map(str, choices))}"
+
+    return check
+
+
+def _integer(low: int, words: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+        return None if ok else words
+
+    return check
+
+
+def _optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    return lambda value: None if value is None else check(value)
+
+
+def _flag(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
+# Each field's own values (its rule in RULES says when it applies).
+_VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "batch_size": _integer(1, "a positive integer"),
+    "num_workers": _integer(0, "an integer >= 0"),
+    "prefetch_factor": _optional(_integer(1, "a positive integer")),
+    "pin_memory": _flag,
+    "persistent_workers": _flag,
+    "in_order": _flag,
+    "multiprocessing_context": _one_of(
+        (*START_METHODS, "fork"), "fork, forkserver or spawn (or null: the platform's)"
+    ),
+    "transfer": _one_of(TRANSFERS),
+    "decode": _one_of(DECODES),
+    "workers": _one_of(WORKER_KINDS),
+    "access": _one_of(ACCESSES),
+    "batching": _one_of(BATCHINGS),
+    "worker_threads": _optional(_integer(1, "a positive integer or null")),
+}
 
 
 def reserved_cpus(
@@ -277,38 +371,38 @@ class SearchSpace:
         return fixed
 
     def define_by_run(self, trial: Any) -> dict[str, Any] | None:
-        """Optuna define-by-run space; returns the constants that are not searched."""
-        access = self.accesses[0]
-        if len(self.accesses) > 1:
-            access = trial.suggest_categorical("access", list(self.accesses))
-        most = self.max_workers  # a stream's workers share its shards: no more than them
-        if access == "stream" and self.stream_workers is not None:
-            most = min(most, self.stream_workers)
-        workers = trial.suggest_int("num_workers", 0, most)
-        if access == "stream" and len(self.batchings) > 1:
-            trial.suggest_categorical("batching", list(self.batchings))
-        decode = "pil"
-        if self.pipeline and len(self.decodes) > 1:
-            decode = trial.suggest_categorical("decode", list(self.decodes))
-        if workers > 0:
-            kind = "process"
-            if self.pipeline and self.thread_workers:
-                kind = trial.suggest_categorical("workers", list(WORKER_KINDS))
-            trial.suggest_categorical("prefetch_factor", list(self.prefetch_factors))
-            if kind == "process":
-                trial.suggest_categorical("persistent_workers", [True, False])
-                trial.suggest_categorical("worker_threads", list(WORKER_THREADS))
-            if self.pipeline:
-                trial.suggest_categorical("in_order", [True, False])
-                if kind == "process":
-                    trial.suggest_categorical("multiprocessing_context", list(START_METHODS))
-        if self.cuda:
-            trial.suggest_categorical("pin_memory", [True, False])
-        if len(self.batch_sizes) > 1:
-            trial.suggest_categorical("batch_size", list(self.batch_sizes))
-        if self.pipeline and decode != "device":
-            trial.suggest_categorical("transfer", list(TRANSFERS))
+        """Optuna define-by-run space; returns the constants that are not searched. Each
+        field the space searches is suggested where its rule applies (:data:`RULES`)
+        given the answers before it, so every proposal is a valid candidate."""
+        values = {**_DEFAULTS, "access": self.accesses[0]}
+        for name, choices in self._searched(values):
+            if not choices or not applies(name, values):
+                continue
+            if name == "num_workers":
+                values[name] = trial.suggest_int(name, choices[0], choices[-1])
+            else:
+                values[name] = trial.suggest_categorical(name, choices)
         return self.constants() or None
+
+    def _searched(self, values: dict[str, Any]) -> Iterator[tuple[str, list[Any] | None]]:
+        """The fields this space searches, in the order they are suggested (a field after
+        those its rule reads), each with its choices (None: not searched here)."""
+        yield "access", list(self.accesses) if len(self.accesses) > 1 else None
+        most = self.max_workers  # a stream's workers share its shards: no more than them
+        if values["access"] == "stream" and self.stream_workers is not None:
+            most = min(most, self.stream_workers)
+        yield "num_workers", list(range(0, most + 1))
+        yield "batching", list(self.batchings) if len(self.batchings) > 1 else None
+        yield "decode", list(self.decodes) if self.pipeline and len(self.decodes) > 1 else None
+        yield "workers", list(WORKER_KINDS) if self.pipeline and self.thread_workers else None
+        yield "prefetch_factor", list(self.prefetch_factors)
+        yield "persistent_workers", [True, False]
+        yield "worker_threads", list(WORKER_THREADS)
+        yield "in_order", [True, False] if self.pipeline else None
+        yield "multiprocessing_context", list(START_METHODS) if self.pipeline else None
+        yield "pin_memory", [True, False] if self.cuda else None
+        yield "batch_size", list(self.batch_sizes) if len(self.batch_sizes) > 1 else None
+        yield "transfer", list(TRANSFERS) if self.pipeline else None
 
     @property
     def baseline_access(self) -> str:
@@ -413,15 +507,12 @@ class SearchSpace:
             found.append(LoaderConfig.from_dict({**walker.params, **constants}))
         return tuple(found)
 
-    def structures(self) -> dict[tuple[str, ...], list[LoaderConfig]]:
-        """The space's configurations by structure: (decoder, transfer, worker kind,
-        how it is read and batched); configurations without workers are a structure
-        of their own per decoder and transfer."""
-        found: dict[tuple[str, ...], list[LoaderConfig]] = {}
+    def structures(self) -> dict[Structure, list[LoaderConfig]]:
+        """The space's configurations by :func:`structure`; configurations without
+        workers are a structure of their own per decoder and transfer."""
+        found: dict[Structure, list[LoaderConfig]] = {}
         for config in self.grid():
-            kind = config.workers if config.num_workers else "none"
-            key = (config.decode, config.transfer, kind, config.access, config.batching)
-            found.setdefault(key, []).append(config)
+            found.setdefault(structure(config), []).append(config)
         return found
 
     def baseline_name(self, config: LoaderConfig) -> str | None:

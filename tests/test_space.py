@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import optuna
@@ -204,7 +204,7 @@ def test_a_spawned_unordered_uint8_loader_works_and_stays_out_of_the_dataloader_
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"num_workers": 0, "multiprocessing_context": "spawn"}, "need num_workers > 0"),
+        ({"num_workers": 0, "multiprocessing_context": "spawn"}, "needs num_workers > 0"),
         ({"num_workers": 1, "multiprocessing_context": "threads"}, "fork, forkserver or spawn"),
         ({"num_workers": 1, "transfer": "fp8"}, "transfer must be one of float32, uint8"),
         ({"num_workers": 1, "decode": "gpu"}, "decode must be one of pil, tensor, device"),
@@ -309,3 +309,24 @@ def test_the_grid_is_every_configuration_the_space_can_propose() -> None:
     structures = space.structures()
     assert len(structures) == 12  # (pil, tensor) x (float32, uint8) x (none, process, thread)
     assert sum(map(len, structures.values())) == len(grid)
+
+
+def test_each_rule_is_the_constructor_s_from_dict_s_and_the_space_s() -> None:
+    """One table of rules: what the constructor refuses, from_dict makes inert and the
+    space never proposes; a stream-only space still searches where batches are made."""
+    from raytune_loader.space import RULES, applies
+
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
+                        pipeline=True, decodes=("pil", "tensor"), thread_workers=True,
+                        accesses=("stream",), batchings=("loader", "workers"))  # fmt: skip
+    grid = space.grid()
+    assert {c.batching for c in grid} == {"loader", "workers"}
+    for config in grid:
+        values = asdict(config)
+        for rule in RULES:
+            if not applies(rule.name, values):
+                assert values[rule.name] == rule.inert, (rule.name, config)
+    for rule in RULES:
+        clashing = {"num_workers": 0, "decode": "device", "access": "map", rule.name: "x"}
+        normalised = LoaderConfig.from_dict({k: v for k, v in clashing.items()}, batch_size=8)
+        assert getattr(normalised, rule.name) == rule.inert
