@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import findings, hardware, records, streams
+from raytune_loader import findings, hardware, probes, records, streams
 from raytune_loader.bestconfig import SearchContext, best_config
 from raytune_loader.costmodel import CostModel
 from raytune_loader.errors import (
@@ -336,7 +336,7 @@ def _verify(
                        "rounds: more runs could not change the winner")  # fmt: skip
     verified = with_input_rates(verified, job, opts.objective, measurer, progress)
     rules = findings.Rules(opts.memory_share, opts.cpus_per_worker)
-    return findings.probe(verified, job, opts.objective, class_records, measurer, progress, rules)
+    return probes.probe(verified, job, opts.objective, class_records, measurer, progress, rules)
 
 
 def _write_results(

@@ -26,7 +26,13 @@ from typing import Any
 
 from raytune_loader import hardware, synthetic
 from raytune_loader.bestconfig import metrics_of
-from raytune_loader.console import ceiling_line, exit_status, freeze_at_exit, summary_table
+from raytune_loader.console import (
+    ceiling_line,
+    exit_status,
+    freeze_at_exit,
+    summary_rows,
+    summary_table,
+)
 from raytune_loader.errors import (
     ConfigError,
     ModelError,
@@ -40,7 +46,6 @@ from raytune_loader.measure import TrialOutcome
 from raytune_loader.models import validate_model
 from raytune_loader.options import SearchOptions
 from raytune_loader.progress import LogProgress
-from raytune_loader.report import summary_rows
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.search import OneLineErrorParser
 from raytune_loader.selection import Candidate

@@ -18,12 +18,100 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
-from raytune_loader.findings import summary_lines
 from raytune_loader.records import TrialRecord, trial_status
-from raytune_loader.report import limit_line, pipeline_line, summary_rows
+from raytune_loader.results import config_from_sections
 from raytune_loader.space import LoaderConfig
 
 WORDS = {"ok": "done", "stopped_early": "stopped early", "error": "error"}
+
+
+def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
+    """Winner and both baselines: the table a user pastes into a pull request. Each row
+    has every field of the configuration (its DataLoader arguments and pipeline)."""
+    sections = {"tuned": best, **best["baselines"]}
+    winner_speed = median_of(best["metrics"], "samples_per_s")
+    out = []
+    for name, section in sections.items():
+        metrics = section["metrics"]
+        config = config_from_sections(
+            section["loader"], section.get("pipeline"), section.get("worker_init")
+        )
+        speed = median_of(metrics, "samples_per_s")
+        out.append(
+            {
+                "config": name,
+                **config.values(),
+                "samples_per_s": speed,
+                "samples_per_s_range": _range(metrics, "samples_per_s"),
+                "util": median_of(metrics, "util"),
+                "data_wait_frac": median_of(metrics, "data_wait_frac"),
+                "first_batch_s": median_of(metrics, "first_batch_s"),
+                "tuned_speedup": (winner_speed / speed) if speed and winner_speed else None,
+                "steady": metrics.get("steady"),
+            }
+        )
+    return out
+
+
+def median_of(metrics: dict[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    return value.get("median") if isinstance(value, dict) else value
+
+
+def _range(metrics: dict[str, Any], key: str) -> str:
+    value = metrics.get(key)
+    if not isinstance(value, dict):
+        return ""
+    return f"{value['min']:.0f}-{value['max']:.0f}"
+
+
+def limit_line(limit: dict[str, Any] | None) -> str | None:
+    """Where the limit is, from best_config.json's ``limit`` section."""
+    if not limit:
+        return None
+    alone, trained = limit["input_samples_per_s"], limit["trained_samples_per_s"]
+    core = f"one core decodes and augments {limit['per_core_samples_per_s']:.0f} samples/s"
+    if limit["bound"] == "defect":
+        return (
+            f"defect: training {limit['defect']}; the input pipeline alone delivered "
+            f"{alone:.0f} samples/s, and nothing trains faster than its input"
+        )
+    if limit["bound"] == "input":
+        return (
+            f"input-bound: the input pipeline delivers at most {alone:.0f} samples/s "
+            f"(training took {trained:.0f}; {core})"
+        )
+    return (
+        f"model-bound: the loader has {limit['headroom']:.0%} headroom (the input pipeline "
+        f"alone delivers {alone:.0f} samples/s, training took {trained:.0f}; {core})"
+    )
+
+
+_DECODES = {
+    "pil": "decoded by PIL in the workers",
+    "tensor": "decoded to tensors in the workers",
+    "device": "decoded on the device (nvJPEG)",
+}
+
+
+def pipeline_line(pipeline: dict[str, Any]) -> str:
+    """The tuned pipeline in words: ``uint8 transfer (normalized on the device), ...``."""
+    decode = pipeline.get("decode", "pil")
+    transfer = (
+        "uint8 transfer (normalized on the device)"
+        if pipeline.get("transfer") == "uint8"
+        else "float32 transfer (normalized in the workers)"
+    )
+    if decode == "device":
+        transfer = "JPEG bytes transferred"
+    kind = "thread workers" if pipeline.get("workers") == "thread" else "process workers"
+    order = "in order" if pipeline.get("in_order", True) else "out of order"
+    start = pipeline.get("start_method", "default")
+    where = f"{kind}, {order}" + (f", start method {start}" if kind == "process workers" else "")
+    if pipeline.get("access") == "stream":
+        made = "in the workers" if pipeline.get("batching") == "workers" else "by the loader"
+        where += f", read as a stream, batches made {made}"
+    return f"{_DECODES.get(decode, decode)}, {transfer}, {where}"
 
 
 def freeze_at_exit() -> None:
@@ -183,7 +271,7 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
         print(limit, file=stream)
     for line in steady_lines(best):
         print(line, file=stream)
-    for line in summary_lines(best):
+    for line in findings_lines(best):
         print(line, file=stream)
     selection = best.get("selection", {})
     if selection.get("decided_by_cost"):
@@ -256,3 +344,27 @@ def exit_status(exc: RaytuneLoaderError | KeyboardInterrupt, interrupted: str) -
         return 130
     print(f"error: {exc}", file=sys.stderr)
     return 2 if isinstance(exc, UserInputError) else 1
+
+
+def findings_lines(best: dict[str, Any]) -> list[str]:
+    """What the command line prints of the findings (``best_config.json``'s): one line a
+    finding, the figure then the fix, or one line saying there were none; and the
+    tuned loader's epoch start."""
+    if "findings" not in best:  # written before findings existed
+        return []
+    found = [f"finding ({f['kind']}): {f['figure']}. fix: {f['fix']}" for f in best["findings"]]
+    if not found:
+        found = ["no findings: memory growth, worker threads, stragglers and epoch starts "
+                 "were watched (report.md, Findings)"]  # fmt: skip
+    start = epoch_start_line((best.get("watch") or {}).get("epoch_start_s") or {})
+    return found + ([start] if start else [])
+
+
+def epoch_start_line(starts: dict[str, float | None]) -> str | None:
+    """``epoch start: 0.05 s with persistent workers, 0.42 s without``."""
+    kept, fresh = starts.get("persistent"), starts.get("fresh")
+    if kept is not None and fresh is not None:
+        return f"epoch start: {kept:.2f} s with persistent workers, {fresh:.2f} s without"
+    if kept is not None:
+        return f"epoch start: {kept:.2f} s with persistent workers"
+    return None if fresh is None else f"epoch start: {fresh:.2f} s"

@@ -1,10 +1,10 @@
 """What would break training hours later, found in the measurements, with the fix.
 
-After verification :func:`probe` runs the tuned configuration's variants the findings
-need, beside it: persistent workers the other way (an epoch's start, both ways), in
-order the other way where a step's wait has a long tail, and worker threads the other
-way where worker processes ran more busy threads than the CPUs reserved for them.
-:func:`findings` then judges the tuned configuration's verification runs, the probes
+:func:`probe_configs` names the tuned configuration's variants the findings need
+(:mod:`raytune_loader.probes` measures them after verification): persistent workers
+the other way (an epoch's start, both ways), in order the other way where a step's
+wait has a long tail, and worker threads the other way where worker processes ran more
+busy threads than the CPUs reserved for them. :func:`findings` then judges the tuned configuration's verification runs, the probes
 and the search's trials: memory that one epoch of the whole dataset would grow past
 a share of the node's free memory (``--memory-share``), workers oversubscribing their
 CPUs, stragglers stalling the loop, an epoch start that costs minutes. Each
@@ -22,12 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from raytune_loader.job import TrialJob
-from raytune_loader.progress import Progress
 from raytune_loader.records import MEASURED, TrialRecord
-from raytune_loader.selection import Candidate, fitting, select
+from raytune_loader.selection import Candidate, fitting
 from raytune_loader.space import LoaderConfig
-from raytune_loader.verify import Measurer, Verified, verify
 from raytune_loader.watch import FOLLOWED, MAIN, MemoryFit, Watch, wait_tail
 
 OVERSUBSCRIBED = 0.5  # busy threads per worker above its CPUs by this: oversubscribed
@@ -37,9 +34,8 @@ MIN_STEPS = 50  # steps, over the runs, below which a 99th percentile says nothi
 HELPED = 0.05  # faster by more than this (median of the rounds), and in every round: it helped
 EPOCH_START_S = 5.0  # an epoch start this much slower without persistent workers
 EPOCH_START_SHARE = 0.01  # and this share of an epoch's time
-PROBE_REPEATS = 3  # rounds of the probes that compare speeds with the tuned configuration
 SERIES_POINTS = 120  # readings per process kept for the report's plot
-TUNED = "tuned"
+TUNED = "tuned"  # the tuned configuration's name among the probes
 
 
 @dataclass(frozen=True)
@@ -86,42 +82,6 @@ def probe_configs(
     if config.num_workers and _tail(winner) is not None:
         probes["in_order"] = replace(config, in_order=not config.in_order)
     return probes
-
-
-def probe(
-    verified: Verified,
-    job: TrialJob,
-    objective: str,
-    records: Sequence[TrialRecord],
-    measurer: Measurer,
-    progress: Progress,
-    rules: Rules,
-) -> Verified:
-    """The probes of the tuned configuration, measured after verification (each alone;
-    beside the tuned one, in rotated rounds, where they compare speeds)."""
-    selection = select(verified.candidates, objective)
-    if selection is None:
-        return verified
-    flips = probe_configs(selection.winner, records, rules)
-    if not flips:
-        return verified
-    starts = {k: c for k, c in flips.items() if k == "persistent_workers"}
-    speeds = {k: c for k, c in flips.items() if k not in starts}  # beside the tuned one
-    rounds = [(starts, 1)] + ([({TUNED: fitting(selection.winner), **speeds}, PROBE_REPEATS)]
-                              if speeds else [])  # fmt: skip
-    what = "probing the tuned loader (findings)"
-    total = sum(len(configs) * repeats for configs, repeats in rounds)
-    probes: list[Candidate] = []
-    for configs, repeats in rounds:
-        done = sum(len(c.outcomes) for c in probes)
-        progress.count(what, done, total)
-        probed = verify(
-            replace(job, ceilings={}), configs, repeats, measurer,
-            on_measured=lambda n, _, *rest, done=done: progress.count(what, done + n, total),
-            slot_base=10**6 + done,  # --cold: samples no trial nor verification run read
-        )  # fmt: skip
-        probes += probed.candidates
-    return replace(verified, probes=probes)
 
 
 def _median(candidate: Candidate | None, metric: str) -> float | None:
@@ -456,27 +416,3 @@ def _bytes(count: float) -> str:
         if abs(count) >= size:
             return f"{count / size:.1f} {unit}"
     return f"{count:.0f} B"
-
-
-def summary_lines(best: dict[str, Any]) -> list[str]:
-    """What the command line prints of the findings (``best_config.json``'s): one line a
-    finding, the figure then the fix, or one line saying there were none; and the
-    tuned loader's epoch start."""
-    if "findings" not in best:  # written before findings existed
-        return []
-    found = [f"finding ({f['kind']}): {f['figure']}. fix: {f['fix']}" for f in best["findings"]]
-    if not found:
-        found = ["no findings: memory growth, worker threads, stragglers and epoch starts "
-                 "were watched (report.md, Findings)"]  # fmt: skip
-    start = epoch_start_line((best.get("watch") or {}).get("epoch_start_s") or {})
-    return found + ([start] if start else [])
-
-
-def epoch_start_line(starts: dict[str, float | None]) -> str | None:
-    """``epoch start: 0.05 s with persistent workers, 0.42 s without``."""
-    kept, fresh = starts.get("persistent"), starts.get("fresh")
-    if kept is not None and fresh is not None:
-        return f"epoch start: {kept:.2f} s with persistent workers, {fresh:.2f} s without"
-    if kept is not None:
-        return f"epoch start: {kept:.2f} s with persistent workers"
-    return None if fresh is None else f"epoch start: {fresh:.2f} s"

@@ -23,6 +23,7 @@ from raytune_loader.steady import above_ceiling
 PREDICTED = "predicted_samples_per_s"  # the cost model's, in a trial's config and trials.csv
 
 MEASURED = ("ok", "stopped_early")
+FAILED = ("failed", "error")
 
 
 def trial_status(metrics: dict[str, Any], errored: bool) -> str:

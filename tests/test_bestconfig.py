@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from raytune_loader.bestconfig import _baselines, _limit, metrics_of
+from raytune_loader.console import limit_line
 from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
-from raytune_loader.report import limit_line
 from raytune_loader.selection import Candidate, fitting
 from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader import findings
+from raytune_loader import console, findings, probes
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.findings import Rules, probe_configs
 from raytune_loader.job import SegmentSpec, TrialJob
@@ -129,13 +129,13 @@ def test_the_probes_flip_what_the_winner_s_runs_call_for() -> None:
 def test_the_summary_has_a_line_a_finding_then_the_epoch_start() -> None:
     best = {"findings": [{"kind": "threads", "figure": "2 busy", "fix": "worker_threads=1"}],
             "watch": {"epoch_start_s": {"persistent": 0.05, "fresh": 0.5}}}  # fmt: skip
-    assert findings.summary_lines(best) == [
+    assert console.findings_lines(best) == [
         "finding (threads): 2 busy. fix: worker_threads=1",
         "epoch start: 0.05 s with persistent workers, 0.50 s without",
     ]
     best["findings"] = []
-    assert findings.summary_lines(best)[0].startswith("no findings:")
-    assert findings.summary_lines({}) == []  # a file written before findings
+    assert console.findings_lines(best)[0].startswith("no findings:")
+    assert console.findings_lines({}) == []  # a file written before findings
 
 
 # The pathologies, measured: datasets built to have each (tests/datasets_for_tests.py)
@@ -230,7 +230,7 @@ def test_a_200_ms_sample_in_a_hundred_is_a_straggler_finding() -> None:
     winner = _candidate(config, run_trial(job, config), name="top-1")
     verified = Verified([winner], {})
     longer = replace(job, segment=replace(job.segment, steps=300, report_every=300))
-    probed = findings.probe(verified, longer, "samples_per_s", [], LocalMeasurer(),
+    probed = probes.probe(verified, longer, "samples_per_s", [], LocalMeasurer(),
                             LogProgress(), Rules())  # fmt: skip
     assert {c.name for c in probed.probes} == {"tuned", "persistent_workers", "in_order"}
     found = findings.findings(winner, probed.probes, [], Rules())
@@ -319,7 +319,7 @@ def test_the_default_and_the_test_datasets_give_no_finding_after_the_probes(
     monkeypatch.delenv("RECORD_TO", raising=False)  # _plain_run sets it
     job, winner = _plain_run(name, tiny_imagenet, tmp_path)
     verified = Verified([winner], {})
-    probed = findings.probe(verified, job, "samples_per_s", [], LocalMeasurer(), LogProgress(),
+    probed = probes.probe(verified, job, "samples_per_s", [], LocalMeasurer(), LogProgress(),
                             Rules())  # fmt: skip
     assert findings.findings(winner, probed.probes, [], Rules()) == []
 

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from raytune_loader import report
+from raytune_loader import console, plots, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 COLUMNS = [
@@ -100,7 +100,7 @@ def test_rebuild_is_byte_identical_with_valid_pngs(results: Path) -> None:
     report.write_report(results)
 
     assert path.read_bytes() == first
-    assert set(first_plots) == set(report.PLOTS)  # no temporary files left behind either
+    assert set(first_plots) == set(plots.PLOTS)  # no temporary files left behind either
     assert {p.name for p in (results / "plots").iterdir()} == set(first_plots)
     for name, data in first_plots.items():
         assert data.startswith(PNG_MAGIC) and len(data) > 1000, name
@@ -108,7 +108,7 @@ def test_rebuild_is_byte_identical_with_valid_pngs(results: Path) -> None:
 
 
 def test_summary_rows_compare_tuned_with_both_baselines() -> None:
-    rows = report.summary_rows(_best())
+    rows = console.summary_rows(_best())
 
     assert [r["config"] for r in rows] == ["tuned", "pytorch-default", "heuristic"]
     assert [r["tuned_speedup"] for r in rows] == pytest.approx([1.0, 1.5, 1.25])
@@ -137,7 +137,7 @@ def test_efficiency_unknown_without_a_ceiling(tmp_path: Path) -> None:
 @pytest.mark.parametrize("status", ["failed", "error"])
 def test_failed_trials_are_left_out_of_the_plots(results: Path, status: str) -> None:
     _write(results, _best(), _with_status({"t5": status}))
-    points = report.plot_points(report.load_trials(results / "trials.csv"))
+    points = plots.plot_points(report.load_trials(results / "trials.csv"))
 
     assert set(points["trial_id"]) == {"t1", "t2", "t3", "t4", "t6"}
     assert points.set_index("trial_id")["hollow"].to_dict() == {
@@ -204,7 +204,7 @@ def test_an_interrupted_search_s_trials_never_break_the_report(tmp_path: Path) -
     ])  # fmt: skip
     text = report.write_report(folder).read_text()
 
-    assert set(report.plot_points(report.load_trials(folder / "trials.csv"))["trial_id"]) == {"t1"}
+    assert set(plots.plot_points(report.load_trials(folder / "trials.csv"))["trial_id"]) == {"t1"}
     assert text.count("| interrupted |") == 2
     assert "the ceiling measured too low" in text
-    assert {p.name for p in (folder / "plots").iterdir()} == set(report.PLOTS)
+    assert {p.name for p in (folder / "plots").iterdir()} == set(plots.PLOTS)
