@@ -1,18 +1,18 @@
 """What would break training hours later, found in the measurements, with the fix.
 
 :func:`probe_configs` names the tuned configuration's variants the findings need
-(:mod:`raytune_loader.probes` measures them after verification): persistent workers
-the other way (an epoch's start, both ways), in order the other way where a step's
-wait has a long tail, and worker threads the other way where worker processes ran more
-busy threads than the CPUs reserved for them. :func:`findings` then judges the tuned configuration's verification runs, the probes
-and the search's trials: memory that one epoch of the whole dataset would grow past
-a share of the node's free memory (``--memory-share``), workers oversubscribing their
-CPUs, stragglers stalling the loop, an epoch start that costs minutes. Each
-:class:`Finding` has its measured figure, its projection where there is one, and its
-fix; :func:`watch_section` is ``best_config.json``'s ``watch``: the tuned
-configuration's watched figures and the memory series the report plots. The
-thresholds below are set so that the default dataset and the test datasets give no
-finding (``tests/test_findings.py``).
+(:mod:`raytune_loader.probes` measures them after verification): persistent workers the
+other way (an epoch's start, both ways), in order the other way where a step's wait has
+a long tail, and worker threads the other way where worker processes ran more busy
+threads than the CPUs reserved for them. :func:`findings` then judges the tuned
+configuration's verification runs, the probes and the search's trials: memory that one
+epoch of the whole dataset would grow past a share of the node's free memory
+(``--memory-share``), workers oversubscribing their CPUs, stragglers stalling the loop,
+an epoch start that costs minutes. Each :class:`Finding` has its measured figure, its
+projection where there is one, and its fix; :func:`watch_section` is
+``best_config.json``'s ``watch``: the tuned configuration's watched figures and the
+memory series the report plots. The thresholds below are set so that the default dataset
+and the test datasets give no finding (``tests/test_findings.py``).
 """
 
 from __future__ import annotations
