@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import save
-from raytune_loader import watch
+from raytune_loader import memoryfit, watch
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.measure import run_trial
@@ -41,12 +41,12 @@ def job(steps: int, samples: int) -> TrialJob:
     )  # fmt: skip
 
 
-def followed_copies(seen: watch.Watch, fit: watch.MemoryFit) -> list[tuple[float, float]]:
+def followed_copies(seen: watch.Watch, fit: memoryfit.MemoryFit) -> list[tuple[float, float]]:
     """(distinct samples the followed worker had read, bytes it had copied) over a run."""
     readings = [r for r in seen.readings if r.worker == watch.FOLLOWED and r.uss is not None]
-    first = watch._still_shared(readings[0])
-    return [(watch.distinct_reads(r.reads / seen.workers, None, fit.parts),
-             first - watch._still_shared(r)) for r in readings]  # fmt: skip
+    first = memoryfit._still_shared(readings[0])
+    return [(memoryfit.distinct_reads(r.reads / seen.workers, None, fit.parts),
+             first - memoryfit._still_shared(r)) for r in readings]  # fmt: skip
 
 
 def at(points: list[tuple[float, float]], x: float) -> float:

@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from raytune_loader.memoryfit import MemoryFit
 from raytune_loader.records import MEASURED, TrialRecord
 from raytune_loader.selection import Candidate, fitting
 from raytune_loader.space import LoaderConfig
-from raytune_loader.watch import FOLLOWED, MAIN, MemoryFit, Watch, wait_tail
+from raytune_loader.watch import FOLLOWED, MAIN, Watch, wait_tail
 
 OVERSUBSCRIBED = 0.5  # busy threads per worker above its CPUs by this: oversubscribed
 STRAGGLER_RATIO = 5.0  # a step's p99 wait at least this many times the median

@@ -27,7 +27,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
-from raytune_loader import datasets, hardware, nvml, steady, streams, watch
+from raytune_loader import datasets, hardware, memoryfit, nvml, steady, streams, watch
 from raytune_loader.backoff import run_with_backoff
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
@@ -73,7 +73,7 @@ class SegmentMetrics:
     worker_busy_threads: float | None = None  # threads busy over the window, per worker
     worker_cpu_s: float | None = None  # CPU seconds of the worker processes in the window
     watch: watch.Watch | None = field(default=None, repr=False, compare=False)  # all it read
-    memory: watch.MemoryFit | None = field(default=None, repr=False, compare=False)
+    memory: memoryfit.MemoryFit | None = field(default=None, repr=False, compare=False)
     waits: tuple[float, ...] = field(default=(), repr=False, compare=False)  # each step's
 
     def figures(self) -> dict[str, Any]:
@@ -466,7 +466,7 @@ def train_segment(
                 sampler.stop()  # idempotent: returns the same reading after a normal stop
             seen = watcher.stop()
     use_nvml = reading.source != "step-timing" and reading.util is not None
-    fit = watch.fit_memory(seen, scope)
+    fit = memoryfit.fit_memory(seen, scope)
     figures = window.metrics(reading.util if use_nvml else None)
     if not figures["steady"] and figures["steady"] is not None:
         log.info(
@@ -505,18 +505,18 @@ def _epoch_start(batches: _Epochs, fetch: Callable[[], Any], trainer: Trainer) -
     return time.perf_counter() - started if batches.started > epochs else None
 
 
-def _scope(dataset: Dataset[Any], sample_bytes: int) -> watch.Scope:
+def _scope(dataset: Dataset[Any], sample_bytes: int) -> memoryfit.Scope:
     """What this rank reads: the trial's subset of the whole dataset (map-style), or a
     stream of unknown length."""
     ranks = process_group()[1]
     if isinstance(dataset, IterableDataset):
-        return watch.Scope(None, None, ranks, sample_bytes)
+        return memoryfit.Scope(None, None, ranks, sample_bytes)
     whole = dataset.dataset if isinstance(dataset, Subset) else dataset
-    objects = watch.python_objects_bytes(whole)  # what copy-on-write can copy in a worker
-    return watch.Scope(len(dataset), len(whole), ranks, sample_bytes, objects)  # type: ignore[arg-type]
+    objects = memoryfit.python_objects_bytes(whole)  # what copy-on-write can copy in a worker
+    return memoryfit.Scope(len(dataset), len(whole), ranks, sample_bytes, objects)  # type: ignore[arg-type]
 
 
-def watched_figures(seen: watch.Watch, fit: watch.MemoryFit | None) -> dict[str, Any]:
+def watched_figures(seen: watch.Watch, fit: memoryfit.MemoryFit | None) -> dict[str, Any]:
     """The flat figures of what the watcher read: memory growth and its projection to
     one epoch of the whole dataset, and the worker processes' threads."""
     threads = seen.threads

@@ -12,20 +12,15 @@ import torch
 from torch.utils.data import TensorDataset
 
 from raytune_loader.loader import build_dataloader
-from raytune_loader.space import LoaderConfig
-from raytune_loader.watch import (
+from raytune_loader.memoryfit import (
     FLOOR_BYTES,
-    FOLLOWED,
-    MAIN,
-    Reading,
     Scope,
-    Watch,
-    Watcher,
     distinct_reads,
     fit_memory,
     python_objects_bytes,
-    wait_tail,
 )
+from raytune_loader.space import LoaderConfig
+from raytune_loader.watch import FOLLOWED, MAIN, Reading, Watch, Watcher, wait_tail
 
 MIB = 2**20
 SAMPLE = 100_000  # bytes of one sample as the loader delivers it
