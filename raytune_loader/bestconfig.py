@@ -17,8 +17,8 @@ from raytune_loader import findings, hardware, steady, streams, trainers
 from raytune_loader.costmodel import CostModel, what_if
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import TrialJob
-from raytune_loader.measure import InputRate
 from raytune_loader.options import SearchOptions
+from raytune_loader.outcomes import InputRate
 from raytune_loader.records import TrialRecord
 from raytune_loader.results import SCHEMA_VERSION
 from raytune_loader.selection import Candidate, fitting, select

@@ -185,9 +185,9 @@ def _oversubscribed(
     tuned = _busy(winner)
     if tuned is not None and tuned > limit:
         return tuned
-    default = [r.worker_busy_threads for r in records if r.status in MEASURED
+    default = [r.metrics.worker_busy_threads for r in records if r.status in MEASURED
                and r.config and r.config.worker_threads is None
-               and r.worker_busy_threads is not None]  # fmt: skip
+               and r.metrics and r.metrics.worker_busy_threads is not None]  # fmt: skip
     return max(default) if default and max(default) > limit else None
 
 

@@ -20,7 +20,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -40,6 +40,7 @@ from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
 from raytune_loader.loader import Stamped, build_dataloader
 from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
 from raytune_loader.models import build_model
+from raytune_loader.outcomes import InputRate, SegmentMetrics, TrialOutcome
 from raytune_loader.sharding import process_group
 from raytune_loader.space import LoaderConfig
 from raytune_loader.step import Trainer, batch_samples, set_matmul_precision, user_trainer
@@ -47,131 +48,6 @@ from raytune_loader.step import Trainer, batch_samples, set_matmul_precision, us
 log = logging.getLogger(__name__)
 ReportFn = Callable[[dict[str, Any]], None]
 CEILING_WINDOWS = 3  # the ceiling is the best of this many measured windows
-
-
-@dataclass(frozen=True)
-class SegmentMetrics:
-    samples_per_s: float
-    data_wait_frac: float
-    util: float
-    util_source: str
-    device_util: float | None
-    samples: int
-    wall_s: float
-    steady: bool | None = None  # the window's halves agreed (steady.STEADY_TOLERANCE)
-    steady_ratio: float | None = None  # the first half's rate over the second's
-    first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
-    epoch_start_s: float | None = None  # from an epoch's end to the next one's first batch
-    data_wait_p50_s: float | None = None  # a measured step's wait for its batch: median
-    data_wait_p99_s: float | None = None  # and 99th percentile
-    data_wait_tail_frac: float | None = None  # share of the window lost to waits > 2 x median
-    memory_growth_per_sample: float | None = None  # bytes the processes gain per sample read
-    projected_epoch_growth_bytes: int | None = None  # what one epoch of the dataset adds
-    watched_bytes: int | None = None  # the processes' memory (PSS) at the window's end
-    memory_free_bytes: int | None = None  # the node's available memory then
-    worker_thread_count: int | None = None  # threads of the worker process with the most
-    worker_busy_threads: float | None = None  # threads busy over the window, per worker
-    worker_cpu_s: float | None = None  # CPU seconds of the worker processes in the window
-    watch: watch.Watch | None = field(default=None, repr=False, compare=False)  # all it read
-    memory: memoryfit.MemoryFit | None = field(default=None, repr=False, compare=False)
-    waits: tuple[float, ...] = field(default=(), repr=False, compare=False)  # each step's
-
-    def figures(self) -> dict[str, Any]:
-        """The flat figures (Tune reports, trials.csv), without the readings, the fit and
-        the waits."""
-        return {k: v for k, v in vars(self).items() if k not in ("watch", "memory", "waits")}
-
-
-@dataclass(frozen=True)
-class RankStat:
-    """One rank of a measurement with several (``--ranks-per-node``)."""
-
-    rank: int
-    samples_per_s: float
-    data_wait_frac: float
-    host: str
-    pid: int
-    started: float  # wall clock of the rank's start and end
-    ended: float
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    """A finished trial: its metrics, or the reason it failed."""
-
-    config: LoaderConfig
-    cpus_reserved: float
-    host_bytes_in_flight: int
-    metrics: SegmentMetrics | None = None
-    effective_batch_size: int | None = None
-    oom_backoffs: int = 0
-    ceiling_samples_per_s: float | None = None
-    failure: str | None = None
-    detail: str | None = None
-    ranks: tuple[RankStat, ...] = ()  # with several ranks: each one's figures
-
-    @property
-    def efficiency(self) -> float | None:
-        if self.metrics is None or not self.ceiling_samples_per_s:
-            return None
-        return self.metrics.samples_per_s / self.ceiling_samples_per_s
-
-    @property
-    def beyond_bound(self) -> str | None:
-        """Why this run's figure cannot be right: it beat the ceiling (the model on a
-        resident batch) beyond noise; None when it did not."""
-        if self.metrics is None:
-            return None
-        return steady.above_ceiling(self.metrics.samples_per_s, self.ceiling_samples_per_s)
-
-    def rebased(self, ceiling: float | None) -> TrialOutcome:
-        """This run against another ceiling (the search's final one): efficiency, and on
-        a CPU ``util`` too, are shares of the ceiling, so one ceiling serves every run."""
-        if self.metrics is None or not ceiling:
-            return self
-        metrics = self.metrics
-        if metrics.util_source == "step-timing":
-            metrics = replace(metrics, util=metrics.samples_per_s / ceiling)
-        return replace(self, metrics=metrics, ceiling_samples_per_s=ceiling)
-
-    def as_report(self) -> dict[str, Any]:
-        """Flat metrics for Tune, trials.csv and the JSON."""
-        out: dict[str, Any] = {
-            "cpus_reserved": self.cpus_reserved,
-            "host_bytes_in_flight": self.host_bytes_in_flight,
-            "effective_batch_size": self.effective_batch_size,
-            "oom_backoffs": self.oom_backoffs,
-            "ceiling_samples_per_s": self.ceiling_samples_per_s,
-            "efficiency": self.efficiency,
-            "failure": self.failure or "",
-            "detail": self.detail or "",
-            "bounds": self.beyond_bound or "",
-            "final": True,
-        }
-        if self.ranks:
-            out.update(rank_columns(self.ranks))
-        if self.metrics is not None:
-            out.update(self.metrics.figures())
-        else:  # a failed configuration is the worst possible for the searcher
-            out.update(samples_per_s=0.0, data_wait_frac=1.0, util=0.0, util_source="")
-        return out
-
-
-def rank_columns(ranks: tuple[RankStat, ...]) -> dict[str, Any]:
-    """Per-rank figures as flat columns (values joined by ``;``, in rank order)."""
-    speeds = [r.samples_per_s for r in ranks]
-
-    def joined(values: list[Any], form: str = "{}") -> str:
-        return ";".join(form.format(v) for v in values)
-
-    return {
-        "ranks": len(ranks),
-        "slowest_rank": speeds.index(min(speeds)),
-        "rank_samples_per_s": joined(speeds, "{:.1f}"),
-        "rank_data_wait_frac": joined([r.data_wait_frac for r in ranks], "{:.3f}"),
-        "rank_hosts": joined([r.host for r in ranks]),
-        "rank_windows": joined([f"{r.started:.3f}-{r.ended:.3f}" for r in ranks]),
-    }
 
 
 @contextlib.contextmanager
@@ -672,39 +548,37 @@ def measure_ceiling(
     return outcome.effective_batch_size, outcome.value
 
 
-@dataclass(frozen=True)
-class InputRate:
-    """The input pipeline alone, no model: where the limit of a configuration is."""
-
-    samples_per_s: float  # the loader and the device-side stages, nothing trained
-    per_core: float  # the worker-side stages (decode, augment) on one core
-
-
-def measure_input(job: TrialJob, config: LoaderConfig, slot: int = 0) -> InputRate:
+def measure_input(
+    job: TrialJob, config: LoaderConfig, slot: int = 0, windows: int = CEILING_WINDOWS
+) -> InputRate:
     """``config``'s loader over the trial's subset with the variant's device-side
-    stages, as many batches as a trial measures, and no model; then the worker-side
-    stages of a few samples on one core."""
+    stages and no model, the best of ``windows`` windows of as many batches as a trial
+    measures (a bound, like the ceiling: whatever runs beside it only slows it); then
+    the worker-side stages of a few samples on one core."""
     subset, _ = prepare(job, slot, config)
     spec = job.segment
     device = torch.device(job.device)
     cap_gpu_memory(job.gpu_memory_share, device)  # a device-side decode allocates there too
     trainer = Trainer(lambda batch: None, device, job.channels_last, "the input pipeline")
+    wide = replace(spec, steps=spec.steps * windows)  # one epoch holds every window
 
     def fetch() -> steady.Consumed:
         stamped = next(batches)
         on_device = _on_device(trainer, stamped.batch, config.pin_memory, config)
         return steady.Consumed.of(stamped, batch_samples(on_device))
 
-    with segment_batches(subset, config, spec, job.seed) as batches:
+    rates = []
+    with segment_batches(subset, config, wide, job.seed) as batches:
         for _ in range(warmup_batches(config, spec)):
             fetch()
-        trainer.sync()
-        start = time.monotonic()
-        read = [fetch() for _ in range(spec.steps)]
-        trainer.sync()
-        read[-1] = replace(read[-1], ended=time.monotonic())
-        rate = steady.rate(read, start, steady.producers(config)).samples_per_s
-    return InputRate(rate, worker_side_rate(subset))
+        for _ in range(windows):
+            trainer.sync()
+            start = time.monotonic()
+            read = [fetch() for _ in range(spec.steps)]
+            trainer.sync()
+            read[-1] = replace(read[-1], ended=time.monotonic())
+            rates.append(steady.rate(read, start, steady.producers(config)).samples_per_s)
+    return InputRate(max(rates), worker_side_rate(subset))
 
 
 def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:

@@ -32,12 +32,12 @@ from typing import Any
 import psutil
 import torch
 
-from raytune_loader import measure, steady
+from raytune_loader import measure
 from raytune_loader.backoff import BackoffOutcome, run_with_backoff
 from raytune_loader.errors import BatchSizeTooSmallError, DataPipelineError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.loader import use_platform_start_method
-from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
+from raytune_loader.outcomes import InputRate, RankStat, TrialOutcome, merge_ranks
 from raytune_loader.space import LoaderConfig
 
 ReportFn = Callable[[dict[str, Any]], None]
@@ -146,9 +146,9 @@ def node_outcome(
     job: TrialJob, config: LoaderConfig, runs: list[RankRun], oom_backoffs: int = 0
 ) -> TrialOutcome:
     """The node's outcome from its ranks' (which ran at one batch size, after
-    ``oom_backoffs`` halvings of ``config``'s): a rank's failure is the trial's; the
-    node's rate is N x the slowest rank's; its data wait is the worst rank's; its memory
-    and its projection are the ranks' together (the readings kept are rank 0's)."""
+    ``oom_backoffs`` halvings of ``config``'s): a rank's failure is the trial's; else
+    each figure merged as :class:`~raytune_loader.outcomes.SegmentMetrics` declares it
+    (the rate N x the slowest rank's, the data wait the worst rank's, memory together)."""
     outcomes: list[TrialOutcome] = [run.value for run in runs]
     failed = next((o for o in outcomes if o.failure), None)
     first = outcomes[0]
@@ -157,24 +157,9 @@ def node_outcome(
         return replace(
             failed, config=config, detail=f"rank {rank}: {failed.detail}", ranks=_stats(runs)
         )
-    metrics = [o.metrics for o in outcomes]
-    assert all(m is not None for m in metrics)
-    slowest = min(metrics, key=lambda m: m.samples_per_s)  # type: ignore[union-attr]
+    metrics = [o.metrics for o in outcomes if o.metrics is not None]
     effective = min(o.effective_batch_size or 0 for o in outcomes)
-    held, ratio = steady.merged([m.steady_ratio for m in metrics])  # type: ignore[union-attr]
-    node = SegmentMetrics(
-        samples_per_s=job.ranks * slowest.samples_per_s,  # type: ignore[union-attr]
-        data_wait_frac=max(m.data_wait_frac for m in metrics),  # type: ignore[union-attr]
-        util=min(m.util for m in metrics),  # type: ignore[union-attr]
-        util_source=slowest.util_source,  # type: ignore[union-attr]
-        device_util=slowest.device_util,  # type: ignore[union-attr]
-        samples=sum(m.samples for m in metrics),  # type: ignore[union-attr]
-        wall_s=max(m.wall_s for m in metrics),  # type: ignore[union-attr]
-        steady=held,
-        steady_ratio=ratio,
-        first_batch_s=max((m.first_batch_s or 0.0) for m in metrics),  # type: ignore[union-attr]
-        **_watched(metrics),  # type: ignore[arg-type]
-    )
+    node = merge_ranks(metrics)
     return replace(
         first,
         config=config,
@@ -187,36 +172,9 @@ def node_outcome(
     )
 
 
-def _watched(metrics: list[SegmentMetrics]) -> dict[str, Any]:
-    """The ranks' watched figures as the node's: the worst rank's waits, epoch start and
-    threads; their memory, projection and worker CPU time together; the least free."""
-
-    def worst(name: str) -> Any:
-        values = [getattr(m, name) for m in metrics if getattr(m, name) is not None]
-        return max(values) if values else None
-
-    def total(name: str) -> Any:
-        values = [getattr(m, name) for m in metrics]
-        return None if any(v is None for v in values) else sum(values)
-
-    worst_of = ("epoch_start_s", "data_wait_p50_s", "data_wait_p99_s", "data_wait_tail_frac",
-                "worker_thread_count", "worker_busy_threads")  # fmt: skip
-    total_of = ("memory_growth_per_sample", "projected_epoch_growth_bytes", "watched_bytes",
-                "worker_cpu_s")  # fmt: skip
-    free = [m.memory_free_bytes for m in metrics if m.memory_free_bytes is not None]
-    return {
-        **{name: worst(name) for name in worst_of},
-        **{name: total(name) for name in total_of},
-        "memory_free_bytes": min(free) if free else None,
-        "watch": metrics[0].watch,
-        "memory": metrics[0].memory,
-        "waits": max(metrics, key=lambda m: m.data_wait_frac).waits,  # the worst rank's
-    }
-
-
-def _stats(runs: list[RankRun]) -> tuple[measure.RankStat, ...]:
+def _stats(runs: list[RankRun]) -> tuple[RankStat, ...]:
     return tuple(
-        measure.RankStat(
+        RankStat(
             rank=run.rank,
             samples_per_s=run.value.metrics.samples_per_s if run.value.metrics else 0.0,
             data_wait_frac=run.value.metrics.data_wait_frac if run.value.metrics else 1.0,

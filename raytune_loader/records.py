@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raytune_loader.errors import ConfigError
+from raytune_loader.outcomes import FIGURES, SegmentMetrics, efficiency
 from raytune_loader.results import write_csv
 from raytune_loader.space import CONFIG_KEYS, LoaderConfig, SearchSpace
 from raytune_loader.steady import above_ceiling
@@ -68,29 +69,9 @@ class TrialRecord:
     oom_backoffs: int | None = None
     cpus_reserved: float | None = None
     host_bytes_in_flight: int | None = None
-    samples_per_s: float | None = None
-    data_wait_frac: float | None = None
-    util: float | None = None
-    util_source: str | None = None
-    device_util: float | None = None
     ceiling_samples_per_s: float | None = None
-    efficiency: float | None = None
-    steady: bool | None = None  # the window's halves agreed (raytune_loader.steady)
-    steady_ratio: float | None = None  # the first half's rate over the second's
-    bounds: str | None = None  # why the figure cannot be right (above the ceiling), if so
-    first_batch_s: float | None = None  # from iter(loader) to the first batch on the device
+    metrics: SegmentMetrics | None = None  # its last report's figures (outcomes.FIGURES)
     predicted_samples_per_s: float | None = None  # the cost model's, for a model search
-    epoch_start_s: float | None = None  # from an epoch's end to the next one's first batch
-    data_wait_p50_s: float | None = None  # a measured step's wait for its batch
-    data_wait_p99_s: float | None = None
-    data_wait_tail_frac: float | None = None
-    memory_growth_per_sample: float | None = None  # bytes, all the trial's processes
-    projected_epoch_growth_bytes: int | None = None  # one epoch of the whole dataset adds
-    watched_bytes: int | None = None
-    memory_free_bytes: int | None = None
-    worker_thread_count: int | None = None
-    worker_busy_threads: float | None = None
-    worker_cpu_s: float | None = None
     training_iteration: int | None = None
     time_total_s: float | None = None
     finished_at: float | None = None
@@ -102,8 +83,26 @@ class TrialRecord:
     rank_windows: str | None = None  # start-end wall clock of each rank
     node: NodeFacts = NodeFacts()
 
+    @property
+    def samples_per_s(self) -> float | None:
+        return self.metrics.samples_per_s if self.metrics else None
+
+    @property
+    def efficiency(self) -> float | None:
+        return efficiency(self.samples_per_s, self.ceiling_samples_per_s)
+
+    @property
+    def bounds(self) -> str | None:
+        """Why its figure cannot be right (above the ceiling beyond noise), if so."""
+        return above_ceiling(self.samples_per_s, self.ceiling_samples_per_s)
+
+    @property
+    def steady(self) -> bool | None:
+        return self.metrics.steady if self.metrics else None
+
     def objective(self, name: str) -> float | None:
-        value = getattr(self, name)
+        """The value of objective ``name`` (a figure, or ``efficiency``)."""
+        value = getattr(self.metrics, name, None) if name in FIGURES else getattr(self, name)
         return None if value is None else float(value)
 
     @property
@@ -113,32 +112,28 @@ class TrialRecord:
         return self.steady is not False and not self.bounds
 
     def rebased(self, ceiling: float | None) -> TrialRecord:
-        """Efficiency (and CPU ``util``) against the search's final ceiling, and its
-        figure checked against it."""
-        if not ceiling or self.samples_per_s is None:
+        """Against the search's final ceiling (:meth:`SegmentMetrics.rebased`)."""
+        if not ceiling or self.metrics is None:
             return self
-        util = self.samples_per_s / ceiling if self.util_source == "step-timing" else self.util
-        return replace(
-            self,
-            util=util,
-            ceiling_samples_per_s=ceiling,
-            efficiency=self.samples_per_s / ceiling,
-            bounds=above_ceiling(self.samples_per_s, ceiling),
-        )
+        return replace(self, metrics=self.metrics.rebased(ceiling), ceiling_samples_per_s=ceiling)
 
     def row(self) -> dict[str, Any]:
         """The flat ``trials.csv`` row."""
         flat = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SKIP}
+        figures = self.metrics.figures() if self.metrics else dict.fromkeys(FIGURES)
         loader = self.config.values() if self.config else LOADER_COLUMNS_EMPTY
-        return {**flat, **loader, **asdict(self.node)}
+        derived = {"efficiency": self.efficiency, "bounds": self.bounds}
+        return {**flat, **derived, **figures, **loader, **asdict(self.node)}
 
 
-SKIP = ("config", "node")
+SKIP = ("config", "node", "metrics")
 LOADER_COLUMNS_EMPTY = dict.fromkeys(CONFIG_KEYS)
+_HEAD = ("trial_id", "status", "reason", "baseline")
+_OUTCOME = ("effective_batch_size", "oom_backoffs", "cpus_reserved", "host_bytes_in_flight",
+            "ceiling_samples_per_s")  # fmt: skip
 TRIAL_COLUMNS = [
-    "trial_id", "status", "reason", "baseline", *LOADER_COLUMNS_EMPTY,
-    *(f.name for f in fields(TrialRecord) if f.name not in (*SKIP, "trial_id", "status",
-                                                                "reason", "baseline")),
+    *_HEAD, *LOADER_COLUMNS_EMPTY, *_OUTCOME, "efficiency", "bounds", *FIGURES,
+    *(f.name for f in fields(TrialRecord) if f.name not in (*SKIP, *_HEAD, *_OUTCOME)),
     *(f.name for f in fields(NodeFacts)),
 ]  # fmt: skip
 
@@ -174,6 +169,7 @@ def record_from_report(
     for name in SKIP + ("trial_id", "status", "reason", "baseline", "finished_at", PREDICTED):
         values.pop(name, None)
     return TrialRecord(
+        metrics=SegmentMetrics.from_figures(metrics),
         trial_id=str(metrics.get("trial_id") or trial_id),
         status=status,
         reason=reasons.get(status, ""),

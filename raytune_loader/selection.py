@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from raytune_loader.measure import TrialOutcome
+from raytune_loader.outcomes import TrialOutcome
 from raytune_loader.space import LoaderConfig
 
 MIN_ROUNDS = 2  # verification rounds before the evidence may decide

@@ -34,9 +34,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from raytune_loader.loader import Stamped
 from raytune_loader.space import LoaderConfig
+
+if TYPE_CHECKING:  # the stamps' type only: this module stays free of torch
+    from raytune_loader.loader import Stamped
 
 STEADY_TOLERANCE = 0.20  # the halves' rates may differ by this share and still be steady
 HALF_BATCHES = 8  # the fewest batches a half needs for its rate to say anything
@@ -153,13 +156,3 @@ def above_bound(measured: float | None, bound: float | None, what: str) -> str |
         f"measured {measured:.0f} samples/s, above {what} ({bound:.0f}, "
         f"+{measured / bound - 1:.0%}): a measurement defect"
     )
-
-
-def merged(ratios: Sequence[float | None]) -> tuple[bool | None, float | None]:
-    """Several ranks' windows as the node's: steady when every rank's was; the ratio of
-    the rank farthest from 1."""
-    known = [r for r in ratios if r is not None]
-    if not known:
-        return None, None
-    worst = max(known, key=lambda r: max(r, 1.0 / r))
-    return within(worst), worst

@@ -21,7 +21,8 @@ from typing import Protocol
 
 from raytune_loader.errors import SearchFailedError, UserInputError, last_line
 from raytune_loader.job import TrialJob
-from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
+from raytune_loader.measure import CEILING_WINDOWS
+from raytune_loader.outcomes import InputRate, TrialOutcome
 from raytune_loader.profile import Profile, profile
 from raytune_loader.progress import Progress
 from raytune_loader.ranks import measure_ceiling, measure_input, run_trial

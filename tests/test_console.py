@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO
 from raytune_loader.console import TerminalProgress
 from raytune_loader.tuner import TrialEvent
+from records_for_tests import record
 
 BASELINE = {"num_workers": 0, "batch_size": 32}
 TWO_WORKERS = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True,
@@ -262,12 +263,11 @@ def _load(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_unsteady_trials_and_figures_beyond_a_bound_are_said() -> None:
     from raytune_loader.console import notes, steady_lines
-    from raytune_loader.records import TrialRecord
 
     trials = [
-        TrialRecord("a", "ok", steady=True, steady_ratio=1.02),
-        TrialRecord("b", "ok", steady=False, steady_ratio=1.4),
-        TrialRecord("c", "ok", steady=True, bounds="measured 585 samples/s, above the ceiling"),
+        record("a", "ok", steady=True, steady_ratio=1.02),
+        record("b", "ok", steady=False, steady_ratio=1.4),
+        record("c", "ok", steady=True, samples_per_s=585.0, ceiling_samples_per_s=534.0),
     ]
     said = notes(trials)
     assert any(line.startswith("1 trial(s) measured a window whose halves") for line in said)

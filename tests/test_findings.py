@@ -19,10 +19,10 @@ from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.measure import SegmentMetrics, TrialOutcome, run_trial
 from raytune_loader.memoryfit import Growth, MemoryFit
 from raytune_loader.progress import LogProgress
-from raytune_loader.records import TrialRecord
 from raytune_loader.selection import Candidate
 from raytune_loader.space import LoaderConfig
 from raytune_loader.verify import LocalMeasurer, Verified
+from records_for_tests import record
 
 GIB = 2**30
 PROCESSES = LoaderConfig(16, 2, 2, False, True)
@@ -62,7 +62,7 @@ def test_memory_is_a_finding_past_the_share_of_free_memory_with_its_cause(
 def test_oversubscribed_workers_are_a_finding_with_both_settings_measured() -> None:
     tuned = replace(PROCESSES, worker_threads=1)
     winner = _candidate(tuned, _run(tuned, worker_busy_threads=1.0))
-    trial = TrialRecord("t1", "ok", config=PROCESSES, worker_busy_threads=2.0)
+    trial = record("t1", "ok", config=PROCESSES, worker_busy_threads=2.0)
     assert findings.findings(winner, [], [], Rules()) == []  # nothing oversubscribed
     probes = [_candidate(tuned, _run(tuned, 400.0), name=findings.TUNED),
               _candidate(PROCESSES, _run(PROCESSES, 100.0), name="worker_threads")]  # fmt: skip
@@ -196,7 +196,7 @@ def test_a_multithreaded_blas_transform_is_a_threads_finding_and_one_thread_wins
     (default, one), (limited, limited_run) = runs.items()
     probes = [_candidate(limited, limited_run, name=findings.TUNED),
               _candidate(default, one, name="worker_threads")]  # fmt: skip
-    trials = [TrialRecord("t", "ok", config=default,
+    trials = [record("t", "ok", config=default,
                           worker_busy_threads=one.metrics.worker_busy_threads)]  # fmt: skip
     (found,) = findings.findings(_candidate(limited, limited_run), probes, trials, Rules())
     assert found.kind == "threads" and "openblas" in found.figure

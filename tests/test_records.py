@@ -19,6 +19,7 @@ from raytune_loader.records import (
     write_trials_csv,
 )
 from raytune_loader.space import LoaderConfig, SearchSpace
+from records_for_tests import record
 
 SPACE = SearchSpace(max_workers=2, batch_sizes=(16,), cuda=False, usable_cpus=2)
 
@@ -69,7 +70,7 @@ def test_the_csv_has_the_schema_and_one_row_per_record(tmp_path: Path) -> None:
     config = LoaderConfig(16, 1, 4, False, True)
     records = [
         record_from_report("a", config.kwargs(), _report(config), None, SPACE),
-        TrialRecord("b", "interrupted", "the search was interrupted"),
+        record("b", "interrupted", "the search was interrupted"),
     ]
     write_trials_csv(tmp_path / "trials.csv", records)
     with open(tmp_path / "trials.csv") as handle:
@@ -81,18 +82,22 @@ def test_the_csv_has_the_schema_and_one_row_per_record(tmp_path: Path) -> None:
 
 
 def test_rebased_on_the_final_ceiling() -> None:
-    record = TrialRecord("a", "ok", samples_per_s=300.0, util=0.9, util_source="step-timing")
-    rebased = record.rebased(400.0)
-    assert (rebased.util, rebased.efficiency, rebased.ceiling_samples_per_s) == (0.75, 0.75, 400)
-    gpu = TrialRecord("b", "ok", samples_per_s=300.0, util=0.5, util_source="nvml-process")
-    assert gpu.rebased(400.0).util == 0.5  # NVML's reading is not a share of the ceiling
-    assert TrialRecord("c", "failed").rebased(400.0).efficiency is None
+    found = record("a", "ok", samples_per_s=300.0, util=0.9, util_source="step-timing")
+    rebased = found.rebased(400.0)
+    assert (rebased.metrics.util, rebased.efficiency, rebased.ceiling_samples_per_s) == (
+        0.75,
+        0.75,
+        400,
+    )
+    gpu = record("b", "ok", samples_per_s=300.0, util=0.5, util_source="nvml-process")
+    assert gpu.rebased(400.0).metrics.util == 0.5  # NVML's reading is not a share of it
+    assert record("c", "failed").rebased(400.0).efficiency is None
 
 
 def test_trials_without_a_node_join_the_largest_class() -> None:
     def on(hw_class: str | None, node: str | None = None, util: float = 0.5) -> TrialRecord:
         facts = NodeFacts(node_id=node, hardware_class=hw_class)
-        return TrialRecord(hw_class or "-", "ok", util=util, node=facts)
+        return record(hw_class or "-", "ok", util=util, node=facts)
 
     groups = by_hardware_class([on("a"), on("b", "n1", 0.4), on("b", "n2", 0.7), on(None)])
     assert list(groups) == ["b", "a"] and len(groups["b"]) == 3

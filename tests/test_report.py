@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from raytune_loader import console, plots, report
+from records_for_tests import record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 COLUMNS = [
@@ -188,7 +189,7 @@ def test_main_exit_status(results: Path, tmp_path: Path, capsys: pytest.CaptureF
 def test_an_interrupted_search_s_trials_never_break_the_report(tmp_path: Path) -> None:
     """Trials an interrupt ended before their first report have no metrics (and maybe no
     configuration): they are listed, never plotted, and the report is whole."""
-    from raytune_loader.records import TrialRecord, write_trials_csv
+    from raytune_loader.records import write_trials_csv
     from raytune_loader.space import LoaderConfig
 
     folder = tmp_path / "interrupted"
@@ -198,9 +199,9 @@ def test_an_interrupted_search_s_trials_never_break_the_report(tmp_path: Path) -
     (folder / "best_config.json").write_text(json.dumps(best))
     config = LoaderConfig(32, 2, 2, False, True)
     write_trials_csv(folder / "trials.csv", [
-        TrialRecord("t1", "ok", config=config, samples_per_s=240.0, util=0.7, finished_at=1.0),
-        TrialRecord("t2", "interrupted", "the search was interrupted", config=config),
-        TrialRecord("t3", "interrupted", "the search was interrupted"),
+        record("t1", "ok", config=config, samples_per_s=240.0, util=0.7, finished_at=1.0),
+        record("t2", "interrupted", "the search was interrupted", config=config),
+        record("t3", "interrupted", "the search was interrupted"),
     ])  # fmt: skip
     text = report.write_report(folder).read_text()
 

@@ -6,12 +6,10 @@ import pytest
 
 from raytune_loader.space import LoaderConfig
 from raytune_loader.steady import (
-    STEADY_TOLERANCE,
     Consumed,
     above_bound,
     above_ceiling,
     in_flight,
-    merged,
     rate,
     steadiness,
 )
@@ -76,8 +74,13 @@ def test_a_figure_beyond_its_bound_is_said_one_within_noise_is_not() -> None:
 
 
 def test_ranks_are_steady_together_and_report_the_worst_ratio() -> None:
-    assert merged([1.02, 0.97]) == (True, 0.97)
-    assert merged([1.1, 0.8]) == (False, 0.8)  # 1.25x apart, the other way round
-    held, worst = merged([1.02, 1.0 + 2 * STEADY_TOLERANCE])
-    assert held is False and worst == pytest.approx(1.0 + 2 * STEADY_TOLERANCE)
-    assert merged([None, None]) == (None, None)
+    from raytune_loader.outcomes import SegmentMetrics, merge_ranks
+
+    def rank(speed: float, ratio: float | None, held: bool | None) -> SegmentMetrics:
+        return SegmentMetrics(speed, 0.1, 0.5, "step-timing", None, 320, 1.0, held, ratio)
+
+    node = merge_ranks([rank(100, 1.02, True), rank(90, 0.97, True)])
+    assert (node.steady, node.steady_ratio, node.samples_per_s) == (True, 0.97, 180)
+    node = merge_ranks([rank(100, 1.1, True), rank(100, 0.8, False)])  # 1.25x, either way
+    assert node.steady is False and node.steady_ratio == 0.8
+    assert merge_ranks([rank(1, None, None), rank(1, None, None)]).steady is None

@@ -10,9 +10,9 @@ from raytune_loader.datasets import DatasetSpec
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.measure import TrialOutcome
-from raytune_loader.records import TrialRecord
 from raytune_loader.space import LoaderConfig, SearchSpace
 from raytune_loader.verify import LocalMeasurer, measure_ceilings, verification_configs, verify
+from records_for_tests import record
 
 JOB = TrialJob(
     dataset=DatasetSpec("datasets_for_tests:fast"),
@@ -92,10 +92,10 @@ def test_verification_takes_both_baselines_and_the_best_distinct_trials() -> Non
     two = LoaderConfig(8, 2, 4, False, True)
     one = LoaderConfig(8, 1, 2, False, False)
     records = [
-        TrialRecord("t1", "ok", config=space.baselines()["heuristic"], util=0.9),
-        TrialRecord("t2", "stopped_early", config=one, util=0.95),  # stopped: ranked after ok
-        TrialRecord("t3", "ok", config=two, util=0.8),
-        TrialRecord("t4", "failed", config=LoaderConfig(8, 2, 8, False, True), util=0.99),
+        record("t1", "ok", config=space.baselines()["heuristic"], util=0.9),
+        record("t2", "stopped_early", config=one, util=0.95),  # stopped: ranked after ok
+        record("t3", "ok", config=two, util=0.8),
+        record("t4", "failed", config=LoaderConfig(8, 2, 8, False, True), util=0.99),
     ]
     configs = verification_configs(records, space, top=2, objective="util")
     assert list(configs) == ["pytorch-default", "heuristic", "top-1", "top-2"]
@@ -111,9 +111,9 @@ def test_verification_takes_trusted_trials_before_unsteady_ones_or_defects() -> 
     good = LoaderConfig(8, 1, 2, False, False)
     ceiling = 500.0
     records = [
-        TrialRecord("t1", "ok", config=deep, samples_per_s=585.0, util_source="step-timing"),
-        TrialRecord("t2", "ok", config=unsteady, samples_per_s=480.0, steady=False),
-        TrialRecord("t3", "ok", config=good, samples_per_s=450.0, steady=True),
+        record("t1", "ok", config=deep, samples_per_s=585.0, util_source="step-timing"),
+        record("t2", "ok", config=unsteady, samples_per_s=480.0, steady=False),
+        record("t3", "ok", config=good, samples_per_s=450.0, steady=True),
     ]
     rebased = [r.rebased(ceiling) for r in records]
     assert rebased[0].bounds and "585" in rebased[0].bounds and not rebased[0].trusted
