@@ -67,7 +67,7 @@ def test_warns_on_another_machine(tmp_path: Path) -> None:
         (json.dumps({"schema_version": 1}), "lacks"),
         (json.dumps(_best(schema_version=2)), "schema_version 2"),
         (json.dumps(_best(loader={"batch_size": 8, "num_workers": "__import__('os')"})), "loader"),
-        (json.dumps(_best(loader={"batch_size": -1})), "batch_size must be positive"),
+        (json.dumps(_best(loader={"batch_size": -1})), "batch_size must be a positive integer"),
         (json.dumps(_best(loader={"batch_size": 8, "evil": 1})), "unknown loader keys"),
         (json.dumps(_best(loader="batch_size=8")), "must be JSON objects"),
     ],
