@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware, synthetic
-from raytune_loader.bestconfig import metrics_of
+from raytune_loader import hardware
+from raytune_loader.bestconfig import metrics_of, recorded_baselines, recorded_options
 from raytune_loader.console import (
     ceiling_line,
     exit_status,
@@ -41,15 +41,14 @@ from raytune_loader.errors import (
     SearchFailedError,
 )
 from raytune_loader.factories import import_factory
-from raytune_loader.job import SegmentSpec, TrialJob, job_from_options, prepare_data
+from raytune_loader.job import TrialJob, job_from_options, prepare_data
 from raytune_loader.models import validate_model
-from raytune_loader.options import SearchOptions
 from raytune_loader.outcomes import TrialOutcome
 from raytune_loader.progress import LogProgress
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.search import OneLineErrorParser
 from raytune_loader.selection import Candidate
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, LoaderConfig
+from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
 from raytune_loader.verify import LocalMeasurer, measure_ceilings, verify
 
 log = logging.getLogger(__name__)
@@ -66,42 +65,6 @@ class BenchPlan:
     notes: tuple[str, ...] = ()
 
 
-def _baseline(best: BestConfig, name: str) -> LoaderConfig:
-    baselines = best.data["baselines"]
-    section = baselines.get(name) if isinstance(baselines, dict) else None
-    loader = section.get("loader") if isinstance(section, dict) else None
-    if not isinstance(loader, dict):
-        raise ConfigError(f"{best.path}: baselines.{name}.loader is missing; re-run the search")
-    try:
-        return LoaderConfig.from_dict(loader)
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"{best.path}: invalid baselines.{name}.loader: {exc}") from None
-
-
-def _configs(best: BestConfig) -> dict[str, LoaderConfig]:
-    """The tuned configuration first, then both baselines as the search recorded them."""
-    return {
-        TUNED: best.loader,
-        **{name: _baseline(best, name) for name in (PYTORCH_DEFAULT, HEURISTIC)},
-        **(
-            {RANK_SHARE: _baseline(best, RANK_SHARE)}
-            if RANK_SHARE in best.data["baselines"]
-            else {}
-        ),
-    }
-
-
-def _search_section(best: BestConfig) -> dict[str, Any]:
-    search = best.data["search"]
-    missing = [key for key in SEARCH_KEYS if key not in search] if isinstance(search, dict) else []
-    if not isinstance(search, dict) or missing:
-        raise ConfigError(
-            f"{best.path}: the search section lacks {', '.join(missing) or 'everything'}; "
-            "it was written by an older raytune_loader: re-run the search"
-        )
-    return search
-
-
 def _device(requested: str) -> tuple[str, str | None]:
     """The device to measure on, and a note when it is not the one the file was tuned on."""
     if requested != "cpu" and requested.partition(":")[0] != "cuda":
@@ -111,70 +74,19 @@ def _device(requested: str) -> tuple[str, str | None]:
     return requested, None
 
 
-def options_from_file(
-    best: BestConfig, steps: int | None = None, data_root: str | None = None
-) -> SearchOptions:
-    """The search's options as ``best_config.json`` recorded them (``steps`` and
-    ``data_root`` override), so the bench builds its job as the search did."""
-    search = _search_section(best)
-    try:
-        spec, segment = dict(search["dataset_spec"]), SegmentSpec(**search["segment"])
-        values: dict[str, Any] = dict(
-            dataset=str(spec["name"]),
-            data_root=data_root or spec.get("data_root"),
-            download=bool(spec.get("download", False)),
-            synthetic_images=int(spec.get("synthetic_images", synthetic.DEFAULT_IMAGES)),
-            image_column=str(spec.get("image_column", "image")),
-            label_column=str(spec.get("label_column", "label")),
-            shuffle_buffer=spec.get("shuffle_buffer"),
-            model=str(best.data["model"]),
-            steps=steps or int(segment.steps),
-            warmup_steps=int(segment.warmup_steps),
-            report_every=int(segment.report_every),
-            compute_threads=int(segment.compute_threads),
-            trial_timeout_s=float(segment.time_limit_s),
-            samples_per_trial=int(search["samples_per_trial"]),
-            seed=int(search["seed"]),
-            cpus_per_worker=float(search.get("cpus_per_worker", 1.0)),
-            ranks_per_node=int(best.data.get("ranks_per_node", 1)),
-        )
-        values.update(_job_options(best, str(search["device"])))
-        return SearchOptions(**values)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"{best.path}: invalid search section ({exc!r}); re-run the search"
-        ) from None
-
-
-def _job_options(best: BestConfig, device: str) -> dict[str, Any]:
-    """How the search trained (the ``job`` section); files written before it existed
-    trained with PyTorch's own precision settings (``precision`` None leaves them)."""
-    job = best.data.get("job")
-    if not isinstance(job, dict):
-        return {"channels_last": False}
-    train_step = job.get("train_step") or None
-    return {
-        "precision": job.get("precision"),
-        "channels_last": bool(job["channels_last"]),
-        "compile": bool(job.get("compile", False)),
-        "train_step": train_step,
-        **({"model": None} if train_step else {}),
-    }
-
-
 def plan_from_config(
     best: BestConfig, steps: int | None = None, data_root: str | None = None
 ) -> BenchPlan:
     """What to measure, from a validated ``best_config.json``, on this machine."""
-    opts = options_from_file(best, steps, data_root)
+    opts = recorded_options(best.data, str(best.path), steps, data_root)
     model = opts.train_step or opts.model
     assert model is not None
     if opts.train_step:
         import_factory(opts.train_step, kind="train step", error=ModelError)
     else:
         validate_model(model)
-    device, note = _device(str(_search_section(best)["device"]))
-    configs = _configs(best)
+    device, note = _device(str(best.data["search"]["device"]))
+    configs = {TUNED: best.loader, **recorded_baselines(best.data, str(best.path))}
     largest = max(config.batch_size for config in configs.values())
     if opts.samples_per_trial < largest:
         raise ConfigError(

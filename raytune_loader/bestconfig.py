@@ -10,13 +10,14 @@ import datetime as dt
 import importlib.metadata
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from raytune_loader import findings, hardware, steady, streams, trainers
 from raytune_loader.costmodel import CostModel, what_if
-from raytune_loader.errors import SearchFailedError
-from raytune_loader.job import TrialJob
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.errors import ConfigError, SearchFailedError, UserInputError
+from raytune_loader.job import SegmentSpec, TrialJob, dataset_options
 from raytune_loader.options import SearchOptions
 from raytune_loader.outcomes import InputRate
 from raytune_loader.records import TrialRecord
@@ -320,6 +321,69 @@ def job_section(job: TrialJob, space: SearchSpace, chosen_batch_size: int) -> di
             f"keep yours with .dataloader(dataset, batch_size={requested})"
         )
     return out
+
+
+SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
+
+
+def recorded_options(
+    data: dict[str, Any], path: str, steps: int | None = None, data_root: str | None = None
+) -> SearchOptions:
+    """The search's options as :func:`best_config` recorded them (its ``search`` and
+    ``job`` sections read back by the writer's own types), ``steps`` and ``data_root``
+    overriding, so a bench builds its job as the search did. A section that lacks what
+    it needs (an older file) is a ConfigError saying to re-run the search."""
+    search = data.get("search")
+    missing = [k for k in SEARCH_KEYS if k not in search] if isinstance(search, dict) else []
+    if not isinstance(search, dict) or missing:
+        raise ConfigError(
+            f"{path}: the search section lacks {', '.join(missing) or 'everything'}; it was "
+            "written by an older raytune_loader: re-run the search"
+        )
+    # a file written before the job section trained with PyTorch's own precision settings
+    job = data.get("job") or {"precision": None, "channels_last": False}
+    try:
+        spec = DatasetSpec(**search["dataset_spec"])
+        segment = SegmentSpec(**search["segment"])
+        train_step = job.get("train_step") or None
+        return SearchOptions(
+            **dataset_options(replace(spec, data_root=data_root or spec.data_root)),
+            model=None if train_step else str(data["model"]),
+            steps=steps or segment.steps,
+            warmup_steps=segment.warmup_steps,
+            report_every=segment.report_every,
+            compute_threads=segment.compute_threads,
+            trial_timeout_s=segment.time_limit_s,
+            samples_per_trial=int(search["samples_per_trial"]),
+            seed=int(search["seed"]),
+            # older files lack these two: the options' own defaults
+            cpus_per_worker=float(search.get("cpus_per_worker", SearchOptions.cpus_per_worker)),
+            ranks_per_node=int(data.get("ranks_per_node", SearchOptions.ranks_per_node)),
+            precision=job["precision"],
+            channels_last=bool(job["channels_last"]),
+            compile=bool(job.get("compile", False)),
+            train_step=train_step,
+        )
+    except (KeyError, TypeError, ValueError, UserInputError) as exc:
+        raise ConfigError(f"{path}: invalid search section ({exc}); re-run the search") from None
+
+
+def recorded_baselines(data: dict[str, Any], path: str) -> dict[str, LoaderConfig]:
+    """The baselines :func:`_baselines` recorded, by name."""
+    recorded = data.get("baselines")
+    found: dict[str, LoaderConfig] = {}
+    for name in (PYTORCH_DEFAULT, HEURISTIC, RANK_SHARE):
+        section = recorded.get(name) if isinstance(recorded, dict) else None
+        if section is None and name == RANK_SHARE:
+            continue  # only with several ranks
+        loader = section.get("loader") if isinstance(section, dict) else None
+        if not isinstance(loader, dict):
+            raise ConfigError(f"{path}: baselines.{name}.loader is missing; re-run the search")
+        try:
+            found[name] = LoaderConfig.from_dict(loader)
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"{path}: invalid baselines.{name}.loader: {exc}") from None
+    return found
 
 
 def _baselines(by_name: dict[str, Candidate], heuristic_note: str | None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -89,10 +90,20 @@ class TrialJob:
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
+    """What the options say to load (:func:`dataset_options` reads it back)."""
     return datasets.DatasetSpec(
         opts.dataset, opts.data_root, opts.download, opts.synthetic_images,
         opts.image_column, opts.label_column, opts.shuffle_buffer,
     )  # fmt: skip
+
+
+def dataset_options(spec: datasets.DatasetSpec) -> dict[str, Any]:
+    """The options :func:`dataset_spec` builds ``spec`` from."""
+    return {
+        "dataset": spec.name, "data_root": spec.data_root, "download": spec.download,
+        "synthetic_images": spec.synthetic_images, "image_column": spec.image_column,
+        "label_column": spec.label_column, "shuffle_buffer": spec.shuffle_buffer,
+    }  # fmt: skip
 
 
 def job_from_options(
