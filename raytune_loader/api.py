@@ -62,23 +62,15 @@ def search_space(
     usable: int,
     cuda: bool,
     progress: Progress,
-    quiet: bool = False,
     job: TrialJob | None = None,
 ) -> SearchSpace:
     """The search space; ``usable`` is the CPUs of the largest node a trial may run on,
-    shared by the trial's ranks: each rank's workers are bounded by usable // ranks,
-    and by what the prepared ``job``'s stream can keep busy. Its source says what else
-    is searched (the pipeline, decoders, thread workers, how it is read and batched)."""
+    shared by the trial's ranks: each rank's workers are bounded by usable // ranks
+    (:func:`worker_bound`), and by what the prepared ``job``'s stream can keep busy. Its
+    source says what else is searched (the pipeline, decoders, thread workers, how it
+    is read and batched)."""
     ranks = max(1, opts.ranks_per_node)
-    per_rank = usable // ranks
-    max_workers = per_rank if opts.max_workers is None else opts.max_workers
-    if max_workers > per_rank:
-        if not quiet:
-            share = f" usable CPUs / {ranks} ranks" if ranks > 1 else " usable CPUs"
-            progress.warn(
-                f"--max-workers {max_workers} is more than the {per_rank}{share}; using {per_rank}"
-            )
-        max_workers = per_rank
+    max_workers = worker_bound(opts, usable)
     batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
     if job is None:
         return SearchSpace(max_workers, batch_sizes, cuda, usable, ranks=ranks)
@@ -102,6 +94,18 @@ def search_space(
         batchings=source.batchings(spec),
         stream_workers=job.stream_workers,
     )  # fmt: skip
+
+
+def worker_bound(opts: SearchOptions, usable: int, progress: Progress | None = None) -> int:
+    """The most workers a rank may have: ``--max-workers``, at most its share of the
+    ``usable`` CPUs (said on ``progress`` when the flag asks for more)."""
+    ranks = max(1, opts.ranks_per_node)
+    per_rank = usable // ranks
+    asked = per_rank if opts.max_workers is None else opts.max_workers
+    if asked > per_rank and progress is not None:
+        share = f" usable CPUs / {ranks} ranks" if ranks > 1 else " usable CPUs"
+        progress.warn(f"--max-workers {asked} is more than the {per_rank}{share}; using {per_rank}")
+    return min(asked, per_rank)
 
 
 def _gpus_per_trial(opts: SearchOptions, cuda: bool) -> float:
@@ -137,7 +141,7 @@ def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJ
     else:
         validate_model(model)
     if not opts.address:  # on a cluster the bounds follow its nodes, known once joined
-        search_space(opts, hardware.usable_cpus(), cuda and gpus_per_trial > 0, progress)
+        worker_bound(opts, hardware.usable_cpus(), progress)
     out_dir = Path(opts.out) / dataset_spec(opts).slug
     ensure_writable(out_dir)
     job = job_from_options(
@@ -195,7 +199,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
                 replace(job, node_cpus=node_cpus), max(opts.batch_sizes), progress
             )
         cuda = job.device == "cuda"
-        space = search_space(opts, node_cpus, cuda, progress, quiet=True, job=job)
+        space = search_space(opts, node_cpus, cuda, progress, job=job)
         opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import Searched
 from raytune_loader import SearchOptions
-from raytune_loader.api import search_space
+from raytune_loader.api import search_space, worker_bound
 from raytune_loader.job import SegmentSpec, job_from_options
 
 
@@ -29,9 +29,10 @@ class _Recorder:
 
 def test_max_workers_above_usable_cpus_is_clipped_with_a_warning() -> None:
     progress = _Recorder()
-    space = search_space(SearchOptions(max_workers=64), usable=2, cuda=False, progress=progress)
-    assert space.max_workers == 2
+    assert worker_bound(SearchOptions(max_workers=64), 2, progress) == 2
     assert "using 2" in progress.warnings[0]
+    space = search_space(SearchOptions(max_workers=64), usable=2, cuda=False, progress=progress)
+    assert space.max_workers == 2 and len(progress.warnings) == 1  # said once, before Ray
 
 
 def test_each_rank_s_workers_are_bounded_by_its_share_of_the_node() -> None:
@@ -40,6 +41,7 @@ def test_each_rank_s_workers_are_bounded_by_its_share_of_the_node() -> None:
     assert space.max_workers == 8 and space.ranks == 2
     asked = SearchOptions(ranks_per_node=4, max_workers=8)
     assert search_space(asked, usable=16, cuda=True, progress=progress).max_workers == 4
+    assert worker_bound(asked, 16, progress) == 4
     assert "more than the 4 usable CPUs / 4 ranks; using 4" in progress.warnings[-1]
 
 
