@@ -11,6 +11,10 @@ and `source="nvml-device-other-pids"`: that figure counts every process sharing 
 GPU, such as a neighbouring 0.5-GPU trial. When NVML itself is unusable (no
 driver, no library, no device UUID) it reports `source="step-timing"` so the
 caller can substitute its own compute-time share.
+A query that fails for a moment (``INSUFFICIENT_SIZE``: a sample landed between
+nvidia-ml-py's sizing call and its reading call) skips that poll only; NVML's
+refusals (``NOT_SUPPORTED``, ``NO_PERMISSION``) switch that query off for the
+window, with a warning, since the device-wide figure then stands for this process.
 The sampler never raises because of NVML. The binding module is injectable so the
 whole path can be exercised on a CPU with a stand-in.
 """
@@ -31,9 +35,12 @@ import torch
 logger = logging.getLogger(__name__)
 
 _BINDING_MODULE = "pynvml"
-# Value of NVML_ERROR_NOT_FOUND / NVML_SUCCESS in nvml.h; read from the binding when present.
+# Values in nvml.h; read from the binding when present.
 _NOT_FOUND_DEFAULT = 6
 _SUCCESS_DEFAULT = 0
+# the errors that say a query will never answer here (the driver or this user cannot);
+# any other is taken as passing and costs only its poll
+_REFUSALS_DEFAULT = {"NVML_ERROR_NOT_SUPPORTED": 3, "NVML_ERROR_NO_PERMISSION": 4}
 _MIN_JOIN_TIMEOUT_S = 2.0
 
 
@@ -110,7 +117,8 @@ class UtilizationSampler:
         self._polling = False
         self._process_supported = True
         self._device_supported = True
-        self._last_seen_us = 0
+        self._last_seen_us: int | None = None  # None until a query marks what came before
+        self._skipped: dict[str, int] = {}  # polls skipped, by the error that skipped them
         self._process_sm: list[int] = []
         self._other_pids: set[int] = set()
         self._device_gpu: list[int] = []
@@ -229,10 +237,11 @@ class UtilizationSampler:
             self._polling = False
 
     def _take_baseline(self) -> None:
-        """Mark every sample NVML already holds as seen, so pre-start samples never count."""
+        """Mark every sample NVML already holds as seen, so pre-start samples never count.
+        A skipped query leaves it to the first poll that answers."""
         samples = self._query_process_samples(0)
-        if samples:
-            self._last_seen_us = max(int(s.timeStamp) for s in samples)
+        if samples is not None:
+            self._last_seen_us = max((int(s.timeStamp) for s in samples), default=0)
 
     def _poll(self) -> None:
         """One poll: new per-process samples for our pid, plus one device-wide reading."""
@@ -243,17 +252,21 @@ class UtilizationSampler:
             self._poll_device()
 
     def _poll_process(self) -> None:
+        if self._last_seen_us is None:  # the baseline's query was skipped: this is it
+            self._take_baseline()
+            return
         previous = self._last_seen_us
         samples = self._query_process_samples(previous)
-        fresh = [s for s in samples if int(s.timeStamp) > previous]
+        fresh = [s for s in samples or () if int(s.timeStamp) > previous]
         if not fresh:
             return
         self._last_seen_us = max(int(s.timeStamp) for s in fresh)
         self._process_sm.extend(int(s.smUtil) for s in fresh if int(s.pid) == self.pid)
         self._other_pids.update(int(s.pid) for s in fresh if int(s.pid) != self.pid)
 
-    def _query_process_samples(self, last_seen_us: int) -> list[Any]:
-        """Samples newer than `last_seen_us`; [] when there are none or the call is unsupported."""
+    def _query_process_samples(self, last_seen_us: int) -> list[Any] | None:
+        """Samples newer than `last_seen_us`; [] when there are none or the query is
+        refused here, None when this poll's query failed and was skipped."""
         if not self._process_supported:
             return []
         nvml = self._nvml
@@ -262,9 +275,16 @@ class UtilizationSampler:
         except nvml.NVMLError as err:
             if _is_no_sample(nvml, err):
                 return []
-            logger.info("Per-process NVML utilization unavailable (%s); using device-wide", err)
-            self._process_supported = False
-            return []
+            if _is_refusal(nvml, err):
+                logger.warning(
+                    "NVML refuses per-process GPU utilization (%s): util is device-wide from "
+                    "here on, and counts every process on this GPU (a trial sharing it too)",
+                    err,
+                )
+                self._process_supported = False
+                return []
+            self._skip("per-process", err)
+            return None
 
     def _poll_device(self) -> None:
         if not self._device_supported:
@@ -273,14 +293,28 @@ class UtilizationSampler:
         try:
             rates = nvml.nvmlDeviceGetUtilizationRates(self._handle)
         except nvml.NVMLError as err:
-            logger.info("Device-wide NVML utilization unavailable: %s", err)
-            self._device_supported = False
+            if _is_refusal(nvml, err):
+                logger.warning("NVML refuses device-wide GPU utilization: %s", err)
+                self._device_supported = False
+            else:
+                self._skip("device-wide", err)
             return
         self._device_gpu.append(int(rates.gpu))
+
+    def _skip(self, query: str, err: Exception) -> None:
+        """One poll of ``query`` lost to a passing error; counted, said at the window's end."""
+        key = f"{query} ({err})"
+        self._skipped[key] = self._skipped.get(key, 0) + 1
+        logger.debug("NVML %s query failed (%s); this poll is skipped", query, err)
 
     # -- result --------------------------------------------------------------------
 
     def _summarize(self) -> UtilReading:
+        if self._skipped:
+            logger.info(
+                "NVML polls skipped in this window: %s",
+                ", ".join(f"{count} {key}" for key, count in self._skipped.items()),
+            )
         device_util = _mean_fraction(self._device_gpu)
         if self._process_supported and self._process_sm:
             return UtilReading(
@@ -313,6 +347,12 @@ def _is_no_sample(nvml: Any, err: Exception) -> bool:
         getattr(nvml, "NVML_SUCCESS", _SUCCESS_DEFAULT),
     }
     return value in no_sample
+
+
+def _is_refusal(nvml: Any, err: Exception) -> bool:
+    """NOT_SUPPORTED or NO_PERMISSION: the query will not answer in this window."""
+    refusals = {getattr(nvml, name, value) for name, value in _REFUSALS_DEFAULT.items()}
+    return getattr(err, "value", None) in refusals
 
 
 def _mean_fraction(percents: list[int]) -> float | None:

@@ -193,16 +193,75 @@ def test_zero_count_success_error_means_no_sample() -> None:
     assert reading.util == pytest.approx(0.70)
 
 
-def test_not_supported_degrades_to_device_wide() -> None:
+def test_a_sample_landing_between_the_binding_s_two_calls_skips_only_that_poll(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """nvidia-ml-py sizes the buffer, then reads: a sample arriving in between makes the
+    read fail with INSUFFICIENT_SIZE. The next poll answers; the window stays per-process."""
     fake = FakeNvml(
-        process=[[], [sample(OUR_PID, 10, 90)], nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)],
+        process=[
+            [],
+            [sample(OUR_PID, 10, 40)],
+            nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE),
+            [sample(OTHER_PID, 20, 100), sample(OUR_PID, 21, 80)],
+        ],
+        device=[90, 90, 90],
+    )
+    with caplog.at_level(logging.INFO, logger="raytune_loader.nvml"):
+        reading = run_window(fake, polls=2)
+    assert reading.source == "nvml-process"
+    assert reading.util == pytest.approx(0.60)  # 40 and 80: the neighbour's 100 not counted
+    assert len(fake.timestamps_passed) == 4  # still asked after the failed poll
+    assert fake.timestamps_passed[-1] == 10  # from the last sample seen, none lost or re-read
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert said == ["NVML polls skipped in this window: 1 per-process (Insufficient Size)"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    "refusal", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION]
+)
+def test_nvml_s_refusal_switches_per_process_sampling_off_and_says_so(
+    caplog: pytest.LogCaptureFixture, refusal: int
+) -> None:
+    fake = FakeNvml(
+        process=[[], [sample(OUR_PID, 10, 90)], nvml_error(refusal), [sample(OUR_PID, 20, 90)]],
         device=[30, 50, 70],
     )
-    reading = run_window(fake, polls=2)
-    assert reading.source == "nvml-device"
-    assert reading.samples == 0
+    with caplog.at_level(logging.WARNING, logger="raytune_loader.nvml"):
+        reading = run_window(fake, polls=2)
+    assert reading.source == "nvml-device"  # the part-window of per-process samples is not used
     assert reading.util == pytest.approx(0.50)
-    assert len(fake.timestamps_passed) == 3  # not called again once unsupported
+    assert len(fake.timestamps_passed) == 3  # never asked again
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "device-wide" in warning and "every process on this GPU" in warning
+
+
+@pytest.mark.parametrize(
+    "passing", [pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_TIMEOUT]
+)
+def test_any_other_nvml_error_costs_its_poll_only(passing: int) -> None:
+    fake = FakeNvml(
+        process=[[], nvml_error(passing), [sample(OUR_PID, 10, 30)]],
+        device=[nvml_error(passing), 40],
+    )
+    reading = run_window(fake, polls=1)
+    assert reading.source == "nvml-process" and reading.util == pytest.approx(0.30)
+    assert reading.device_util == pytest.approx(0.40)  # the device-wide query kept going too
+
+
+def test_a_skipped_baseline_is_taken_by_the_first_poll_that_answers() -> None:
+    before = sample(OUR_PID, 100, 0)  # buffered before start(): never counted
+    fake = FakeNvml(
+        process=[
+            nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE),  # the baseline's query
+            [before],  # the first poll answers: the baseline
+            [before, sample(OUR_PID, 200, 50)],
+        ],
+    )
+    reading = run_window(fake, polls=1)
+    assert reading.samples == 1 and reading.util == pytest.approx(0.50)
+    assert fake.timestamps_passed == [0, 0, 100]
 
 
 def test_init_library_not_found_falls_back_to_step_timing() -> None:
