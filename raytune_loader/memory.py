@@ -4,7 +4,8 @@ A DataLoader holds ``num_workers x prefetch_factor`` batches in flight, in share
 memory (``/dev/shm``) and, when pinned, twice in host memory. :func:`check_memory`
 refuses a configuration whose batches would not fit, with the reason that
 ``trials.csv`` records (``host_memory``, ``shm``). :func:`cap_gpu_memory` holds a
-measurement to its share of a GPU's memory.
+measurement to its share of a GPU's memory (and gives a reused process the whole
+GPU back).
 """
 
 from __future__ import annotations
@@ -64,16 +65,22 @@ def check_memory(
 
 
 def cap_gpu_memory(share: float, device: torch.device) -> float | None:
-    """Hold this process to ``share`` of the GPU's memory (``--gpus-per-trial`` below 1).
+    """Hold this process to ``share`` of the GPU's memory (``--gpus-per-trial`` below 1),
+    or give it the whole GPU again (a share of 1, or none).
 
     Two trials at ``--gpus-per-trial 0.5`` would otherwise take memory first come,
     first served, and one of them would back off (or fail) depending on timing.
     The ceiling and the verification runs get the same cap, so every measurement
-    of a search backs off at the same batch size. Returns the cap applied, or None.
+    of a search backs off at the same batch size. The cap is the allocator's, and
+    so the process's: a Ray worker that measured a trial at half the GPU and then
+    verifies with the whole GPU would keep the half without the reset. Returns the
+    share of memory the process may now use, or None off CUDA.
     """
-    if device.type != "cuda" or not 0 < share < 1:
+    if device.type != "cuda":
         return None
+    fraction = share if 0 < share < 1 else 1.0
     index = torch.cuda.current_device() if device.index is None else device.index
-    torch.cuda.set_per_process_memory_fraction(share, index)
-    log.info("GPU memory capped at %.0f%% (--gpus-per-trial)", share * 100)
-    return share
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    if fraction < 1:
+        log.info("GPU memory capped at %.0f%% (--gpus-per-trial)", fraction * 100)
+    return fraction

@@ -31,12 +31,13 @@ def test_refuses_what_would_not_fit_in_shm_or_ram() -> None:
     assert check_memory(LoaderConfig(8), sample, 64 << 30, 64 << 20) == 8 * sample
 
 
-@pytest.mark.parametrize(("share", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, None), (0, None)])
+@pytest.mark.parametrize(("share", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, 1.0), (0, 1.0)])
 def test_a_fractional_gpu_share_caps_the_allocator(
-    monkeypatch: pytest.MonkeyPatch, share: float, expected: float | None
+    monkeypatch: pytest.MonkeyPatch, share: float, expected: float
 ) -> None:
     """The CUDA boundary: --gpus-per-trial below 1 becomes the allocator's memory cap, on
-    the current device's index (torch refuses a "cuda" device without one)."""
+    the current device's index (torch refuses a "cuda" device without one); the whole
+    GPU is a cap of 1, set too."""
     applied: list[tuple[float, int]] = []
 
     def set_fraction(fraction: float, device: int) -> None:
@@ -46,8 +47,23 @@ def test_a_fractional_gpu_share_caps_the_allocator(
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # e.g. rank 3's GPU
     assert cap_gpu_memory(share, torch.device("cuda")) == expected
-    assert applied == ([] if expected is None else [(expected, 3)])
-    if expected is not None:
-        cap_gpu_memory(share, torch.device("cuda:1"))
-        assert applied[-1] == (expected, 1)
+    assert applied == [(expected, 3)]
+    cap_gpu_memory(share, torch.device("cuda:1"))
+    assert applied[-1] == (expected, 1)
     assert cap_gpu_memory(share, torch.device("cpu")) is None
+    assert len(applied) == 2  # nothing set off CUDA
+
+
+def test_a_reused_process_gets_the_whole_gpu_back_after_a_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ray worker measures a 0.5-GPU trial, then a verification run with the whole GPU:
+    the allocator's cap is the process's, so the second measurement must lift it."""
+    cap = {0: 1.0}  # the allocator's state, as torch keeps it per device for the process
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device: cap.__setitem__(device, fraction))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cap_gpu_memory(0.5, torch.device("cuda"))
+    assert cap[0] == 0.5
+    cap_gpu_memory(1.0, torch.device("cuda"))
+    assert cap[0] == 1.0
