@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.utils.data import (
@@ -38,14 +37,20 @@ from torch.utils.data import (
     Dataset,
     IterableDataset,
     default_collate,
-    default_convert,
+)
+from torch.utils.data.dataloader import (
+    _MultiProcessingDataLoaderIter,
+    _SingleProcessDataLoaderIter,
 )
 from torch.utils.data.distributed import DistributedSampler
 
 from raytune_loader.errors import ConfigError
 from raytune_loader.pipeline import collate_encoded
-from raytune_loader.sharding import RankBatches, ShardSampler, as_thread_worker, process_group
+from raytune_loader.sharding import RankBatches, ShardSampler, process_group
 from raytune_loader.space import LoaderConfig
+
+if TYPE_CHECKING:
+    from raytune_loader.streams import StreamLoader, ThreadStreamLoader
 
 
 def build_dataloader(
@@ -59,7 +64,7 @@ def build_dataloader(
     samples_per_epoch: int | None = None,
     stamp: bool = False,
     **overrides: Any,
-) -> TunedDataLoader | ThreadLoader | DataLoader[Any] | ThreadStreamLoader:
+) -> TunedDataLoader | ThreadLoader | StreamLoader | ThreadStreamLoader:
     """The tuned loader over ``dataset``; ``overrides`` (DataLoader arguments) win over
     the config. Thread workers take ``sampler`` and ``collate_fn`` among them.
 
@@ -70,25 +75,29 @@ def build_dataloader(
     made it and when it was done.
     """
     kwargs: dict[str, Any] = config.kwargs()
-    if config.num_workers == 0:
-        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
-            kwargs.pop(key)  # DataLoader accepts them only with workers
-        timeout_s = 0.0  # DataLoader only accepts a timeout with workers
     if config.pin_memory and not torch.cuda.is_available():
         kwargs["pin_memory"] = False  # pinning needs an accelerator; it would only warn
     if config.decode == "device":
         kwargs["collate_fn"] = collate_encoded  # JPEGs of different lengths stay a list
     kwargs.update(overrides)
+    timeout_s = kwargs.pop("timeout", timeout_s)  # DataLoader's own name for it
+    if kwargs["num_workers"] == 0:
+        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
+            if key not in overrides:
+                kwargs.pop(key, None)  # DataLoader accepts them only with workers
+        timeout_s = 0.0  # DataLoader only accepts a timeout with workers
+    if isinstance(dataset, IterableDataset):
+        from raytune_loader.streams import stream_loader
+
+        return stream_loader(
+            dataset, config, kwargs, set(overrides), drop_last=drop_last, timeout_s=timeout_s,
+            stamp=stamp, seed=seed, shuffle=shuffle, samples_per_epoch=samples_per_epoch,
+        )  # fmt: skip
     if config.worker_threads is not None:  # worker processes only (LoaderConfig checks)
         then = kwargs.get("worker_init_fn")  # the user's own runs after ours
         kwargs["worker_init_fn"] = WorkerThreads(config.worker_threads, then)
     if stamp:
         dataset = timed(dataset)
-    if isinstance(dataset, IterableDataset):
-        return _stream_loader(
-            dataset, config, kwargs, set(overrides), drop_last, timeout_s, stamp
-        )  # fmt: skip
-    if stamp:
         kwargs["collate_fn"] = Stamping(kwargs.get("collate_fn") or default_collate)
     _refuse_unsupported(config, kwargs.get("sampler"))
     if "batch_sampler" in kwargs:
@@ -111,8 +120,8 @@ def build_dataloader(
             )
         return ThreadLoader(
             dataset, BatchSampler(kwargs["sampler"], kwargs["batch_size"], drop_last),
-            kwargs.get("collate_fn") or default_collate, config.num_workers,
-            kwargs["prefetch_factor"] or 2, kwargs["in_order"], kwargs["pin_memory"],
+            kwargs.get("collate_fn") or default_collate, kwargs["num_workers"],
+            kwargs.get("prefetch_factor") or 2, kwargs["in_order"], kwargs["pin_memory"],
         )  # fmt: skip
     return TunedDataLoader(dataset, drop_last=drop_last, timeout=timeout_s, **kwargs)
 
@@ -242,37 +251,108 @@ def _refuse_unsupported(config: LoaderConfig, sampler: Any) -> None:
         )
 
 
-def _stream_loader(
-    dataset: IterableDataset[Any],
-    config: LoaderConfig,
-    kwargs: dict[str, Any],
-    overridden: set[str],
-    drop_last: bool,
-    timeout_s: float,
-    stamp: bool = False,
-) -> DataLoader[Any] | ThreadStreamLoader:
-    """The tuned loader over a stream: no sampler (the stream splits itself by rank and
-    worker); batches made by the loader, or already by the stream's pipeline in each
-    worker (``batching="workers"``: DataLoader ``batch_size=None``)."""
-    if {"sampler", "batch_sampler"} & overridden:
+class Passes(Protocol):
+    """What a loader's iterator tells of each pass: every batch that reaches the
+    training loop (which worker made it), and the pass's end."""
+
+    def exhausted(self) -> bool:
+        """The pass has delivered all its batches (a cut epoch ends here)."""
+
+    def delivered(self, worker: int) -> bool:
+        """A batch of ``worker``'s is ready; False drops it (a resumed pass's replay)."""
+
+    def ended(self) -> None:
+        """The pass has no more batches."""
+
+
+class _Counting:
+    """A DataLoader iterator that tells its loader's :class:`Passes` of each batch."""
+
+    _last_worker = 0
+
+    def __init__(self, loader: Any) -> None:
+        self._passes: Passes = loader.passes
+        super().__init__(loader)  # type: ignore[call-arg]
+
+    def _next_data(self) -> Any:
+        while True:
+            if self._passes.exhausted():
+                self._passes.ended()
+                if not getattr(self, "_persistent_workers", False):
+                    getattr(self, "_shutdown_workers", lambda: None)()
+                raise StopIteration
+            try:
+                data = super()._next_data()  # type: ignore[misc]
+            except StopIteration:
+                self._passes.ended()
+                raise
+            if self._passes.delivered(self._last_worker):
+                return data
+
+
+class _CountedSingle(_Counting, _SingleProcessDataLoaderIter):
+    pass
+
+
+class _CountedWorkers(_Counting, _MultiProcessingDataLoaderIter):
+    def _process_data(self, data: Any, worker_idx: int) -> Any:
+        self._last_worker = worker_idx  # the data is this worker's (in order or not)
+        return super()._process_data(data, worker_idx)
+
+
+def counted_iterator(loader: DataLoader[Any]) -> Any:
+    """``loader``'s iterator, telling ``loader.passes`` of every batch it delivers."""
+    if loader.num_workers == 0:
+        return _CountedSingle(loader)
+    loader.check_worker_number_rationality()
+    return _CountedWorkers(loader)
+
+
+class _SamplerPasses:
+    """A map-style pass as its :class:`ShardSampler`'s clock counts it."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.clock = sampler.clock if isinstance(sampler, ShardSampler) else None
+
+    def exhausted(self) -> bool:
+        return False
+
+    def delivered(self, worker: int) -> bool:
+        if self.clock is not None:
+            self.clock.took(0)
+        return True
+
+    def ended(self) -> None:
+        if self.clock is not None:
+            self.clock.end()
+
+
+def sampler_state(sampler: Any, batch_size: int | None) -> dict[str, Any]:
+    """A map-style tuned loader's state: its sampler's epoch and the batches read."""
+    state = sampler.state_dict() if hasattr(sampler, "state_dict") else {}
+    return {**state, "world": process_group()[1], "batch_size": batch_size}
+
+
+def load_sampler_state(sampler: Any, batch_size: int | None, state: dict[str, Any]) -> None:
+    check_resumable(state, batch_size=batch_size)
+    if hasattr(sampler, "load_state_dict"):
+        sampler.load_state_dict(state)
+
+
+def check_resumable(state: dict[str, Any], **now: Any) -> None:
+    """Refuse, in one line, a mid-epoch state this loader would read other samples from
+    (another world size, batch size or worker count changes every rank's share)."""
+    if not isinstance(state, dict):
+        raise ConfigError(f"a loader's state is a dict, got {type(state).__name__}")
+    if not any(state.get("batches") or ()):
+        return
+    now = {"world": process_group()[1], **now}
+    differ = [f"{k} {state.get(k)} then, {v} now" for k, v in now.items() if state.get(k) != v]
+    if differ:
         raise ConfigError(
-            f"{type(dataset).__name__} is a stream (an IterableDataset): it takes no sampler; "
-            "it splits itself by rank and worker"
+            f"the loader's state was saved mid-epoch ({'; '.join(differ)}): resume with the "
+            "same settings, or from the start of an epoch"
         )
-    batch_size = None if config.batching == "workers" else kwargs["batch_size"]
-    collate = kwargs.get("collate_fn") if batch_size is not None else None
-    if stamp:  # each made batch stamped; a ready one converted as DataLoader would
-        collate = Stamping(collate or (default_collate if batch_size else default_convert))
-    if config.workers == "thread":
-        return ThreadStreamLoader(
-            dataset, batch_size, collate or default_collate, config.num_workers,
-            kwargs["prefetch_factor"] or 2, kwargs["in_order"], kwargs["pin_memory"], drop_last,
-        )  # fmt: skip
-    options = {k: v for k, v in kwargs.items() if k not in ("sampler", "batch_size", "collate_fn")}
-    return DataLoader(
-        dataset, batch_size=batch_size, drop_last=drop_last and batch_size is not None,
-        collate_fn=collate, timeout=timeout_s, **options,
-    )  # fmt: skip
 
 
 class TunedDataLoader(DataLoader):  # type: ignore[type-arg]
@@ -282,6 +362,9 @@ class TunedDataLoader(DataLoader):  # type: ignore[type-arg]
     arguments (Lightning) rebuild it with the tuned ones. Only its own iteration is
     sharded by rank (:class:`~raytune_loader.sharding.RankBatches`); its
     ``batch_sampler`` yields whole epochs, for trainers that split batches themselves.
+    ``state_dict``/``load_state_dict`` (Lightning's checkpoints call them; register the
+    loader with accelerate's ``register_for_checkpointing``) carry the epoch and the
+    batches read: a resumed pass of that epoch skips them.
     """
 
     @property
@@ -290,6 +373,19 @@ class TunedDataLoader(DataLoader):  # type: ignore[type-arg]
         if isinstance(index_sampler, BatchSampler):
             return RankBatches(index_sampler)
         return index_sampler
+
+    @property
+    def passes(self) -> Passes:
+        return _SamplerPasses(self.sampler)
+
+    def _get_iterator(self) -> Any:
+        return counted_iterator(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        return sampler_state(self.sampler, self.batch_size)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_sampler_state(self.sampler, self.batch_size, state)
 
 
 class ThreadLoader:
@@ -341,143 +437,24 @@ class ThreadLoader:
         self._loader = tn.Loader(tn.Prefetcher(node, prefetch_factor * num_workers))
 
     def __iter__(self) -> Iterator[Any]:
+        passes = _SamplerPasses(self.sampler)
         try:
-            yield from self._loader
+            for batch in self._loader:
+                passes.delivered(0)
+                yield batch
+            passes.ended()
         finally:  # an epoch ended, failed or was abandoned: its threads stop, here
             _stop_threads(self._loader)
 
     def __len__(self) -> int:
         return len(self._batches)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's epoch and the batches read (see :class:`TunedDataLoader`)."""
+        return sampler_state(self.sampler, self.batch_size)
 
-class ThreadStreamLoader:
-    """Batches of a stream (an IterableDataset) from ``num_workers`` threads.
-
-    Each thread iterates the stream as thread worker i of n
-    (:func:`~raytune_loader.sharding.as_thread_worker`), so a stream that splits its
-    shards by :func:`~raytune_loader.sharding.worker_share` gives each thread its own
-    share, and makes whole batches (or takes the stream's own). Up to
-    ``prefetch_factor`` batches wait per thread. In order, batches come round-robin
-    from the threads, as a DataLoader's workers' do; otherwise as they are ready. A
-    thread's error reaches the loop with its type and message; every thread is stopped
-    when an epoch ends, fails or is abandoned."""
-
-    def __init__(
-        self,
-        dataset: IterableDataset[Any],
-        batch_size: int | None,
-        collate_fn: Callable[[list[Any]], Any],
-        num_workers: int,
-        prefetch_factor: int,
-        in_order: bool,
-        pin_memory: bool,
-        drop_last: bool,
-    ) -> None:
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.collate_fn = collate_fn
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.in_order = in_order
-        self.pin_memory = pin_memory
-        self.drop_last = drop_last
-
-    def __iter__(self) -> Iterator[Any]:
-        stop = threading.Event()
-        shared: queue.Queue[Any] = queue.Queue(self.prefetch_factor * self.num_workers)
-        queues = [
-            queue.Queue(self.prefetch_factor) if self.in_order else shared
-            for _ in range(self.num_workers)
-        ]
-        threads = [
-            threading.Thread(target=self._work, args=(i, queues[i], stop), daemon=True,
-                             name=f"raytune-stream-{i}")
-            for i in range(self.num_workers)
-        ]  # fmt: skip
-        for thread in threads:
-            thread.start()
-        try:
-            yield from self._ordered(queues) if self.in_order else self._ready(shared)
-        finally:
-            stop.set()
-            for out in {id(q): q for q in queues}.values():
-                _drain(out)  # a thread waiting to put sees the stop
-            deadline = time.monotonic() + 60  # one stuck in the stream's own read: a daemon
-            for thread in threads:
-                thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-    def _ordered(self, queues: list[queue.Queue[Any]]) -> Iterator[Any]:
-        live = list(range(self.num_workers))
-        while live:
-            for worker in list(live):
-                item = queues[worker].get()
-                if item is _DONE:
-                    live.remove(worker)
-                    continue
-                yield _raised(item)
-
-    def _ready(self, shared: queue.Queue[Any]) -> Iterator[Any]:
-        done = 0
-        while done < self.num_workers:
-            item = shared.get()
-            if item is _DONE:
-                done += 1
-                continue
-            yield _raised(item)
-
-    def _work(self, worker: int, out: queue.Queue[Any], stop: threading.Event) -> None:
-        try:
-            with as_thread_worker(worker, self.num_workers):
-                pending: list[Any] = []
-                for sample in self.dataset:
-                    if stop.is_set():
-                        return
-                    if self.batch_size is not None:
-                        pending.append(sample)
-                        if len(pending) < self.batch_size:
-                            continue
-                        sample, pending = self.collate_fn(pending), []
-                    elif isinstance(self.collate_fn, Stamping):  # a ready batch, measured
-                        sample = self.collate_fn(sample)
-                    _put(out, _pinned(sample) if self.pin_memory else sample, stop)
-                if pending and not self.drop_last:
-                    last = self.collate_fn(pending)
-                    _put(out, _pinned(last) if self.pin_memory else last, stop)
-        except Exception as exc:  # noqa: BLE001 - the loop raises it, with its type
-            _put(out, _Failure(exc), stop)
-        finally:
-            _put(out, _DONE, stop)
-
-
-_DONE = object()
-
-
-@dataclass(frozen=True)
-class _Failure:
-    error: Exception
-
-
-def _raised(item: Any) -> Any:
-    if isinstance(item, _Failure):
-        raise item.error
-    return item
-
-
-def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            out.put(item, timeout=0.1)
-            return
-        except queue.Full:
-            continue
-
-
-def _drain(out: queue.Queue[Any]) -> None:
-    while True:
-        try:
-            out.get_nowait()
-        except queue.Empty:
-            return
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_sampler_state(self.sampler, self.batch_size, state)
 
 
 def _pinned(batch: Any) -> Any:

@@ -1,24 +1,33 @@
-"""Which samples each data-parallel rank reads: one shard each, every epoch.
+"""Which samples each data-parallel rank reads: its own share of every epoch, and the
+same number of batches as every other rank.
 
-The tuned loader shards itself. Its sampler, :class:`ShardSampler`, is a
+The tuned loader shards itself. Map-style, its sampler, :class:`ShardSampler`, is a
 ``DistributedSampler`` (so Lightning, Fabric and Ray Train keep it instead of
-rebuilding the loader without its tuned settings) that needs no process group
-when it is made: the rank and world size are read when an epoch starts. The
-loader's own iteration (:class:`RankBatches`) asks for this rank's shard; a
-trainer that rebuilds the loader around its batch sampler and shards the batches
-itself (accelerate's ``prepare``) iterates the sampler directly and gets the
-whole epoch, which it then splits. Either way each rank reads its own shard once
-per epoch.
+rebuilding the loader without its tuned settings) that needs no process group when
+it is made: the rank and world size are read when an epoch starts. The loader's own
+iteration (:class:`RankBatches`) asks for this rank's shard; a trainer that rebuilds
+the loader around its batch sampler and shards the batches itself (accelerate's
+``prepare``) iterates the sampler directly and gets the whole epoch, which it then
+splits. Every rank draws the same permutation (``seed`` + epoch) and takes every
+world-size-th index of it, padded to an equal count per rank, as
+``DistributedSampler`` does, so ranks step in lockstep.
 
-The epoch advances by itself after every pass, so the order changes each epoch
-even where nobody calls ``set_epoch``; ``set_epoch(n)`` (which Lightning,
-accelerate and a DDP loop call) sets it. Every rank draws the same permutation
-(``seed`` + epoch) and takes every world-size-th index of it, padded to an equal
-count per rank, as ``DistributedSampler`` does, so ranks step in lockstep.
+Streams of shards whose sample counts are known (webdataset tar shards, Hugging Face
+tables: :class:`raytune_loader.sources.base.ShardStream`) are split by sample, not by
+shard (:func:`epoch_cut`, :func:`worker_range`, :func:`spans`): the epoch's shard order
+(seeded by seed and epoch) is read as one sequence; each rank takes a contiguous
+``samples // world`` of it (rounded down to whole batches with ``drop_last``), and a
+rank's range is dealt to its loader workers in whole batches. Every rank gets the same
+number of batches, no sample is read twice, and an epoch leaves out only the tail of
+its order: fewer than ``world`` samples, or with ``drop_last`` fewer than one batch per
+rank. Whatever started the ranks and the workers (torchrun, ``mp.spawn``, Lightning,
+Ray Train; fork, spawn, forkserver or threads), the rank is read in the training
+process and carried to each worker (:func:`carry`, :func:`as_thread_worker`): a worker
+never guesses it from the environment.
 
-Streaming sources split their shards instead: by rank (their format's own splitter,
-webdataset's ``split_by_node``, Hugging Face's ``split_dataset_by_node``) and by loader
-worker, process or thread (:func:`split_by_worker`, :func:`worker_share`).
+:class:`EpochClock` is the epoch of a loader's passes: it advances by itself after
+every pass until the trainer calls ``set_epoch``, and it holds how far the current
+pass was read, for ``state_dict`` and a resumed epoch.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ import contextlib
 import itertools
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -40,6 +50,7 @@ T = TypeVar("T")
 
 
 _thread_worker = threading.local()
+_carried: tuple[int, int] | None = None  # (rank, world) in a tuned loader's worker process
 
 
 def worker_share() -> tuple[int, int]:
@@ -50,13 +61,17 @@ def worker_share() -> tuple[int, int]:
     info = torch.utils.data.get_worker_info()
     if info is not None:
         return info.id, info.num_workers
-    return getattr(_thread_worker, "share", (0, 1))
+    share = getattr(_thread_worker, "share", None)
+    return (share[0], share[1]) if share else (0, 1)
 
 
 @contextlib.contextmanager
-def as_thread_worker(worker: int, workers: int) -> Iterator[None]:
-    """Run the block as thread worker ``worker`` of ``workers`` (see :func:`worker_share`)."""
-    _thread_worker.share = (worker, workers)
+def as_thread_worker(
+    worker: int, workers: int, placement: tuple[int, int] | None = None
+) -> Iterator[None]:
+    """Run the block as thread worker ``worker`` of ``workers`` (see :func:`worker_share`),
+    of the rank ``placement`` (rank, world) the loader read in the training process."""
+    _thread_worker.share = (worker, workers, placement)
     try:
         yield
     finally:
@@ -77,13 +92,115 @@ def process_group() -> tuple[int, int]:
     return 0, 1
 
 
+def carry(rank: int, world: int) -> None:
+    """In a loader worker process: the rank the training process read (see
+    :func:`placement`). The tuned loader's ``worker_init_fn`` calls it."""
+    global _carried
+    _carried = (rank, world)
+
+
+NOT_THROUGH_THE_TUNED_LOADER = (
+    "a tuned stream is read here by a loader the tool did not build (accelerate's "
+    "prepare or skip_first_batches, a DataLoader of your own), whose workers cannot know "
+    "their rank: iterate tuned.dataloader(stream) itself, outside accelerator.prepare, "
+    "and resume with its load_state_dict"
+)
+
+
+def placement() -> tuple[int, int, int, int]:
+    """(rank, world, worker, workers) of the code reading a stream now: in a worker
+    process the rank the tuned loader carried to it (a ConfigError without one: the
+    process group of a spawned worker does not exist, and a forked one's may be
+    anybody's); in a thread worker the rank its loader read; in the training process
+    its own process group."""
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        if _carried is None:
+            raise ConfigError(NOT_THROUGH_THE_TUNED_LOADER)
+        return (*_carried, info.id, info.num_workers)
+    share = getattr(_thread_worker, "share", None)
+    if share is not None:
+        rank, world = share[2] or process_group()
+        return rank, world, share[0], share[1]
+    return (*process_group(), 0, 1)
+
+
+class EpochClock:
+    """The epoch of a loader's passes, and how far the current pass has been read.
+
+    Each pass (``iter(loader)``) takes the next epoch by itself, so the order changes
+    even where nobody calls :meth:`set_epoch`; once a trainer calls it (Lightning,
+    accelerate, a DDP loop), only ``set_epoch`` moves it, so an extra pass on one rank
+    (a batch logged after ``set_epoch``) cannot put that rank ahead of its peers.
+    :meth:`state_dict` says which epoch is read and how many batches each worker has
+    delivered; after :meth:`load_state_dict`, the next pass of that epoch skips them.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0  # the next pass's
+        self.explicit = False  # set_epoch was called: no more advancing by itself
+        self.current: int | None = None  # the pass being read
+        self.read: list[int] = []  # batches delivered this pass, per worker
+        self.finished = False
+        self._resume: tuple[int, list[int]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.explicit = True
+
+    def begin(self, workers: int) -> tuple[int, list[int]]:
+        """A pass starts: its epoch, and the batches each of its ``workers`` skips."""
+        epoch = self.epoch
+        if not self.explicit:
+            self.epoch += 1
+        skips = [0] * workers
+        if self._resume is not None and self._resume[0] == epoch and any(self._resume[1]):
+            saved = self._resume[1]
+            if len(saved) != workers:
+                raise ConfigError(
+                    f"the loader's state was saved mid-epoch with {len(saved)} loader "
+                    f"worker(s), this loader has {workers}: resume with the same num_workers"
+                )
+            skips = list(saved)
+        self._resume = None
+        self.current, self.read, self.finished = epoch, list(skips), False
+        return epoch, skips
+
+    def took(self, worker: int) -> None:
+        """A batch of ``worker``'s reached the training loop."""
+        if worker < len(self.read):
+            self.read[worker] += 1
+
+    def end(self) -> None:
+        self.finished = True
+
+    def state_dict(self) -> dict[str, Any]:
+        reading = self.current is not None and not self.finished
+        return {
+            "epoch": self.current if reading else self.epoch,
+            "batches": list(self.read) if reading else [],
+            "explicit": self.explicit,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:
+            epoch, batches = int(state["epoch"]), [int(b) for b in state["batches"]]
+            explicit = bool(state["explicit"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(
+                f"not a tuned loader's state (epoch, batches, explicit): {state!r}"
+            ) from None
+        self.epoch, self.explicit, self.current = epoch, explicit, None
+        self._resume = (epoch, batches)
+
+
 class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
     """A shuffled (or ordered) epoch over ``dataset``, split by rank when asked.
 
     ``samples`` is an epoch's length per rank (default: the dataset's share); longer
     epochs chain fresh permutations, as a measurement of many steps over a small
     subset needs. Iterated directly it yields the whole epoch (world size 1);
-    :meth:`indices` gives any rank's share.
+    :meth:`indices` gives any rank's share. Its epoch is an :class:`EpochClock`.
     """
 
     def __init__(
@@ -93,9 +210,13 @@ class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
         self.dataset = dataset  # type: ignore[assignment]
         self.shuffle = shuffle
         self.seed = seed
-        self.epoch = 0
+        self.clock = EpochClock()
         self.drop_last = False
         self.samples = samples
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        return self.clock.epoch
 
     @property
     def num_replicas(self) -> int:  # type: ignore[override]
@@ -118,8 +239,8 @@ class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
             return self.samples
         return math.ceil(len(self.dataset) / world)  # type: ignore[arg-type]
 
-    def indices(self, rank: int, world: int) -> list[int]:
-        """Rank ``rank``'s share of this epoch, then the epoch advances."""
+    def order(self, epoch: int, rank: int, world: int) -> list[int]:
+        """Rank ``rank``'s share of epoch ``epoch``."""
         size = len(self.dataset)  # type: ignore[arg-type]
         if size == 0:
             raise ConfigError("the dataset is empty: the tuned loader has nothing to read")
@@ -128,13 +249,17 @@ class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
         draw = 0
         while len(order) < total:  # padded, or chained for a long epoch
             if self.shuffle:
-                generator = torch.Generator().manual_seed(self.seed + self.epoch * 1_000_003 + draw)
+                generator = torch.Generator().manual_seed(self.seed + epoch * 1_000_003 + draw)
                 order += torch.randperm(size, generator=generator).tolist()
             else:
                 order += range(size)
             draw += 1
-        self.epoch += 1
         return order[rank:total:world]
+
+    def indices(self, rank: int, world: int) -> list[int]:
+        """Rank ``rank``'s share of the next pass's epoch (the clock moves on)."""
+        epoch, _ = self.clock.begin(1)
+        return self.order(epoch, rank, world)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices(0, 1))
@@ -143,12 +268,19 @@ class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
         return self.shard_length(1)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.clock.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.clock.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.clock.load_state_dict(state)
 
 
 class RankBatches:
     """The batches the tuned loader itself reads: this rank's shard of the epoch when its
-    sampler is a :class:`ShardSampler`; any other sampler's batches as they come."""
+    sampler is a :class:`ShardSampler` (after a resumed state, less the batches already
+    read); any other sampler's batches as they come."""
 
     def __init__(self, batch_sampler: BatchSampler) -> None:
         self.batch_sampler = batch_sampler
@@ -158,9 +290,10 @@ class RankBatches:
         if not isinstance(self.sampler, ShardSampler):
             yield from self.batch_sampler
             return
-        shard = self.sampler.indices(*process_group())
+        epoch, skips = self.sampler.clock.begin(1)
+        shard = self.sampler.order(epoch, *process_group())
         size = self.batch_sampler.batch_size
-        for start in range(0, len(shard), size):
+        for start in range(skips[0] * size, len(shard), size):
             batch = shard[start : start + size]
             if len(batch) == size or not self.batch_sampler.drop_last:
                 yield batch
@@ -171,3 +304,63 @@ class RankBatches:
         samples = self.sampler.shard_length(process_group()[1])
         size = self.batch_sampler.batch_size
         return samples // size if self.batch_sampler.drop_last else math.ceil(samples / size)
+
+
+@dataclass(frozen=True)
+class EpochCut:
+    """What every rank reads of one epoch of a planned stream."""
+
+    per_rank: int  # samples
+    batches: int  # batches of ``batch_size``, the last one partial without drop_last
+
+
+def epoch_cut(total: int, world: int, batch_size: int, drop_last: bool) -> EpochCut:
+    """The epoch of ``total`` samples cut to an equal share per rank: ``total // world``,
+    rounded down to whole batches with ``drop_last``."""
+    per_rank = total // world
+    if drop_last:
+        per_rank -= per_rank % batch_size
+    return EpochCut(per_rank, -(-per_rank // batch_size))
+
+
+def worker_range(cut: EpochCut, batch_size: int, worker: int, workers: int) -> tuple[int, int]:
+    """Worker ``worker``'s samples within its rank's range, in whole batches: the first
+    ``batches % workers`` workers take one batch more; the partial batch, if any, is the
+    last worker's with batches."""
+    base, extra = divmod(cut.batches, workers)
+    start = (worker * base + min(worker, extra)) * batch_size
+    mine = base + (1 if worker < extra else 0)
+    return min(start, cut.per_rank), min(cut.per_rank, start + mine * batch_size)
+
+
+def shard_order(shards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The epoch's order of the shards: the same on every rank, another every epoch."""
+    if not shuffle:
+        return list(range(shards))
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(shards, generator=generator).tolist()
+
+
+@dataclass(frozen=True)
+class Span:
+    """Samples ``start`` to ``stop`` (excluded) of the shard at ``shard``."""
+
+    shard: int
+    start: int
+    stop: int
+
+
+def spans(sizes: Sequence[int], order: Sequence[int], start: int, stop: int) -> list[Span]:
+    """Positions ``start`` to ``stop`` of the sequence the shards in ``order`` make,
+    as spans of shards."""
+    out = []
+    offset = 0
+    for shard in order:
+        size = sizes[shard]
+        low, high = max(start, offset), min(stop, offset + size)
+        if low < high:
+            out.append(Span(shard, low - offset, high - offset))
+        offset += size
+        if offset >= stop:
+            break
+    return out

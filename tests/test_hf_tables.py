@@ -111,20 +111,19 @@ def test_two_loader_workers_read_each_sample_once_a_pass(tables: Tables, workers
 
 @pytest.mark.parametrize("seed", [0, None], ids=["the-search-s-seed", "training-s-no-seed"])
 def test_two_ranks_of_two_threads_read_each_sample_once_a_pass(
-    tables: Tables, monkeypatch: pytest.MonkeyPatch, seed: int | None
+    tables: Tables, seed: int | None
 ) -> None:
-    """split_dataset_by_node by the rank the stream is read in, then each thread its
-    shard() of the rank's files; without a seed (the tuned dataset in training) the
+    """The rank a thread loader carries to its threads, then each thread its whole
+    batches of the rank's rows; without a seed (the tuned dataset in training) the
     ranks still draw one shard order, so their shares do not overlap."""
     from raytune_loader.sharding import as_thread_worker
 
     spec = DatasetSpec("hf", str(tables.saved))
     read: Counter[tuple[bytes, int]] = Counter()
     for rank in (0, 1):
-        monkeypatch.setattr(hf_tables, "process_group", lambda rank=rank: (rank, 2))
         stream = SOURCE.build_stream(spec, [], replace(RAW, seed=seed))
         for thread in (0, 1):
-            with as_thread_worker(thread, 2):
+            with as_thread_worker(thread, 2, placement=(rank, 2)):
                 read += _read(stream)
     assert read == tables.samples
 

@@ -13,16 +13,15 @@ It is read either way, a searched choice (``access``). Map-style, by index: the
 ``save_to_disk`` Arrow files memory-mapped, or the Parquet files through HF's Arrow
 cache (``load_dataset("parquet")`` converts them once, as training with it would). As
 a stream, over the trial's shards (the dataset's Arrow files, or the Parquet files
-themselves): ``to_iterable_dataset(num_shards=N)`` (Parquet: ``load_dataset(...,
-streaming=True)``, a shard per file), split across ranks by ``split_dataset_by_node``
-and across loader workers by HF itself in worker processes (``get_worker_info``) or
-by ``shard()`` in thread workers (:func:`raytune_loader.sharding.worker_share`); a
-trial's stream is one endless pass over its shards (HF's ``repeat``). The stream is
-shuffled with the user's buffer (HF's ``shuffle``: the shard order and a
-buffer), never shrunk. The loader makes the batches: batching in the workers is not
-a candidate for this source. The map-style subset is not pre-warmed: its rows lie
-scattered through the Arrow files, and reading the files whole could mean reading
-the whole dataset.
+themselves), read with pyarrow a record batch at a time (a Parquet file's row groups
+before a span are skipped) as a :class:`ShardStream` plans them: every rank its own
+rows and as many batches as every other rank, each loader worker, process or thread,
+whole batches of them (Hugging Face's own ``split_dataset_by_node`` splits by file,
+or rank by rank every row, and cannot see a spawned worker's rank). Rows pass the
+user's shuffle buffer (the files' order shuffled too), never shrunk. The loader makes
+the batches: batching in the workers is not a candidate for this source. The
+map-style subset is not pre-warmed: its rows lie scattered through the Arrow files,
+and reading the files whole could mean reading the whole dataset.
 """
 
 from __future__ import annotations
@@ -35,11 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sharding import process_group, worker_share
-from raytune_loader.sources.base import ShardInfo, Source, StreamVariant
+from raytune_loader.sources.base import ShardInfo, ShardStream, Source, StreamVariant
 from raytune_loader.transforms import worker_image
 
 if TYPE_CHECKING:
@@ -180,30 +178,24 @@ class HuggingFaceTables(Source):
         hf = _datasets()
         layout = _layout(spec)
         shards = shards or list(layout.files)
-        columns = [spec.image_column, spec.label_column]
-        if layout.kind == "arrow":
-            table = hf.concatenate_datasets([hf.Dataset.from_file(s) for s in shards])
-            labels = [table.data.column(spec.label_column)]
-            rows = table.select_columns(columns).to_iterable_dataset(
-                num_shards=max(1, min(len(shards), len(table)))
-            )
-        else:
-            with _quiet(hf):
-                rows = hf.load_dataset(
-                    "parquet", data_files=shards, split="train", streaming=True, columns=columns
-                )
-            labels = [b.column(0) for s in shards for b in _batches(s, [spec.label_column])]
-        rows = _undecoded(hf, rows, spec.image_column)
-        if variant.repeat:  # before the shuffle: one endless pass. A pass that ends
-            rows = rows.repeat(None)  # waits (HF 5 sleeps 5 s after a shuffled Parquet one)
-        if variant.shuffle_buffer > 0:
-            # every rank must draw the same shard order for split_dataset_by_node to give
-            # each its own: a seed, always (another order each epoch: set_epoch)
-            seed = 0 if variant.seed is None else variant.seed
-            rows = rows.shuffle(seed=seed, buffer_size=variant.shuffle_buffer)
-        classes = _classes(rows.features, spec.label_column, labels)
-        decoded = _decoder(spec, layout, variant.transfer, variant.decode)
-        return _Stream(rows, decoded, classes, spec.data_root)
+        columns = (spec.image_column, spec.label_column)
+        for path in shards:
+            _check_file(spec, path)
+        try:
+            sizes = [_row_count(path) for path in shards]
+        except _read_errors() as exc:
+            raise DatasetError(f"hf: a file under {layout.folder} is unreadable: {exc}") from None
+        names = getattr(_features(hf, shards[0]).get(spec.label_column), "names", None)
+        classes = list(names) if names else _classes(
+            None, spec.label_column,
+            [b.column(0) for path in shards for b in _batches(path, [spec.label_column])],
+        )  # fmt: skip
+        decoded = _Named(_decoder(spec, layout, variant.transfer, variant.decode), spec.data_root)
+        return ShardStream(
+            shards, sizes, _TableShards(columns), decoded,
+            shuffle_buffer=variant.shuffle_buffer, seed=variant.seed, repeat=variant.repeat,
+            batch_size=variant.batch_size, classes=classes,
+        )  # fmt: skip
 
     def describe(self, spec: DatasetSpec) -> dict[str, Any]:
         layout = _layout(spec)
@@ -230,14 +222,22 @@ def _unreadable(path: str, exc: BaseException) -> DatasetError:
     )
 
 
-def _batches(path: str, columns: list[str]) -> Iterator[Any]:
-    """``columns`` of one shard, a record batch at a time (pyarrow)."""
+def _batches(path: str, columns: list[str], first_row: int = 0) -> Iterator[Any]:
+    """``columns`` of one shard, a record batch at a time (pyarrow), from the Parquet row
+    group holding ``first_row`` on (every batch of an Arrow file: they are mapped, not
+    read, until used)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if path.endswith(".parquet"):
         with pq.ParquetFile(path) as table:
-            yield from table.iter_batches(columns=columns)
+            meta, groups, seen = table.metadata, [], 0
+            for group in range(meta.num_row_groups):
+                seen += meta.row_group(group).num_rows
+                if seen > first_row:
+                    groups.append(group)
+            if groups:
+                yield from table.iter_batches(columns=columns, row_groups=groups)
         return
     with pa.memory_map(path) as mapped:
         for batch in pa.ipc.open_stream(mapped):
@@ -414,48 +414,67 @@ def _row_in_files(files: tuple[str, ...], index: int) -> str:
     return f"row {index}"
 
 
-class _Stream(IterableDataset):  # type: ignore[type-arg]
-    """An HF ``IterableDataset`` as ``(image, label)`` samples: this rank's shards
-    (``split_dataset_by_node``, the process group read when iteration starts, as the
-    other sources do) and this loader worker's share of them. HF splits a rank's
-    shards among worker processes itself; a thread worker takes its ``shard()`` of
-    them, which HF cannot know of."""
+def _features(hf: Any, path: str) -> Any:
+    """HF's features of one file (a ClassLabel's names), as its schema records them."""
+    import pyarrow.parquet as pq
 
-    def __init__(self, rows: Any, decoded: _Decoded, classes: list[str], root: str | None) -> None:
-        self.rows = rows
-        self.decoded = decoded
-        self.classes = classes
-        self.root = root
+    if path.endswith(".parquet"):
+        return hf.Features.from_arrow_schema(pq.read_schema(path))
+    return hf.Dataset.from_file(path).features
 
-    def _share(self) -> Any:
-        rows = self.rows
-        rank, world = process_group()
-        if world > 1:  # the node's split first, then the threads share the rank's files
-            split_dataset_by_node = _datasets().distributed.split_dataset_by_node
-            rows = split_dataset_by_node(rows, rank=rank, world_size=world)
-        worker, workers = worker_share()
-        if workers > 1 and get_worker_info() is None:  # a thread of the thread loader
-            if worker >= rows.num_shards:
-                return []  # more threads than shards: this one has nothing to read
-            rows = rows.shard(num_shards=min(workers, rows.num_shards), index=worker)
-        return rows
 
-    def set_epoch(self, epoch: int) -> None:
-        """Another shuffle for ``epoch`` (HF's idiom: call it before each epoch, in every
-        rank; DataLoader workers then start from it)."""
-        self.rows.set_epoch(epoch)
+@dataclass(frozen=True)
+class _TableShards:
+    """Reads rows of Arrow (``save_to_disk``) and Parquet files as dicts of ``columns``,
+    plus the file and row (``__url__``, ``__row__``); picklable, for spawned workers."""
 
-    def __iter__(self) -> Iterator[tuple[Any, int]]:
-        for count, row in enumerate(self._share(), 1):
-            yield self._sample(row, count)
+    columns: tuple[str, ...]
 
-    def _sample(self, row: dict[str, Any], count: int) -> tuple[Any, int]:
+    def count(self, path: str) -> int:
+        return _row_count(path)
+
+    def read(self, path: str, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        offset = _skipped(path, start)
+        for batch in _batches(path, list(self.columns), first_row=start):
+            low, high = max(start, offset), min(stop, offset + len(batch))
+            if low < high:
+                rows = batch.slice(low - offset, high - low).to_pylist()
+                for row_number, row in enumerate(rows, low):
+                    yield {**row, "__url__": path, "__row__": row_number}
+            offset += len(batch)
+            if offset >= stop:
+                return
+
+
+def _skipped(path: str, start: int) -> int:
+    """Rows of the Parquet row groups wholly before row ``start`` (they are not read)."""
+    if not path.endswith(".parquet"):
+        return 0
+    import pyarrow.parquet as pq
+
+    meta, skipped = pq.read_metadata(path), 0
+    for group in range(meta.num_row_groups):
+        rows = meta.row_group(group).num_rows
+        if skipped + rows > start:
+            break
+        skipped += rows
+    return skipped
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A row decoded; one that fails names its image, or its file and row."""
+
+    decoded: _Decoded
+    root: str | None
+
+    def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
         try:
             return self.decoded(row)
         except CorruptSampleError as exc:
             cell = row.get(self.decoded.image_column)
             path = cell.get("path") if isinstance(cell, dict) else None
-            which = f"image {path}" if path else f"row {count} this loader worker read"
+            which = f"image {path}" if path else f"{row['__url__']}, row {row['__row__']}"
             raise CorruptSampleError(f"corrupt sample in {self.root} ({which}): {exc}") from None
 
 

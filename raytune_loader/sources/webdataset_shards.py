@@ -5,19 +5,24 @@ read with the maintained ``webdataset`` package (``pip install webdataset``). Ea
 sample has an image under one of the keys ``jpg``, ``jpeg``, ``png`` or ``webp`` and
 its class under ``cls``, as webdataset names them, and gets the ImageNet training
 transforms of the chosen pipeline variant (decoded by PIL or to tensors in the
-workers, or, JPEGs, on the device). Shards are split across ranks by webdataset's
-``split_by_node`` and across loader workers by
-:func:`raytune_loader.sharding.split_by_worker` (webdataset's rule, for threads
-too); batches are made by the loader or by the pipeline's ``batched()`` in each
-worker, a searched choice. Shards are shuffled and samples pass a shuffle buffer
-(``--shuffle-buffer``) as training would; the buffer is the user's, never shrunk.
+workers, or, JPEGs, on the device). Shards are read as :class:`ShardStream` plans
+them (:mod:`raytune_loader.sharding`): every rank its own contiguous share of the
+epoch's shard order, cut by sample so that every rank reads the same number of
+batches, each loader worker (process or thread) whole batches of it. A sample is
+webdataset's: the files of one key in a row, the key and extension split by
+webdataset's own rule; a span that starts inside a shard seeks past the members
+before it. Samples pass a shuffle buffer (``--shuffle-buffer``, the shards' order
+shuffled too) as training would; the buffer is the user's, never shrunk. Batches
+are made by the loader or in each worker, a searched choice.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset, default_collate
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sharding import split_by_worker
-from raytune_loader.sources.base import ShardInfo, Source, StreamVariant
+from raytune_loader.sources.base import ShardInfo, ShardStream, Source, StreamVariant
 from raytune_loader.transforms import worker_image
 
 if TYPE_CHECKING:
@@ -114,30 +118,75 @@ class WebDatasetShards(Source):
     ) -> IterableDataset:
         from raytune_loader.pipeline import collate_encoded
 
-        wds = _webdataset()
-        shuffled = variant.shuffle_buffer > 0
+        _webdataset()  # installed, or the error says how
         shards = shards or self.shards(spec)
-        pipeline = wds.WebDataset(
-            shards,
-            shardshuffle=len(shards) if shuffled else False,
-            nodesplitter=wds.split_by_node,
-            workersplitter=split_by_worker,
-            seed=variant.seed,
-            empty_check=False,
-        )
-        if shuffled:
-            pipeline = pipeline.shuffle(variant.shuffle_buffer)
-        pipeline = pipeline.map(_Decoded(variant.transfer, variant.decode))
-        if variant.batch_size:
-            collate = collate_encoded if variant.decode == "device" else default_collate
-            pipeline = pipeline.batched(variant.batch_size, collation_fn=collate, partial=False)
-        if variant.repeat:
-            pipeline = pipeline.repeat()
-        pipeline.batched_in_workers = bool(variant.batch_size)
-        return pipeline  # type: ignore[no-any-return]
+        reader = _TarShards()
+        collate = collate_encoded if variant.decode == "device" else default_collate
+        return ShardStream(
+            shards, [reader.count(path) for path in shards], reader,
+            _Decoded(variant.transfer, variant.decode), shuffle_buffer=variant.shuffle_buffer,
+            seed=variant.seed, repeat=variant.repeat, batch_size=variant.batch_size,
+            collate=collate,
+        )  # fmt: skip
 
     def describe(self, spec: DatasetSpec) -> dict[str, Any]:
         return {"kind": "webdataset", "shards": len(self.shards(spec))}
+
+
+_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
+
+
+@dataclass(frozen=True)
+class _TarShards:
+    """Reads tar shards as webdataset groups them: the files of one key in a row are a
+    sample (``{"__key__", "__url__", ext: bytes}``). Members are walked lazily, seeking
+    past the data of the samples before a span; picklable, for spawned workers."""
+
+    def count(self, path: str) -> int:
+        return sum(1 for _ in _keyed(path, read=False))
+
+    def read(self, path: str, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        for index, sample in enumerate(_keyed(path, read=True, first=start)):
+            if index >= stop - start:
+                return
+            yield sample
+
+
+def _keyed(path: str, *, read: bool, first: int = 0) -> Iterator[dict[str, Any]]:
+    """The shard's samples from the ``first``-th on (their data read with ``read``)."""
+    from webdataset.tariterators import base_plus_ext
+
+    index, key, members = -1, None, []
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                if not member.isfile() or _META.match(member.name):
+                    continue
+                prefix, ext = base_plus_ext(member.name)
+                if prefix is None:
+                    continue
+                if prefix != key:
+                    if members:
+                        yield _sample(tar, path, key, members, read)
+                    index, key, members = index + 1, prefix, []
+                if index >= first:
+                    members.append((ext.lower(), member))
+            if members:
+                yield _sample(tar, path, key, members, read)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DatasetError(
+            f"webdataset: shard {path} is truncated or not a tar file ({last_line(exc)}); "
+            "rewrite it or leave it out"
+        ) from None
+
+
+def _sample(
+    tar: tarfile.TarFile, path: str, key: Any, members: list[Any], read: bool
+) -> dict[str, Any]:
+    sample: dict[str, Any] = {"__key__": key, "__url__": path}
+    for ext, member in members:
+        sample[ext] = tar.extractfile(member).read() if read else b""  # type: ignore[union-attr]
+    return sample
 
 
 def _split(name: str) -> tuple[str, str, str]:
