@@ -116,9 +116,9 @@ def pipeline_line(pipeline: dict[str, Any]) -> str:
 
 def freeze_at_exit() -> None:
     """Spare this process's exit the garbage collector's passes over every object it
-    holds. The interpreter's shutdown collects the whole heap several times over: a
-    search's process spent about 2.8 s ending, against 0.7 s with its objects frozen
-    first (experiments/cli_exit.py). Exit handlers, buffered streams and the finalizers
+    holds. The interpreter's shutdown collects the whole heap several times over, which
+    takes seconds for a process holding torch and Ray (experiments/cli_exit.py measures
+    it). Exit handlers, buffered streams and the finalizers
     of objects freed by reference counting still run.
 
     Each command line's ``main`` calls it, so that the console script, ``python -m``

@@ -31,8 +31,8 @@ StepFn = Callable[[Any], Any]
 def default_precision(device: str) -> str:
     """bf16 autocast on a GPU, as people train conv nets on A100/H100-class cards; fp32
     on a CPU, PyTorch's own default there: bf16 pays off only on CPUs with bf16
-    instructions (1.25x for small-cnn on this project's EPYC, results/benchmarks/
-    precision.json) and is slower than fp32 on those without."""
+    instructions and is slower than fp32 on those without (experiments/precision.py
+    measures both)."""
     return "bf16" if device.startswith("cuda") else "fp32"
 
 
