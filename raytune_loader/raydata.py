@@ -1,0 +1,595 @@
+"""A Ray Data pipeline as a candidate: the worker side of a pipeline variant run by CPU
+actors anywhere in the cluster, its batches consumed by the training process.
+
+This is the one module that calls Ray Data. A :class:`RayDataConfig` is one candidate,
+valid by construction: the actors (a fixed count or a min-max pool), the CPUs each
+reserves, the rows of one map call, ``prefetch_batches``, what crosses the object
+store (``float32`` or ``uint8`` images, or the ``encoded`` files for a device-side
+decode), the object store budget, the block size and ``locality_with_output``.
+:func:`build_dataset` reads the image-folder sources as a Ray Dataset whose
+``map_batches`` actors read each file and run :func:`raytune_loader.transforms.worker_image`,
+the worker side a DataLoader worker runs for the same variant; :class:`RayDataLoader`
+iterates it (or one ``streaming_split`` part per rank) as the DataLoader path yields
+batches, each wrapped as a :class:`~raytune_loader.loader.Stamped` from the actors' own
+times when measured. :func:`placement_bundles` is the reservation: the placement-group
+bundles a trial holds for its actors beside its own. :func:`ray_docs_default` is the
+pipeline as Ray's documentation writes it, the Ray Data baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raytune_loader import steady
+from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import ray.data
+    from ray.util.placement_group import PlacementGroup
+    from torch.utils.data import Dataset as TorchDataset
+
+    from raytune_loader.job import SegmentSpec
+    from raytune_loader.loader import Stamped
+    from raytune_loader.step import Trainer
+
+log = logging.getLogger(__name__)
+
+CROSSES = ("float32", "uint8", "encoded")  # what an actor puts in the object store per image
+CPU_DECODERS = ("pil", "tensor")  # where an actor decodes: PIL, or to tensors (decoders.py)
+PIN_SHARE = 0.001  # a sliver of a custom resource pins a bundle to the nodes that carry it
+TASKS_PER_ACTOR = 2  # Ray Data's map tasks in flight per actor (max_concurrency 1 x factor 2)
+STAMP_COLUMNS = ("_started", "_made")  # each row's making, on its actor's clock
+
+
+@dataclass(frozen=True)
+class RayDataConfig:
+    """One Ray Data candidate. ``batch_size`` is the training batch
+    (``iter_torch_batches``); ``min_actors`` = ``max_actors`` is a fixed pool, otherwise
+    Ray's autoscaling pool between them; ``map_batch_size`` is the rows of one map call
+    (``None``: Ray's default, whole blocks); ``crosses`` is what the actors put in the
+    object store, ``decoder`` where they decode when they do (``encoded``: nowhere, the
+    device decodes); ``object_store_bytes`` caps the execution's object store memory
+    (``None``: Ray's share of the store), ``block_bytes`` is ``target_max_block_size``
+    (``None``: Ray's 128 MiB)."""
+
+    batch_size: int
+    min_actors: int = 1
+    max_actors: int = 1
+    cpus_per_actor: float = 1.0
+    map_batch_size: int | None = None
+    prefetch_batches: int = 1
+    crosses: str = "float32"
+    decoder: str = "pil"
+    object_store_bytes: int | None = None
+    block_bytes: int | None = None
+    locality_with_output: bool = False
+
+    def __post_init__(self) -> None:
+        problem = _problem(self)
+        if problem:
+            raise ConfigError(problem)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RayDataConfig:
+        """From a JSON section or a Tune trial config (unknown keys refused)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(
+                f"unknown Ray Data keys {sorted(unknown)}; expected some of {sorted(known)}"
+            )
+        if "batch_size" not in values:
+            raise ConfigError("the Ray Data section has no batch_size")
+        return cls(**values)
+
+    def values(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_batch_size(self, batch_size: int) -> RayDataConfig:
+        return replace(self, batch_size=batch_size)
+
+    @property
+    def fixed(self) -> bool:
+        return self.min_actors == self.max_actors
+
+    @property
+    def actor_cpus(self) -> float:
+        """CPUs the actors reserve at most (the pool at its largest)."""
+        return self.max_actors * self.cpus_per_actor
+
+    @property
+    def transfer(self) -> str:
+        """The pipeline variant's ``transfer`` (as :class:`~raytune_loader.space.LoaderConfig`)."""
+        return "float32" if self.crosses == "float32" else "uint8"
+
+    @property
+    def decode(self) -> str:
+        """The pipeline variant's ``decode``: the actors' decoder, or ``device``."""
+        return "device" if self.crosses == "encoded" else self.decoder
+
+    def label(self) -> str:
+        """Short form for tables and progress lines."""
+        actors = str(self.max_actors) if self.fixed else f"{self.min_actors}-{self.max_actors}"
+        shown = [f"raydata actors={actors}x{self.cpus_per_actor:g}cpu", f"bs={self.batch_size}"]
+        shown.append(f"map={self.map_batch_size or 'block'}")
+        shown.append(f"prefetch={self.prefetch_batches}")
+        shown.append(self.crosses if self.crosses != "float32" else "")
+        shown.append("tensor-decode" if self.decode == "tensor" else "")
+        if self.object_store_bytes:
+            shown.append(f"store={self.object_store_bytes / 2**20:.0f}MiB")
+        if self.block_bytes:
+            shown.append(f"block={self.block_bytes / 2**20:g}MiB")
+        shown.append("local-output" if self.locality_with_output else "")
+        return " ".join(s for s in shown if s)
+
+
+def _problem(config: RayDataConfig) -> str | None:
+    """The first thing wrong with ``config``, in one line, or None."""
+    counts = {"batch_size": config.batch_size, "min_actors": config.min_actors,
+              "max_actors": config.max_actors}  # fmt: skip
+    for name, value in counts.items():
+        if not _whole(value) or value < 1:
+            return f"{name} must be an integer >= 1, got {value!r}"
+    if config.max_actors < config.min_actors:
+        return f"max_actors ({config.max_actors}) must be >= min_actors ({config.min_actors})"
+    if isinstance(config.cpus_per_actor, bool) or not isinstance(
+        config.cpus_per_actor, (int, float)
+    ):
+        return f"cpus_per_actor must be a number > 0, got {config.cpus_per_actor!r}"
+    if not 0 < config.cpus_per_actor < math.inf:
+        return f"cpus_per_actor must be a number > 0, got {config.cpus_per_actor!r}"
+    optional = {
+        "map_batch_size": config.map_batch_size,
+        "object_store_bytes": config.object_store_bytes,
+        "block_bytes": config.block_bytes,
+    }
+    for name, value in optional.items():
+        if value is not None and (not _whole(value) or value < 1):
+            return f"{name} must be an integer >= 1 or null (Ray's default), got {value!r}"
+    if not _whole(config.prefetch_batches) or config.prefetch_batches < 0:
+        return f"prefetch_batches must be an integer >= 0, got {config.prefetch_batches!r}"
+    if config.crosses not in CROSSES:
+        return f"crosses must be one of {', '.join(CROSSES)}, got {config.crosses!r}"
+    if config.decoder not in CPU_DECODERS:
+        return f"decoder must be one of {', '.join(CPU_DECODERS)}, got {config.decoder!r}"
+    if config.crosses == "encoded" and config.decoder != "pil":
+        return "crosses=encoded decodes on the device: leave decoder at pil (it is not used)"
+    if not isinstance(config.locality_with_output, bool):
+        return f"locality_with_output must be true or false, got {config.locality_with_output!r}"
+    return None
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def ray_docs_default(batch_size: int, max_actors: int) -> RayDataConfig:
+    """The pipeline as Ray's documentation writes it, the Ray Data baseline: a callable
+    class in ``map_batches`` with Ray's defaults (an autoscaling pool from one actor,
+    unbounded: here up to ``max_actors``, what the trial may take; one CPU per actor; no
+    ``batch_size``, so whole blocks), ``iter_torch_batches``' ``prefetch_batches=1``,
+    the ``DataContext``'s defaults (128 MiB blocks, half the object store), and the
+    torchvision transforms of Ray's image examples in the map (float32 crosses)."""
+    return RayDataConfig(batch_size=batch_size, min_actors=1, max_actors=max_actors)
+
+
+# The reservation ------------------------------------------------------------------------
+
+
+def actor_bundles(config: RayDataConfig, pin: str | None = None) -> list[dict[str, float]]:
+    """One placement-group bundle per actor of the pool at its largest, each the CPUs one
+    actor takes (and a sliver of ``pin``, a custom resource of the CPU nodes, to keep
+    them there): any actor fits any of them, and the strategy may put them on
+    different nodes."""
+    bundle: dict[str, float] = {"CPU": float(config.cpus_per_actor)}
+    if pin:
+        bundle[pin] = PIN_SHARE
+    return [dict(bundle) for _ in range(config.max_actors)]
+
+
+def placement_bundles(
+    head: Mapping[str, float],
+    config: RayDataConfig,
+    *,
+    pin: str | None = None,
+    remote_cpus: float | None = None,
+) -> list[dict[str, float]]:
+    """A trial's bundles with a Ray Data candidate: ``head`` first (Tune runs the
+    trainable in the first bundle: the training process's CPUs, GPU and node type),
+    then :func:`actor_bundles`. ``remote_cpus`` (``--remote-cpus``) caps what the actors
+    may take; a candidate above it is refused."""
+    if remote_cpus is not None and config.actor_cpus > remote_cpus + 1e-9:
+        raise ConfigError(
+            f"{config.label()}: its actors take {config.actor_cpus:g} CPUs, more than "
+            f"--remote-cpus {remote_cpus:g}"
+        )
+    return [dict(head), *actor_bundles(config, pin)]
+
+
+def reserved_cpus(bundles: Sequence[Mapping[str, float]]) -> tuple[float, float]:
+    """(CPUs of the head bundle, CPUs of the others): the trial's own and its actors'."""
+    return float(bundles[0].get("CPU", 0.0)), float(sum(b.get("CPU", 0.0) for b in bundles[1:]))
+
+
+def remote_cpus(
+    nodes: Sequence[Mapping[str, float]], trial_resource: str | None, pin: str | None = None
+) -> float:
+    """CPUs of the nodes beyond the trials' (those without ``trial_resource``; with
+    ``pin``, only those carrying it), from ``ray.nodes()``' resources: what Ray Data
+    candidates may take. None without a resource that tells the trials' nodes apart:
+    on one machine nothing is remote."""
+    if not trial_resource:
+        return 0.0
+    others = [n for n in nodes if n.get(trial_resource, 0) <= 0 and (not pin or n.get(pin, 0) > 0)]
+    return float(sum(n.get("CPU", 0.0) for n in others))
+
+
+# What the measurement holds ----------------------------------------------------------------
+
+
+def in_flight_batches(config: RayDataConfig) -> int:
+    """Training batches the pipeline can hold ahead of the loop besides the one it trains
+    on: ``prefetch_batches`` (and the one being formatted) in the training process, and
+    each actor's map calls in flight (:data:`TASKS_PER_ACTOR`, a training batch at least
+    each). Blocks waiting in the object store are bounded by bytes, not batches: the
+    actors' stamps keep them out of the rate (:mod:`raytune_loader.steady`, rule 2)."""
+    rows = config.map_batch_size or config.batch_size
+    in_actors = config.max_actors * TASKS_PER_ACTOR * math.ceil(rows / config.batch_size)
+    return config.prefetch_batches + 1 + in_actors
+
+
+def producers(config: RayDataConfig) -> int:
+    """How many makers of batches run at once: the actors (each stamp is its actor's
+    wall time, so actors sharing a core each count, their times stretched)."""
+    return config.max_actors
+
+
+def warmup_batches(config: RayDataConfig, spec: SegmentSpec) -> int:
+    """Batches trained before the window: the warm-up steps and the drain."""
+    return spec.warmup_steps + in_flight_batches(config)
+
+
+# The source as rows -----------------------------------------------------------------------
+
+
+def image_rows(dataset: TorchDataset[Any]) -> list[tuple[str, int]]:
+    """The (file, class) rows of an image-folder dataset (``ImageFolder``, or a ``Subset``
+    of one: the trial's samples): what the actors read."""
+    from torch.utils.data import Subset
+
+    indices: Sequence[int] | None = None
+    while isinstance(dataset, Subset):
+        inner = list(dataset.indices)
+        indices = inner if indices is None else [inner[i] for i in indices]
+        dataset = dataset.dataset
+    samples = getattr(dataset, "samples", None)
+    if not samples:
+        raise DatasetError(
+            f"{type(dataset).__name__} is not an image folder: a Ray Data candidate reads "
+            "the synthetic-imagenet, imagenet and imagefolder sources"
+        )
+    chosen = range(len(samples)) if indices is None else indices
+    return [(str(samples[i][0]), int(samples[i][1])) for i in chosen]
+
+
+def epoch_order(count: int, samples: int | None, seed: int) -> list[int]:
+    """Indices of ``count`` rows for one epoch of ``samples`` (default: each row once):
+    seeded permutations, one after another, cut to length (a segment reads its subset
+    reshuffled as often as it needs, as the DataLoader path's sampler does)."""
+    import torch
+
+    wanted = count if samples is None else samples
+    order: list[int] = []
+    draw = 0
+    while len(order) < wanted:
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + draw)
+        order += torch.randperm(count, generator=generator).tolist()
+        draw += 1
+    return order[:wanted]
+
+
+# The actors' side -------------------------------------------------------------------------
+
+
+def make_samples(batch: Mapping[str, Any], transfer: str, decode: str) -> dict[str, Any]:
+    """A map call's rows (``path``, ``label``) made into samples as a DataLoader worker
+    makes them: each file read and passed through
+    :func:`~raytune_loader.transforms.worker_image` for the variant, with when each
+    row's making started and ended (the stacking counted in the last row's). Images
+    cross as one (N, 3, 224, 224) array; encoded files as bytes."""
+    import numpy as np
+
+    from raytune_loader.transforms import worker_image
+
+    made_list: list[Any] = []
+    started, made = [], []
+    for path in batch["path"]:
+        started.append(time.monotonic())
+        try:
+            sample = worker_image(Path(str(path)).read_bytes(), transfer, decode)
+        except CorruptSampleError as exc:
+            raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
+        made_list.append(sample.numpy().tobytes() if decode == "device" else sample.numpy())
+        made.append(time.monotonic())
+    images: np.ndarray = (
+        np.array(made_list, dtype=object) if decode == "device" else np.stack(made_list)
+    )
+    made[-1] = time.monotonic()
+    return {"image": images, "label": np.asarray(batch["label"], dtype=np.int64),
+            "_started": np.array(started), "_made": np.array(made)}  # fmt: skip
+
+
+class SampleMaker:
+    """The callable class the actors run (one per actor, so a stateful pool): the
+    variant's :func:`make_samples`, with torch's threads held to the actor's CPUs (one,
+    as in a DataLoader worker, for one CPU)."""
+
+    def __init__(self, transfer: str, decode: str, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.transfer, self.decode = transfer, decode
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        return make_samples(batch, self.transfer, self.decode)
+
+
+# The training process's side ---------------------------------------------------------------
+
+
+def batch_collate(decode: str, stamp: bool = False) -> Any:
+    """``iter_torch_batches``' ``collate_fn`` for a variant: a numpy batch of made
+    samples as the DataLoader path's batch, ``[images, labels]`` (images a tensor, or an
+    :class:`~raytune_loader.pipeline.EncodedBatch` of the files), zero-copy from the
+    object store. With ``stamp``, a :class:`~raytune_loader.loader.Stamped` whose
+    ``made - started`` is the actors' own time for its rows (on their hosts' clocks:
+    only the difference means anything)."""
+    return _collate_class()(decode, stamp)
+
+
+@functools.cache
+def _collate_class() -> type:
+    """The collate class, made on first use: a ``NumpyBatchCollateFn`` (Ray 2.47
+    deprecated plain functions), without importing Ray Data with this module."""
+    from ray.data.collate_fn import NumpyBatchCollateFn
+
+    class BatchCollate(NumpyBatchCollateFn):  # type: ignore[misc]
+        def __init__(self, decode: str, stamp: bool) -> None:
+            self.decode = decode
+            self.stamp = stamp
+
+        def __call__(self, batch: dict[str, np.ndarray]) -> Any:
+            return _collated(batch, self.decode, self.stamp)
+
+    return BatchCollate
+
+
+def _collated(batch: dict[str, np.ndarray], decode: str, stamp: bool) -> Any:
+    import torch
+    from ray.data.util.torch_utils import convert_ndarray_to_torch_tensor
+
+    labels = convert_ndarray_to_torch_tensor(batch["label"])
+    if decode == "device":
+        from raytune_loader.pipeline import collate_encoded
+
+        files = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in batch["image"]]
+        out = collate_encoded(list(zip(files, labels.tolist(), strict=True)))
+    else:
+        out = [convert_ndarray_to_torch_tensor(batch["image"]), labels]
+    if not stamp:
+        return out
+    from raytune_loader.loader import Stamped
+
+    cost = float((batch["_made"] - batch["_started"]).sum())
+    made = float(batch["_made"].max())
+    return Stamped(out, made - cost, made)
+
+
+def iteration_arguments(
+    config: RayDataConfig, *, stamp: bool = False, device: str = "cpu"
+) -> dict[str, Any]:
+    """``iter_torch_batches``' keyword arguments for ``config``: for a plain loop, a
+    ``get_dataset_shard(...)`` in Ray Train, and the trial alike. ``device="cpu"``
+    leaves the batch on the host, as a DataLoader does; the variant's device side
+    (:func:`raytune_loader.pipeline.to_device`) then moves and finishes it."""
+    return {
+        "batch_size": config.batch_size,
+        "prefetch_batches": config.prefetch_batches,
+        "collate_fn": batch_collate(config.decode, stamp),
+        "drop_last": True,
+        "device": device,
+    }
+
+
+class RayDataLoader:
+    """The batches of a Ray Dataset (or one ``streaming_split`` part) as a training loop
+    reads them: each ``iter()`` an epoch, one execution of the pipeline whose actors end
+    with it, however it ends (a generator: closing it shuts the execution down, as an
+    abandoned DataLoader epoch's workers end)."""
+
+    def __init__(self, source: ray.data.Dataset | ray.data.DataIterator, config: RayDataConfig,
+                 *, stamp: bool = False) -> None:  # fmt: skip
+        self.source = source
+        self.config = config
+        self.stamp = stamp
+        self.batch_size = config.batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(
+            self.source.iter_torch_batches(**iteration_arguments(self.config, stamp=self.stamp))
+        )
+        try:
+            yield from batches
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # Ray Data's own finally shuts the executor and its actors down
+
+
+def split_loaders(
+    dataset: ray.data.Dataset,
+    config: RayDataConfig,
+    parts: int,
+    *,
+    stamp: bool = False,
+    locality_hints: list[str] | None = None,
+) -> list[RayDataLoader]:
+    """One loader per rank: ``streaming_split(parts, equal=True)`` (each rank as many
+    rows, so no rank of a synchronous step waits at an epoch's end for one that has
+    none); the parts are disjoint and cover the dataset when its length divides."""
+    splits = dataset.streaming_split(parts, equal=True, locality_hints=locality_hints)
+    return [RayDataLoader(split, config, stamp=stamp) for split in splits]
+
+
+# The dataset --------------------------------------------------------------------------------
+
+
+def locality_with_output_works() -> bool:
+    """Whether the installed Ray honours ``ExecutionOptions.locality_with_output`` (Ray
+    2.60 kept the attribute as a no-op that warns and reads back False)."""
+    from ray.data import ExecutionOptions
+
+    options = ExecutionOptions()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options.locality_with_output = True  # type: ignore[assignment]
+    return bool(options.locality_with_output)
+
+
+def data_context(config: RayDataConfig) -> ray.data.DataContext:
+    """A copy of the current ``DataContext`` with the candidate's settings: a dataset
+    built under it keeps them (Ray seals the context into each dataset), whatever else
+    the process builds."""
+    import ray
+    from ray.data import DataContext, ExecutionResources
+
+    context = DataContext.get_current().copy()
+    context.enable_progress_bars = False  # the search prints its own progress
+    context.print_on_execution_start = False
+    if config.block_bytes is not None:
+        context.target_max_block_size = config.block_bytes
+    if config.object_store_bytes is not None:
+        context.execution_options.resource_limits = ExecutionResources(
+            object_store_memory=config.object_store_bytes
+        )
+    if config.locality_with_output:
+        if not locality_with_output_works():
+            raise ConfigError(
+                f"locality_with_output is a no-op in Ray {ray.__version__} (removed from "
+                "ExecutionOptions): leave it off"
+            )
+        context.execution_options.locality_with_output = True  # type: ignore[assignment]
+    return context
+
+
+def build_dataset(
+    rows: Sequence[tuple[str, int]],
+    config: RayDataConfig,
+    *,
+    seed: int = 0,
+    samples: int | None = None,
+    placement_group: PlacementGroup | None = None,
+) -> ray.data.Dataset:
+    """The Ray Dataset of ``rows`` (file, class) for ``config``: an epoch of ``samples``
+    rows (:func:`epoch_order`; default each once), blocks in a new random order every
+    epoch, made into samples by :class:`SampleMaker` actors. The actors take the
+    bundles of ``placement_group`` (default: the one this process runs in, a Tune
+    trial's, whose head bundle it fills: so the actors land in the others), or, outside
+    any, Ray's own scheduling."""
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext, RandomSeedConfig
+
+    if not rows:
+        raise DatasetError("no images to read: the Ray Data candidate has an empty dataset")
+    order = epoch_order(len(rows), samples, seed)
+    items = [{"path": rows[i][0], "label": rows[i][1]} for i in order]
+    blocks = math.ceil(len(items) / config.map_batch_size) if config.map_batch_size else None
+    pool = (
+        ActorPoolStrategy(size=config.max_actors)
+        if config.fixed
+        else ActorPoolStrategy(min_size=config.min_actors, max_size=config.max_actors)
+    )
+    placement = _placement(placement_group or ray.util.get_current_placement_group())
+    with DataContext.current(data_context(config)):
+        dataset = ray.data.from_items(items, override_num_blocks=blocks)
+        dataset = dataset.randomize_block_order(
+            seed=RandomSeedConfig(seed=seed, reseed_after_execution=True)
+        )
+        with warnings.catch_warnings():
+            # Ray 2.60 deprecates the remote args that carry a placement group (removed in
+            # 2.64) and offers none in their place; tests/test_raydata.py checks the
+            # actors still land in the bundles
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+            return dataset.map_batches(
+                SampleMaker,
+                fn_constructor_kwargs={"transfer": config.transfer, "decode": config.decode,
+                                       "threads": max(1, int(config.cpus_per_actor))},
+                batch_size=config.map_batch_size,
+                compute=pool,
+                num_cpus=config.cpus_per_actor,
+                udf_modifying_row_count=False,
+                **placement,
+            )  # fmt: skip
+
+
+def _placement(group: PlacementGroup | None) -> dict[str, Any]:
+    """The remote arguments that put the actors in ``group``'s bundles (any with room)."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+    return {"scheduling_strategy": strategy}
+
+
+@contextlib.contextmanager
+def segment_loader(
+    dataset: TorchDataset[Any], config: RayDataConfig, spec: SegmentSpec, seed: int
+) -> Iterator[RayDataLoader]:
+    """The candidate over ``dataset`` (the trial's subset) as a segment reads it, like
+    :func:`raytune_loader.measure.segment_batches`: one epoch as long as the warm-up,
+    the drain and the window, every batch stamped; the execution ends with the block."""
+    import torch
+
+    torch.set_num_threads(spec.compute_threads)
+    samples = config.batch_size * (warmup_batches(config, spec) + spec.steps)
+    loader = RayDataLoader(
+        build_dataset(image_rows(dataset), config, seed=seed, samples=samples), config, stamp=True
+    )
+    yield loader
+
+
+def train_window(loader: RayDataLoader, trainer: Trainer, config: RayDataConfig,
+                 spec: SegmentSpec) -> steady.Steadiness:  # fmt: skip
+    """Train the warm-up and the drain, then ``spec.steps`` measured steps on stamped
+    batches, and the window's steady rate (the rules of :mod:`raytune_loader.steady`):
+    until :func:`raytune_loader.measure.train_segment` reads Ray Data itself."""
+    from raytune_loader.step import batch_samples
+
+    batches = iter(loader)
+    try:
+        for _ in range(warmup_batches(config, spec)):
+            trainer.step(trainer.to_device(next(batches).batch, False, config))  # type: ignore[arg-type]
+        trainer.sync()
+        start = time.monotonic()
+        window: list[steady.Consumed] = []
+        for _ in range(spec.steps):
+            stamped: Stamped = next(batches)
+            on_device = trainer.to_device(stamped.batch, False, config)  # type: ignore[arg-type]
+            trainer.step(on_device)
+            window.append(steady.Consumed.of(stamped, batch_samples(on_device)))
+        trainer.sync()
+        window[-1] = replace(window[-1], ended=time.monotonic())
+        return steady.steadiness(window, start, producers(config))
+    finally:
+        batches.close()  # type: ignore[attr-defined]

@@ -1,0 +1,488 @@
+"""The Ray Data candidate: its configuration, the reservation, Ray's documented
+defaults, the same training image as the DataLoader path (fast tier, no Ray started);
+and on a real two-node Ray cluster on this machine, the actors on the CPU-only node,
+every sample of an epoch once, the split parts, a steady rate and Ctrl-C (slow tier)."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Subset, default_collate
+
+from raytune_loader import raydata
+from raytune_loader.datasets import DatasetSpec, build_dataset
+from raytune_loader.errors import ConfigError, DatasetError
+from raytune_loader.job import SegmentSpec
+from raytune_loader.loader import Stamped
+from raytune_loader.pipeline import collate_encoded, to_device
+from raytune_loader.raydata import RayDataConfig
+
+# -- the configuration ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+        ({"batch_size": True}, "batch_size must be an integer >= 1, got True"),
+        ({"min_actors": 0}, "min_actors must be an integer >= 1, got 0"),
+        ({"min_actors": 3, "max_actors": 2}, "max_actors (2) must be >= min_actors (3)"),
+        ({"cpus_per_actor": 0}, "cpus_per_actor must be a number > 0, got 0"),
+        ({"cpus_per_actor": "1"}, "cpus_per_actor must be a number > 0, got '1'"),
+        ({"map_batch_size": 0}, "map_batch_size must be an integer >= 1 or null"),
+        ({"object_store_bytes": 2.5}, "object_store_bytes must be an integer >= 1 or null"),
+        ({"block_bytes": -1}, "block_bytes must be an integer >= 1 or null"),
+        ({"prefetch_batches": -1}, "prefetch_batches must be an integer >= 0, got -1"),
+        ({"crosses": "bf16"}, "crosses must be one of float32, uint8, encoded, got 'bf16'"),
+        ({"decoder": "device"}, "decoder must be one of pil, tensor, got 'device'"),
+        ({"crosses": "encoded", "decoder": "tensor"}, "crosses=encoded decodes on the device"),
+        ({"locality_with_output": 1}, "locality_with_output must be true or false, got 1"),
+    ],
+)
+def test_an_impossible_candidate_is_refused_in_one_line(change: dict[str, Any], says: str) -> None:
+    values = {"batch_size": 32, **change}
+    with pytest.raises(ConfigError) as refused:
+        RayDataConfig(**values)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_candidate_round_trips_through_its_dict_and_unknown_keys_are_refused() -> None:
+    config = RayDataConfig(64, 2, 6, 0.5, 32, 4, "uint8", "tensor", 2**28, 2**24)
+    assert RayDataConfig.from_dict(config.values()) == config
+    with pytest.raises(ConfigError, match=r"unknown Ray Data keys \['num_workers'\]"):
+        RayDataConfig.from_dict({**config.values(), "num_workers": 2})
+    with pytest.raises(ConfigError, match="no batch_size"):
+        RayDataConfig.from_dict({"max_actors": 2})
+    assert config.with_batch_size(16) == replace(config, batch_size=16)
+
+
+@pytest.mark.parametrize(
+    ("crosses", "decoder", "transfer", "decode"),
+    [
+        ("float32", "pil", "float32", "pil"),
+        ("uint8", "pil", "uint8", "pil"),
+        ("float32", "tensor", "float32", "tensor"),
+        ("uint8", "tensor", "uint8", "tensor"),
+        ("encoded", "pil", "uint8", "device"),
+    ],
+)
+def test_what_crosses_the_object_store_is_a_pipeline_variant(
+    crosses: str, decoder: str, transfer: str, decode: str
+) -> None:
+    """The variant's names are LoaderConfig's, so the device side (to_device, the trial's
+    Trainer.to_device) finishes a Ray Data batch as it finishes a DataLoader one."""
+    config = RayDataConfig(32, crosses=crosses, decoder=decoder)
+    assert (config.transfer, config.decode) == (transfer, decode)
+
+
+def test_the_label_says_the_pool_and_what_differs_from_the_defaults() -> None:
+    assert RayDataConfig(32, 2, 2).label() == "raydata actors=2x1cpu bs=32 map=block prefetch=1"
+    tuned = RayDataConfig(32, 1, 4, 2, 64, 8, "encoded", object_store_bytes=2**29)
+    assert tuned.label() == ("raydata actors=1-4x2cpu bs=32 map=64 prefetch=8 encoded store=512MiB")
+
+
+# -- the reservation -----------------------------------------------------------------------
+
+
+def test_a_trial_reserves_its_own_bundle_then_one_per_actor_of_the_largest_pool() -> None:
+    head = {"CPU": 1.0, "GPU": 0.5, "gpu_node": 0.001}
+    config = RayDataConfig(32, min_actors=2, max_actors=3, cpus_per_actor=1.5)
+    bundles = raydata.placement_bundles(head, config, pin="cpu_node")
+    assert bundles == [head] + [{"CPU": 1.5, "cpu_node": raydata.PIN_SHARE}] * 3
+    assert raydata.reserved_cpus(bundles) == (1.0, 4.5)
+    assert raydata.actor_bundles(RayDataConfig(8, cpus_per_actor=0.25)) == [{"CPU": 0.25}]
+    bundles[1]["CPU"] = 9.0  # each bundle its own dict: Ray mutates none, but nor do we share
+    assert bundles[2]["CPU"] == 1.5 and head == {"CPU": 1.0, "GPU": 0.5, "gpu_node": 0.001}
+
+
+def test_remote_cpus_caps_what_one_candidate_may_take() -> None:
+    config = RayDataConfig(32, max_actors=4, cpus_per_actor=1.0)
+    assert len(raydata.placement_bundles({"CPU": 1}, config, remote_cpus=4)) == 5
+    with pytest.raises(ConfigError, match="its actors take 4 CPUs, more than --remote-cpus 3"):
+        raydata.placement_bundles({"CPU": 1}, config, remote_cpus=3)
+
+
+def test_remote_cpus_are_those_of_the_nodes_beyond_the_trials() -> None:
+    nodes = [
+        {"CPU": 8.0, "GPU": 1.0, "gpu_node": 1.0},
+        {"CPU": 16.0, "cpu_node": 1.0},
+        {"CPU": 4.0},
+    ]
+    assert raydata.remote_cpus(nodes, "gpu_node") == 20.0
+    assert raydata.remote_cpus(nodes, "gpu_node", pin="cpu_node") == 16.0
+    assert raydata.remote_cpus(nodes, None) == 0.0  # nothing tells the trials' node apart
+
+
+def test_the_drain_counts_the_prefetched_batches_and_each_actors_calls_in_flight() -> None:
+    # 2 prefetched + 1 being formatted + 3 actors x 2 calls x 2 training batches a call
+    assert (
+        raydata.in_flight_batches(RayDataConfig(32, 3, 3, map_batch_size=64, prefetch_batches=2))
+        == 15
+    )
+    # a call smaller than a training batch still holds one
+    assert raydata.in_flight_batches(RayDataConfig(32, 1, 2, map_batch_size=8)) == 6
+    assert raydata.producers(RayDataConfig(32, 1, 5)) == 5
+    spec = SegmentSpec(warmup_steps=3, steps=10)
+    assert raydata.warmup_batches(RayDataConfig(32), spec) == 3 + 1 + 1 + 2
+
+
+# -- Ray's documented defaults ---------------------------------------------------------------
+
+
+def test_the_docs_default_is_ray_s_own_defaults() -> None:
+    """The baseline is what map_batches and iter_torch_batches do when a user passes only
+    the function and the batch size: checked against the installed Ray, not restated."""
+    from ray.data import ActorPoolStrategy, DataContext, Dataset
+
+    baseline = raydata.ray_docs_default(64, max_actors=6)
+    pool = ActorPoolStrategy()  # a callable class's pool when compute is not given
+    assert (baseline.min_actors, pool.min_size, pool.max_size) == (1, 1, float("inf"))
+    assert baseline.max_actors == 6 and not baseline.fixed
+    iterate = inspect.signature(Dataset.iter_torch_batches).parameters
+    assert baseline.prefetch_batches == iterate["prefetch_batches"].default == 1
+    assert (
+        baseline.map_batch_size
+        is inspect.signature(Dataset.map_batches).parameters["batch_size"].default
+        is None
+    )
+    assert baseline.cpus_per_actor == 1.0  # map workers' num_cpus when not given (Ray 2.60)
+    assert (baseline.block_bytes, baseline.object_store_bytes) == (None, None)
+    assert (baseline.crosses, baseline.decoder, baseline.locality_with_output) == (
+        "float32",
+        "pil",
+        False,
+    )
+    context, fresh = raydata.data_context(baseline), DataContext()
+    assert context.target_max_block_size == fresh.target_max_block_size == 128 * 2**20
+    assert context.execution_options.resource_limits == fresh.execution_options.resource_limits
+
+
+def test_the_context_carries_the_candidate_s_knobs_and_leaves_the_current_one_alone() -> None:
+    from ray.data import DataContext
+
+    before = DataContext.get_current().target_max_block_size
+    context = raydata.data_context(
+        RayDataConfig(32, block_bytes=2**22, object_store_bytes=3 * 2**28)
+    )
+    assert context.target_max_block_size == 2**22
+    assert context.execution_options.resource_limits.object_store_memory == 3 * 2**28
+    assert not context.enable_progress_bars
+    assert DataContext.get_current().target_max_block_size == before
+
+
+def test_locality_with_output_is_refused_where_ray_ignores_it() -> None:
+    """Ray 2.60 keeps ExecutionOptions.locality_with_output as a no-op that warns: a
+    candidate that sets it would measure the same pipeline twice under two names."""
+    import ray
+
+    assert not raydata.locality_with_output_works(), f"Ray {ray.__version__} honours it again"
+    with pytest.raises(ConfigError, match=rf"no-op in Ray {ray.__version__}.*leave it off"):
+        raydata.data_context(RayDataConfig(32, locality_with_output=True))
+
+
+# -- the same training image -----------------------------------------------------------------
+
+VARIANTS = [("float32", "pil"), ("uint8", "pil"), ("float32", "tensor"), ("uint8", "tensor"),
+            ("encoded", "pil")]  # fmt: skip
+
+
+def _one_row_batch(rows: list[tuple[str, int]], index: int) -> dict[str, Any]:
+    import numpy as np
+
+    path, label = rows[index]
+    return {"path": np.array([path], dtype=object), "label": np.array([label])}
+
+
+@pytest.mark.parametrize(("crosses", "decoder"), VARIANTS)
+def test_the_actors_make_the_training_image_the_dataloader_workers_make(
+    tiny_imagenet: Path, crosses: str, decoder: str
+) -> None:
+    """With the same random draws (the crop box and the flip), a sample an actor makes
+    and the training process collates is the DataLoader path's, bit for bit, before and
+    after the variant's device side."""
+    config = RayDataConfig(1, crosses=crosses, decoder=decoder)
+    spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
+    workers = build_dataset(spec, config.transfer, config.decode)  # what a DataLoader worker reads
+    rows = raydata.image_rows(workers)
+    collate_dl = collate_encoded if config.decode == "device" else default_collate
+    collate_rd = raydata.batch_collate(config.decode)
+    for index in range(0, 96, 12):
+        torch.manual_seed(index)
+        expected = collate_dl([workers[index]])
+        torch.manual_seed(index)
+        made = collate_rd(
+            raydata.make_samples(_one_row_batch(rows, index), config.transfer, config.decode)
+        )
+        assert type(made[0]) is type(expected[0]) and torch.equal(made[1], expected[1])
+        if config.decode == "device":
+            assert torch.equal(made[0].data, expected[0].data)
+            assert torch.equal(made[0].lengths, expected[0].lengths)
+        else:
+            assert made[0].dtype == expected[0].dtype and torch.equal(made[0], expected[0])
+        finished = []
+        for batch in (expected, made):
+            torch.manual_seed(1000 + index)  # decode on the device crops there
+            finished.append(to_device(batch, torch.device("cpu"), transfer=config.transfer,
+                                      decode=config.decode)[0])  # fmt: skip
+        assert finished[0].shape == (1, 3, 224, 224) and torch.equal(*finished)
+
+
+def test_a_batch_carries_the_actors_own_time_for_its_rows(tiny_imagenet: Path) -> None:
+    import numpy as np
+
+    spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
+    rows = raydata.image_rows(build_dataset(spec))
+    first, second = (raydata.make_samples({"path": np.array([r[0] for r in rows[i:i + 3]]),
+                                           "label": np.array([r[1] for r in rows[i:i + 3]])},
+                                          "uint8", "pil") for i in (0, 3))  # fmt: skip
+    assert (first["_made"] > first["_started"]).all() and (
+        first["_started"][1:] >= first["_made"][:-1]
+    ).all()
+    joined = {k: np.concatenate([first[k], second[k]]) for k in first}  # rows of two calls
+    stamped = raydata.batch_collate("pil", stamp=True)(joined)
+    assert isinstance(stamped, Stamped) and stamped.batch[0].shape == (6, 3, 224, 224)
+    own = sum(float((c["_made"] - c["_started"]).sum()) for c in (first, second))
+    assert stamped.made - stamped.started == pytest.approx(own)
+    assert stamped.made == pytest.approx(float(second["_made"][-1]))
+    assert own < second["_made"][-1] - first["_started"][0] + 1e-9  # not the gap between calls
+
+
+def test_a_file_that_does_not_decode_is_named(tmp_path: Path) -> None:
+    from raytune_loader.errors import CorruptSampleError
+
+    bad = tmp_path / "bad.JPEG"
+    bad.write_bytes(b"not a jpeg")
+    with pytest.raises(CorruptSampleError, match=f"corrupt sample {bad}"):
+        raydata.make_samples({"path": [str(bad)], "label": [0]}, "float32", "pil")
+
+
+def test_the_rows_are_the_trial_s_subset_in_its_order(tiny_imagenet: Path) -> None:
+    full = build_dataset(DatasetSpec("synthetic-imagenet", str(tiny_imagenet)))
+    subset = Subset(Subset(full, [5, 9, 2, 40]), [3, 0])
+    assert raydata.image_rows(subset) == [full.samples[40], full.samples[5]]  # type: ignore[attr-defined]
+    assert len(raydata.image_rows(full)) == 96
+    with pytest.raises(DatasetError, match="not an image folder"):
+        raydata.image_rows(torch.utils.data.TensorDataset(torch.zeros(4)))
+
+
+def test_an_epoch_reads_each_row_once_and_a_longer_one_reshuffles() -> None:
+    once = raydata.epoch_order(10, None, seed=3)
+    assert sorted(once) == list(range(10)) and once == raydata.epoch_order(10, None, seed=3)
+    assert once != raydata.epoch_order(10, None, seed=4)
+    longer = raydata.epoch_order(10, 25, seed=3)
+    assert longer[:10] == once and sorted(longer[10:20]) == list(range(10)) and len(longer) == 25
+    assert longer[10:20] != once
+
+
+# -- on a real cluster (slow) ---------------------------------------------------------------
+
+TRAINER = "raydata_trainer"  # the custom resource that pins the trial's process
+CPU_NODE = "raydata_cpu_node"  # the CPU-only node's
+MAKER = "MapWorker(MapBatches(SampleMaker))"  # Ray Data's name for our actors
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class TwoNodes:
+    """A head node for the trials (2 CPUs, ``TRAINER``) and a CPU-only node (2 CPUs,
+    ``CPU_NODE``), with the dashboard on a free port for the state API."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        store = 200 * 2**20
+        self.cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 2, "resources": {TRAINER: 1}, "include_dashboard": True,
+                            "dashboard_port": _free_port(), "object_store_memory": store,
+                            "_system_config": {"worker_niceness": 0}},
+        )  # fmt: skip
+        self.cpu_node = self.cluster.add_node(
+            num_cpus=2, resources={CPU_NODE: 1}, object_store_memory=store
+        )
+        self.cluster.wait_for_nodes()
+
+    def makers(self) -> list[Any]:
+        """Our pipeline's live actors, from Ray's state API."""
+        from ray.util.state import list_actors
+
+        live = list_actors(address=self.cluster.address, filters=[("state", "=", "ALIVE")])
+        return [actor for actor in live if actor.class_name == MAKER]
+
+    def no_makers_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.makers():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[TwoNodes]:
+    import ray
+
+    from conftest import ray_processes, ray_processes_left
+
+    before = ray_processes()
+    # the trial and rank functions below reach the workers by value: tests/ is not on
+    # their path
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    nodes = TwoNodes()
+    try:
+        ray.init(address=nodes.cluster.address)
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.cluster.shutdown()
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert not ray_processes_left(before)  # no node left behind
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_imagenet: Path) -> list[tuple[str, int]]:
+    return raydata.image_rows(build_dataset(DatasetSpec("synthetic-imagenet", str(tiny_imagenet))))
+
+
+def _digests(batch: Any) -> list[str]:
+    return [hashlib.sha1(f.numpy().tobytes()).hexdigest() for f in batch[0].files()]
+
+
+def _file_digests(rows: list[tuple[str, int]]) -> list[str]:
+    return sorted(hashlib.sha1(Path(path).read_bytes()).hexdigest() for path, _ in rows)
+
+
+def _trial(rows: list[tuple[str, int]], config: RayDataConfig) -> dict[str, Any]:
+    """A trial's process: build the candidate's dataset where it runs (its placement
+    group's head bundle) and read one epoch, asking mid-epoch where the actors are."""
+    import ray
+    from ray.util.state import list_actors
+
+    loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=7), config)
+    seen: list[str] = []
+    nodes: set[str] = set()
+    for batch in loader:
+        seen += _digests(batch)
+        if not nodes:
+            live = list_actors(filters=[("state", "=", "ALIVE")])
+            nodes = {a.node_id for a in live if a.class_name == MAKER}
+    return {"seen": seen, "actor_nodes": nodes, "own_node": ray.get_runtime_context().get_node_id()}
+
+
+@pytest.mark.slow
+def test_the_actors_run_in_the_trial_s_bundles_on_the_cpu_node_and_an_epoch_reads_each_sample_once(
+    two_nodes: TwoNodes, rows: list[tuple[str, int]]
+) -> None:
+    """The trial's head bundle pins it to the trainer node, which keeps a CPU free: an
+    actor scheduled outside the trial's bundles could take it. Pinned to the CPU node,
+    the actor bundles hold the pipeline; every file crosses once (encoded: its bytes)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    config = RayDataConfig(8, max_actors=2, map_batch_size=8, crosses="encoded")
+    bundles = raydata.placement_bundles(
+        {"CPU": 1.0, TRAINER: raydata.PIN_SHARE}, config, pin=CPU_NODE
+    )
+    group = placement_group(bundles, strategy="PACK")
+    ray.get(group.ready(), timeout=60)
+    try:
+        trial = ray.remote(_trial).options(
+            num_cpus=1, resources={TRAINER: raydata.PIN_SHARE},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True),
+        )  # fmt: skip
+        result = ray.get(trial.remote(rows, config), timeout=240)
+    finally:
+        remove_placement_group(group)
+    head = next(n["NodeID"] for n in ray.nodes() if n["Resources"].get(TRAINER))
+    assert result["own_node"] == head
+    assert result["actor_nodes"] == {two_nodes.cpu_node.node_id}
+    assert sorted(result["seen"]) == _file_digests(rows)  # each once, none missing
+    assert two_nodes.no_makers_within(30)  # the epoch's end ends its actors
+
+
+def _read_part(part: raydata.RayDataLoader) -> list[str]:
+    """A rank's process: its part of the epoch, each file's digest."""
+    return [digest for batch in part for digest in _digests(batch)]
+
+
+@pytest.mark.slow
+def test_two_split_parts_read_disjoint_samples_that_cover_the_data(
+    two_nodes: TwoNodes, rows: list[tuple[str, int]]
+) -> None:
+    """One ``streaming_split`` part per rank, each read by its own process on the
+    trainer node at the same time (an epoch starts when every part asks)."""
+    import ray
+
+    config = RayDataConfig(8, max_actors=1, map_batch_size=8, crosses="encoded")
+    parts = raydata.split_loaders(raydata.build_dataset(rows, config, seed=3), config, 2)
+    rank = ray.remote(_read_part).options(num_cpus=0, resources={TRAINER: raydata.PIN_SHARE})
+    first, second = ray.get([rank.remote(part) for part in parts], timeout=240)
+    assert len(first) == len(second) == len(rows) // 2
+    assert not set(first) & set(second)
+    assert sorted(first + second) == _file_digests(rows)
+
+
+@pytest.mark.slow
+def test_the_steady_window_over_the_pipeline_gives_a_rate_within_its_actor_s_bound(
+    two_nodes: TwoNodes, tiny_imagenet: Path
+) -> None:
+    """The segment as a trial reads it (warm-up, drain, window over stamped batches) with
+    a step that takes no time: the loop is served as fast as the one actor makes
+    batches, which cannot beat one core's worker side of the variant (a deep prefetch
+    would show a stock's speed if the stamps or the drain were wrong)."""
+    from raytune_loader.measure import worker_side_rate
+    from raytune_loader.step import Trainer
+
+    spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
+    config = RayDataConfig(8, max_actors=1, map_batch_size=8, prefetch_batches=8, crosses="uint8")
+    subset = Subset(build_dataset(spec, config.transfer, config.decode), list(range(64)))
+    segment = SegmentSpec(warmup_steps=1, steps=24, compute_threads=1)
+    trainer = Trainer(lambda batch: None, torch.device("cpu"), name="no step")
+    with raydata.segment_loader(subset, config, segment, seed=0) as loader:
+        held = raydata.train_window(loader, trainer, config, segment)
+    one_core = worker_side_rate(subset, samples=64)
+    assert held.whole.samples == 24 * 8 and held.whole.produced_s and held.ratio is not None
+    assert 0 < held.whole.samples_per_s <= 1.25 * one_core, (held, one_core)
+    assert two_nodes.no_makers_within(30)
+
+
+@pytest.mark.slow
+def test_ctrl_c_or_an_abandoned_epoch_leaves_no_actor(
+    two_nodes: TwoNodes, rows: list[tuple[str, int]]
+) -> None:
+    config = RayDataConfig(8, max_actors=1, map_batch_size=8, crosses="uint8")
+    loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=5), config)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for count, _ in enumerate(loader):
+                assert two_nodes.makers()
+                if count == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(10)  # interrupted here
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert two_nodes.no_makers_within(30)
+    batches = iter(raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=6), config))
+    next(batches)
+    assert two_nodes.makers()
+    batches.close()  # what the trial's epochs do when a segment ends or fails
+    assert two_nodes.no_makers_within(30)
