@@ -6,8 +6,8 @@ so what was measured is what users get. Worker processes are PyTorch's
 ``DataLoader``; thread workers are ``torchdata.nodes`` (PyTorch's maintained
 node-based loader): each thread builds whole batches, as a DataLoader worker does,
 so ``num_workers``, ``prefetch_factor`` and ``in_order`` mean the same in both. A
-stream (an IterableDataset) gets a DataLoader without a sampler, or
-:class:`ThreadStreamLoader`'s plain threads, each a worker of the stream's split.
+stream (an IterableDataset) gets :mod:`raytune_loader.streams`' loaders: a DataLoader
+without a sampler inside, or plain threads, each a worker of the stream's split.
 Worker processes with ``worker_threads`` set start with :class:`WorkerThreads` as
 their ``worker_init_fn``: the thread pools of BLAS, OpenMP and torch held to that
 many threads in each.
@@ -17,7 +17,9 @@ In a process group both read their own rank's shard of every epoch
 Ray Train, a DDP loop) or rebuilds it from its arguments (accelerate) runs the tuned
 settings on the right samples; the rank measurements of ``--ranks-per-node`` build
 their loaders the same way, after :func:`use_platform_start_method` (a rank is a
-forkserver's child; its loaders start their workers as a torchrun rank's do).
+forkserver's child; its loaders start their workers as a torchrun rank's do). Their
+``state_dict``/``load_state_dict`` carry the epoch and the batches read, so a resumed
+run picks the epoch up where it stopped.
 """
 
 from __future__ import annotations
@@ -66,11 +68,13 @@ def build_dataloader(
     **overrides: Any,
 ) -> TunedDataLoader | ThreadLoader | StreamLoader | ThreadStreamLoader:
     """The tuned loader over ``dataset``; ``overrides`` (DataLoader arguments) win over
-    the config. Thread workers take ``sampler`` and ``collate_fn`` among them.
+    the config, or are refused in one line. Map-style thread workers take ``sampler``
+    and ``collate_fn`` among them; a stream's overrides: :func:`streams.stream_loader`.
 
     Without a ``sampler`` override the loader shards itself in a process group: each rank
     reads its own share of every epoch (:mod:`raytune_loader.sharding`), whoever iterates
-    it. ``samples_per_epoch`` (per rank) makes an epoch longer or shorter than the data.
+    it. ``samples_per_epoch`` (per rank) makes an epoch longer or shorter than the data
+    (a stream of the user's in a process group: the batches every rank reads).
     ``stamp`` (measurements only) yields every batch as a :class:`Stamped`: which worker
     made it and when it was done.
     """

@@ -91,9 +91,12 @@ class BestConfig:
         return self.data["hardware"]
 
     def dataloader(self, dataset: Dataset[Any], **overrides: Any) -> DataLoader[Any] | Any:
-        """The tuned loader over ``dataset`` (``overrides`` win): a DataLoader, or a thread
-        loader with a DataLoader's attributes. In a process group each rank reads its
-        own shard of every epoch, in Lightning, accelerate, Ray Train or a DDP loop."""
+        """The tuned loader over ``dataset`` (``overrides`` win, or are refused in one
+        line): a DataLoader, or a loader with a DataLoader's attributes (thread workers,
+        a stream). In a process group each rank reads its own shard of every epoch, in
+        Lightning, accelerate, Ray Train or a DDP loop; over a stream every rank reads
+        the same number of batches (docs/streams.md). ``loader.sampler.set_epoch(e)``
+        reshuffles; ``state_dict``/``load_state_dict`` resume an epoch mid-way."""
         self.warn_if_other_machine()
         overrides.setdefault("drop_last", False)
         return build_dataloader(dataset, self.loader, **overrides)
@@ -111,9 +114,11 @@ class BestConfig:
         """The tuned dataset, for training: the search's dataset (under ``data_root``
         on this machine, or where the search read it) with the chosen pipeline's
         worker side. A stream (webdataset, a Hugging Face dataset read as one) covers
-        all its shards, split by rank and loader worker, shuffled with the recorded
-        buffer and batched in the workers where that was chosen; feed it to
-        :meth:`dataloader`."""
+        all its shards (their samples counted here), split by rank and loader worker,
+        shuffled with the recorded buffer and batched in the workers where that was
+        chosen; feed it to :meth:`dataloader`, which passes it its batch size and the
+        rank. Its order depends on the seed (0; ``dataloader(..., seed=n)`` for another)
+        and the epoch, the same on every rank."""
         from raytune_loader.datasets import DatasetSpec
         from raytune_loader.sources.base import StreamVariant
         from raytune_loader.streams import shuffle_buffer
@@ -131,7 +136,7 @@ class BestConfig:
             decode=self.loader.decode,
             batch_size=self.loader.batch_size if self.loader.batching == "workers" else None,
             shuffle_buffer=int(source.get("shuffle_buffer", shuffle_buffer(spec))),
-            seed=None,  # another order each run; ranks still agree on their shards
+            seed=None,  # 0: every rank must draw the same order; the loader's seed= wins
         )
         return spec.source.build_stream(spec, [], variant)
 

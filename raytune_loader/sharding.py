@@ -128,10 +128,11 @@ def placement() -> tuple[int, int, int, int]:
 class EpochClock:
     """The epoch of a loader's passes, and how far the current pass has been read.
 
-    Each pass (``iter(loader)``) takes the next epoch by itself, so the order changes
-    even where nobody calls :meth:`set_epoch`; once a trainer calls it (Lightning,
-    accelerate, a DDP loop), only ``set_epoch`` moves it, so an extra pass on one rank
-    (a batch logged after ``set_epoch``) cannot put that rank ahead of its peers.
+    A pass read to its end moves the epoch on by itself, so the order changes even
+    where nobody calls :meth:`set_epoch`; a pass abandoned early (a batch logged, a
+    trainer's check that the loader iterates) does not. Once a trainer calls
+    ``set_epoch`` (Lightning, accelerate, a DDP loop), only ``set_epoch`` moves it, so
+    an extra pass on one rank cannot put that rank ahead of its peers.
     :meth:`state_dict` says which epoch is read and how many batches each worker has
     delivered; after :meth:`load_state_dict`, the next pass of that epoch skips them.
     """
@@ -151,8 +152,6 @@ class EpochClock:
     def begin(self, workers: int) -> tuple[int, list[int]]:
         """A pass starts: its epoch, and the batches each of its ``workers`` skips."""
         epoch = self.epoch
-        if not self.explicit:
-            self.epoch += 1
         skips = [0] * workers
         if self._resume is not None and self._resume[0] == epoch and any(self._resume[1]):
             saved = self._resume[1]
@@ -172,6 +171,10 @@ class EpochClock:
             self.read[worker] += 1
 
     def end(self) -> None:
+        """The pass was read to its end: the next one reads the next epoch, unless the
+        trainer sets epochs itself."""
+        if not self.finished and not self.explicit and self.current == self.epoch:
+            self.epoch += 1
         self.finished = True
 
     def state_dict(self) -> dict[str, Any]:
@@ -257,12 +260,13 @@ class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
         return order[rank:total:world]
 
     def indices(self, rank: int, world: int) -> list[int]:
-        """Rank ``rank``'s share of the next pass's epoch (the clock moves on)."""
+        """Rank ``rank``'s share of the next pass's epoch."""
         epoch, _ = self.clock.begin(1)
         return self.order(epoch, rank, world)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices(0, 1))
+        yield from self.indices(0, 1)
+        self.clock.end()  # read whole (accelerate's shards of it)
 
     def __len__(self) -> int:
         return self.shard_length(1)

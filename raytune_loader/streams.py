@@ -1,18 +1,26 @@
-"""A stream's part of the search: which shards the trials read, read once before them.
+"""A stream's part of the search (which shards the trials read, read once before them)
+and the tuned loader over a stream, for trials and training alike.
 
-A stream (an ``IterableDataset``: webdataset tar shards, a Hugging Face dataset read
-as ``to_iterable_dataset``, a user's own) cannot be subset by index. Every trial
+A stream (an ``IterableDataset``: webdataset tar shards, a Hugging Face table read
+file by file, a user's own) cannot be subset by index. Every trial
 reads the same shards instead: :func:`prepare_stream` reads shards through once,
 in a seeded order, until they hold ``--samples-per-trial`` samples and at least a
 shard per worker the node could run (each is pre-warmed, counted and checked: a
 broken one stops the search before any trial, naming the shard and the sample).
 With ``--cold`` trial k reads the k-th disjoint block of as many shards instead.
 
-Workers of one rank share its shards: more workers than shards leave workers idle,
-so the space bounds workers per rank by the shards a rank reads. A user's stream
-without shards must split itself across workers (``get_worker_info``); one that
-yields the same samples in every worker is found here, from what it delivers, and
-the space keeps it to one worker.
+Workers of one rank share its shards: the space bounds workers per rank by the
+shards a rank reads. A user's stream without shards must split itself across workers
+(``get_worker_info``); one that yields the same samples in every worker is found
+here, from what it delivers, and the space keeps it to one worker.
+
+:func:`stream_loader` (what :func:`raytune_loader.loader.build_dataloader` builds for a
+stream) honours or refuses every override in one line. Its loaders,
+:class:`StreamLoader` (worker processes, a DataLoader inside) and
+:class:`ThreadStreamLoader`, set each pass's epoch and carry the training process's
+rank to their workers; every rank reads the same number of batches of a pass
+(docs/streams.md says what an epoch leaves out); ``loader.sampler.set_epoch``
+reshuffles, and ``state_dict``/``load_state_dict`` resume an epoch where it stopped.
 """
 
 from __future__ import annotations
@@ -363,6 +371,11 @@ class _Passes:
         self._limit: int | None = None
         self._delivered = 0
         self._discard = 0
+        world = process_group()[1]  # what can be refused now is, in one line
+        if self._stream is not None:
+            self._stream.batches_per_rank(world)
+        else:
+            self.limit(world)
 
     def _workers(self) -> int:
         return max(1, self.num_workers)
@@ -418,10 +431,8 @@ class _Passes:
         self.clock.end()
 
     def set_epoch(self, epoch: int) -> None:
-        self.clock.set_epoch(epoch)
-        if self._stream is not None:
-            self._stream.set_epoch(epoch)
-        else:
+        self.clock.set_epoch(epoch)  # the next pass takes it (begin)
+        if self._stream is None:
             _forward_epoch(self.dataset, epoch)
 
     def __len__(self) -> int:
@@ -637,14 +648,13 @@ class ThreadStreamLoader(_Passes):
 
     def __iter__(self) -> Iterator[Any]:
         placement = self.begin()
-        try:
-            for worker, item in self._items(placement):
+        with contextlib.closing(self._items(placement)) as items:  # its threads stop here
+            for worker, item in items:
                 if self.exhausted():
                     break
                 if self.delivered(worker):
                     yield item
-        finally:
-            self.ended()
+        self.ended()  # read to its end (an abandoned pass is not)
 
     def _items(self, placement: tuple[int, int]) -> Iterator[tuple[int, Any]]:
         if self.num_workers == 0:

@@ -2,9 +2,12 @@
 
 ``tests/test_trainers.py`` trains with the tuned loader, the README's way, in each of
 these (two ranks, worker processes and thread workers), and checks that each rank
-reads its own shard of every epoch with the tuned settings. It also checks that the
-installed versions are the ones named here, so this list stays what was really
-tried; ``best_config.json`` carries it in its ``trainers`` section.
+reads its own shard of every epoch with the tuned settings; with a tuned stream
+(webdataset, Parquet; workers started by fork, spawn or forkserver, or threads; ranks
+also started by ``torch.multiprocessing.spawn``), that every rank reads as many
+batches as every other, disjoint samples, another order each epoch. It also checks
+that the installed versions are the ones named here, so this list stays what was
+really tried; ``best_config.json`` carries it in its ``trainers`` section.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ CHECKED = {  # distribution name: release series checked
     "lightning": "2.6",  # Trainer(strategy="ddp"), train_dataloader + on_after_batch_transfer
     "accelerate": "1.15",  # Accelerator.prepare(model, optimizer, loader)
     "ray": "2.60",  # Ray Train: TorchTrainer + ray.train.torch.prepare_data_loader
-    "torch": "2.14",  # a DDP loop under torchrun
+    "torch": "2.14",  # a DDP loop under torchrun or torch.multiprocessing.spawn
 }
 
 
@@ -28,6 +31,6 @@ def section() -> dict[str, Any]:
             "ray_train": CHECKED["ray"],
             "torchrun_ddp": CHECKED["torch"],
         },
-        "usage": "each rank reads its own shard of every epoch: see the README's "
-        "'In your trainer' section",
+        "usage": "each rank reads its own shard of every epoch, a stream as many batches "
+        "on every rank: see the README's 'In your trainer' section and docs/streams.md",
     }

@@ -135,3 +135,65 @@ def tiny_shards(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -
     folder = tmp_path_factory.mktemp("shards")
     write_shards(tiny_imagenet / "train", folder, 4)
     return folder
+
+
+UNEVEN = (20, 20, 4)  # samples per shard: shard sets end unevenly
+
+
+def write_uneven_shards(images: Path, out: Path, sizes: tuple[int, ...] = UNEVEN) -> Path:
+    """The first ``sum(sizes)`` JPEG files of ``images`` as webdataset shards (``wds/``)
+    and Parquet files (``parquet/``) of ``sizes`` samples, each sample's class its index
+    in that order: what a rank read is in its batches' labels."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(images.rglob("*.JPEG"))[: sum(sizes)]
+    for kind in ("wds", "parquet"):
+        (out / kind).mkdir(parents=True, exist_ok=True)
+    start = 0
+    for shard, size in enumerate(sizes):
+        part = list(enumerate(files[start : start + size], start))
+        with tarfile.open(out / "wds" / f"shard-{shard:04d}.tar", "w") as tar:
+            for index, file in part:
+                for ext, data in (("jpg", file.read_bytes()), ("cls", str(index).encode())):
+                    info = tarfile.TarInfo(f"s{index:05d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        rows = {"image": [{"bytes": f.read_bytes(), "path": f.name} for _, f in part],
+                "label": [index for index, _ in part]}  # fmt: skip
+        pq.write_table(pa.table(rows), out / "parquet" / f"part-{shard}.parquet")
+        start += size
+    return out
+
+
+@pytest.fixture(scope="session")
+def uneven_shards(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """44 of tiny_imagenet's JPEG files in shards of 20, 20 and 4 samples, as webdataset
+    tar shards (``wds/``) and Parquet files (``parquet/``); a sample's class is its index."""
+    return write_uneven_shards(tiny_imagenet / "train", tmp_path_factory.mktemp("uneven"))
+
+
+def two_gloo_ranks(target: object, *args: object, timeout: float = 120) -> dict[int, object]:
+    """``target(rank, port, *args, results)`` in two spawned processes (ranks of a gloo
+    group they make on ``port``); each puts ``(rank, what it read)`` on ``results``."""
+    import multiprocessing
+    import socket
+
+    context = multiprocessing.get_context("spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = context.Queue()
+    ranks = [context.Process(target=target, args=(r, port, *args, results)) for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    try:
+        return dict(results.get(timeout=timeout) for _ in ranks)
+    finally:  # a rank that died leaves its peer waiting in the process group
+        for process in ranks:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()

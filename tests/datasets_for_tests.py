@@ -451,3 +451,30 @@ class SlowFirstStep:
         delay = self.first_s if self.calls == 1 else self.every_s
         if delay:
             time.sleep(delay)
+
+
+class RankStream(torch.utils.data.IterableDataset):
+    """A user's stream that splits itself by rank (its process group, read where it is
+    iterated) and by loader worker: rank r yields ``lengths[r]`` samples, labelled
+    ``(rank, index)`` as ``rank * 1000 + index``; ``len`` says ``length`` per rank (or
+    none with ``length=None``), as MosaicML's and LitData's streams do."""
+
+    def __init__(self, lengths: tuple[int, ...], length: int | None) -> None:
+        self.lengths = lengths
+        self.length = length
+
+    def __iter__(self):  # noqa: ANN204
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        info = torch.utils.data.get_worker_info()
+        indices = range(self.lengths[rank])
+        if info is not None:
+            indices = indices[info.id :: info.num_workers]
+        for index in indices:
+            yield torch.zeros(3), rank * 1000 + index
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("this stream has no length")
+        return self.length

@@ -4,14 +4,15 @@ iterates the loader: real gloo process groups of two ranks."""
 from __future__ import annotations
 
 import datetime as dt
-import multiprocessing
-import socket
+import math
+import random
 from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, RandomSampler
 
+from conftest import two_gloo_ranks
 from raytune_loader.errors import ConfigError
 from raytune_loader.loader import build_dataloader
 from raytune_loader.sharding import ShardSampler
@@ -94,21 +95,7 @@ def _rank(rank: int, port: int, results: Any) -> None:
 
 
 def test_in_a_process_group_each_rank_reads_its_own_half_of_every_epoch() -> None:
-    context = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = context.Queue()
-    ranks = [context.Process(target=_rank, args=(r, port, results)) for r in (0, 1)]
-    for process in ranks:
-        process.start()
-    try:
-        read = dict(results.get(timeout=120) for _ in ranks)
-    finally:  # a rank that died leaves its peer waiting in the process group
-        for process in ranks:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
+    read = two_gloo_ranks(_rank)
     for kind in ("process", "thread"):
         for epoch in (0, 1):
             zero, one = read[0][kind][epoch], read[1][kind][epoch]
@@ -127,3 +114,55 @@ def test_a_stream_takes_no_sampler_and_says_so_in_one_line() -> None:
 
     with pytest.raises(ConfigError, match="Stream is a stream .* it takes no sampler"):
         build_dataloader(Stream(), PROCESSES, sampler=RandomSampler(range(4)))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_planned_stream_epoch_gives_every_rank_equal_batches_of_its_own(
+    drop_last: bool,
+) -> None:
+    """Any shard sizes, world, workers and batch size: every rank the same batches, the
+    partial one (if any) once per rank, no sample twice, and less than a batch per rank
+    (less than a sample without drop_last) left out."""
+    from raytune_loader.sharding import epoch_cut, shard_order, spans, worker_range
+
+    rng = random.Random(0)
+    for _ in range(400):
+        sizes = [rng.randint(1, 30) for _ in range(rng.randint(1, 7))]
+        world, workers, batch = rng.randint(1, len(sizes)), rng.randint(1, 4), rng.randint(1, 6)
+        cut = epoch_cut(sum(sizes), world, batch, drop_last)
+        order = shard_order(len(sizes), seed=3, epoch=rng.randint(0, 9), shuffle=True)
+        seen = []
+        for rank in range(world):
+            ranges = [worker_range(cut, batch, w, workers) for w in range(workers)]
+            assert sum(math.ceil((high - low) / batch) for low, high in ranges) == cut.batches
+            assert sum((high - low) % batch != 0 for low, high in ranges) <= 1
+            start = rank * cut.per_rank
+            for low, high in ranges:
+                read = spans(sizes, order, start + low, start + high)
+                assert sum(s.stop - s.start for s in read) == high - low
+                seen += [(s.shard, i) for s in read for i in range(s.start, s.stop)]
+        assert len(seen) == len(set(seen)) and all(0 <= i < sizes[s] for s, i in seen)
+        assert sum(sizes) - len(seen) < world * (batch if drop_last else 1)
+    assert shard_order(5, 3, 0, True) != shard_order(5, 3, 1, True)  # reshuffled by epoch
+    assert shard_order(5, 3, 0, False) == shard_order(5, 3, 1, False) == list(range(5))
+
+
+def test_the_tuned_loader_s_state_resumes_an_epoch_where_it_stopped() -> None:
+    """Map-style, worker processes and threads: a new loader given the state of one
+    stopped after 3 batches reads the rest of that epoch, then the next."""
+    for config in (PROCESSES, THREADS):
+        loader = build_dataloader(Indices(32), config, drop_last=False, seed=5)
+        whole = [[int(i) for i in labels] for _, labels in loader]  # epoch 0
+        loader = build_dataloader(Indices(32), config, drop_last=False, seed=5)
+        batches = iter(loader)
+        before = [int(i) for _ in range(3) for i in next(batches)[1]]
+        state = loader.state_dict()
+        assert (state["epoch"], state["batches"], state["explicit"]) == (0, [3], False)
+        again = build_dataloader(Indices(32), config, drop_last=False, seed=5)
+        again.load_state_dict(state)
+        after = [int(i) for _, labels in again for i in labels]
+        assert sorted(before + after) == list(range(32)) and not set(before) & set(after)
+        if config.in_order:
+            assert before + after == [i for batch in whole for i in batch]
+        assert again.state_dict()["epoch"] == 1  # read to its end: the next one
+        assert sorted(int(i) for _, labels in again for i in labels) == list(range(32))

@@ -226,3 +226,241 @@ def test_a_user_iterable_dataset_search_end_to_end(tmp_path: Path) -> None:
     assert best["loader"]["num_workers"] <= 1 and best["source"]["kind"] == "factory"
     assert "same samples in every loader worker" in best["source"]["note"]
     assert ray_processes() <= before
+
+
+# The tuned loader over a stream: overrides honoured or refused, state, accelerate.
+# The shards: conftest's uneven_shards (20, 20 and 4 samples; a sample's class is its
+# index), read with tensor decoding, a buffer of 8.
+
+RAW = "uint8"
+
+
+def _stream(root: Path, fmt: str = "wds", batch_size: int | None = None) -> object:
+    from raytune_loader.sources.base import StreamVariant
+
+    spec = DatasetSpec("webdataset" if fmt == "wds" else "hf", str(root / fmt))
+    variant = StreamVariant(transfer=RAW, decode="tensor", shuffle_buffer=8, batch_size=batch_size)
+    return spec.source.build_stream(spec, [], variant)
+
+
+def _config(workers: str = "process", batching: str = "loader", **fields: object) -> LoaderConfig:
+    values = dict(batch_size=4, num_workers=2, prefetch_factor=2, access="stream",
+                  batching=batching, workers=workers, transfer=RAW, decode="tensor",
+                  in_order=False)  # fmt: skip
+    return LoaderConfig(**{**values, **fields})  # type: ignore[arg-type]
+
+
+def _labels(loader: object) -> list[list[int]]:
+    return [[int(x) for x in batch[1]] for batch in loader]  # type: ignore[attr-defined]
+
+
+def _tagged(samples: list) -> tuple:
+    return ("mine", torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples]))
+
+
+_INIT: list[int] = []
+
+
+def _mine(worker_id: int) -> None:
+    _INIT.append(worker_id)
+
+
+def _reports_init(samples: list) -> tuple:
+    from raytune_loader import sharding
+
+    return list(_INIT), sharding._carried, torch.tensor([s[1] for s in samples])
+
+
+@pytest.mark.parametrize("fmt", ["wds", "parquet"])
+def test_a_stream_takes_the_loader_s_overrides(uneven_shards: Path, fmt: str) -> None:
+    from raytune_loader.loader import build_dataloader
+
+    every = list(range(44))
+    in_workers = _stream(uneven_shards, fmt, batch_size=4)
+    batches = _labels(build_dataloader(in_workers, _config(batching="workers"), drop_last=False,
+                                       batch_size=3))  # fmt: skip
+    assert sorted(map(len, batches)) == [2] + [3] * 14  # batched in the workers, by 3
+    assert sorted(x for b in batches for x in b) == every
+    plain = _stream(uneven_shards, fmt)
+    for stream, config in ((in_workers, _config(batching="workers")), (plain, _config())):
+        made = list(build_dataloader(stream, config, drop_last=False, collate_fn=_tagged))
+        assert {batch[0] for batch in made} == {"mine"}  # in the workers, or by the loader
+    cut = _labels(build_dataloader(plain, _config(), drop_last=True, batch_size=5))
+    assert len(cut) == 8 and {len(b) for b in cut} == {5}  # 40 of 44: less than one batch
+    for workers in (0, 3):
+        read = _labels(build_dataloader(plain, _config(num_workers=workers, prefetch_factor=None
+                                                       if workers == 0 else 2,
+                                                       in_order=workers == 0)))  # fmt: skip
+        assert sorted(x for b in read for x in b) == every, workers
+    threads = build_dataloader(plain, _config("thread", num_workers=2), drop_last=False)
+    assert sorted(x for b in _labels(threads) for x in b) == every
+    timed_out = build_dataloader(plain, _config(), drop_last=False, timeout=60)  # a TypeError
+    assert sorted(x for b in _labels(timed_out) for x in b) == every  # before: passed twice
+    fixed = build_dataloader(plain, _config(), drop_last=False, shuffle=False)
+    assert sorted(_labels(fixed)) == sorted(_labels(fixed))  # the same order every epoch
+    seeded = [_labels(build_dataloader(plain, _config(), seed=s, shuffle=False)) for s in (1, 1)]
+    assert sorted(seeded[0]) == sorted(seeded[1])
+
+
+def test_worker_init_fn_runs_after_the_tool_s_own_where_lightning_sets_it(
+    uneven_shards: Path,
+) -> None:
+    """The user's worker_init_fn, or Lightning's seeding (set on the loader as
+    Lightning does when it finds none), runs in every worker after the tool's own
+    (the rank carried, the thread pools of worker_threads held)."""
+    from raytune_loader.loader import build_dataloader
+
+    config = _config(worker_threads=1)
+    loader = build_dataloader(_stream(uneven_shards), config, collate_fn=_reports_init)
+    assert loader.worker_init_fn is None  # so Lightning adds its rank-aware seeding
+    loader.worker_init_fn = _mine  # what Lightning's _auto_add_worker_init_fn does
+    seen = {(tuple(init), carried) for init, carried, _ in loader}
+    assert seen == {((0,), (0, 1)), ((1,), (0, 1))}  # each worker its own, after the rank
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda s: dict(config=_config("thread"), worker_init_fn=_mine),
+         "thread workers run in the training process and take no worker_init_fn"),
+        (lambda s: dict(config=_config("thread"), generator=torch.Generator()),
+         "take no generator"),
+        (lambda s: dict(config=_config(), sampler=[0, 1]), "it takes no sampler"),
+    ],
+    ids=["threads-worker-init", "threads-generator", "sampler"],
+)  # fmt: skip
+def test_what_a_stream_loader_cannot_take_is_refused_in_one_line(
+    uneven_shards: Path, build: object, message: str
+) -> None:
+    from raytune_loader.errors import ConfigError
+    from raytune_loader.loader import build_dataloader
+
+    stream = _stream(uneven_shards)
+    kwargs = build(stream)  # type: ignore[operator]
+    with pytest.raises(ConfigError, match=message) as caught:
+        build_dataloader(stream, kwargs.pop("config"), **kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_stream_of_the_user_s_that_batches_itself_refuses_the_loader_s_batching() -> None:
+    from raytune_loader.errors import ConfigError
+    from raytune_loader.loader import build_dataloader
+    from raytune_loader.sources import source_for
+    from raytune_loader.sources.base import StreamVariant
+
+    spec = DatasetSpec("datasets_for_tests:stream_that_splits")
+    stream = source_for(spec.name).build_stream(spec, [], StreamVariant())
+    config = LoaderConfig(4, 2, 2, access="stream", batching="workers")
+    with pytest.raises(ConfigError, match="makes its batches itself: .* batch_size") as caught:
+        build_dataloader(stream, config, batch_size=8)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_tuned_stream_read_by_a_loader_the_tool_did_not_build_says_so(
+    uneven_shards: Path,
+) -> None:
+    """A worker cannot know its rank unless the tuned loader carried it: a DataLoader
+    of one's own (or accelerate's skip_first_batches, which builds one) is refused."""
+    from raytune_loader.errors import ConfigError
+
+    own = torch.utils.data.DataLoader(_stream(uneven_shards), batch_size=4, num_workers=1)
+    with pytest.raises(ConfigError, match=r"iterate tuned.dataloader\(stream\) itself"):
+        next(iter(own))
+
+
+@pytest.mark.parametrize("workers", ["process", "thread"])
+def test_a_resumed_stream_epoch_reads_what_the_stopped_run_did_not(
+    uneven_shards: Path, workers: str
+) -> None:
+    from raytune_loader.errors import ConfigError
+    from raytune_loader.loader import build_dataloader
+
+    config = _config(workers)
+    loader = build_dataloader(_stream(uneven_shards, "parquet"), config, drop_last=False)
+    loader.sampler.set_epoch(3)
+    batches = iter(loader)
+    before = [int(x) for _ in range(5) for x in next(batches)[1]]
+    state = loader.state_dict()
+    del batches
+    assert state["epoch"] == 3 and sum(state["batches"]) == 5 and state["workers"] == 2
+    again = build_dataloader(_stream(uneven_shards, "parquet"), config, drop_last=False)
+    again.load_state_dict(state)
+    after = [int(x) for batch in again for x in batch[1]]
+    assert sorted(before + after) == list(range(44)) and not set(before) & set(after)
+    other = build_dataloader(_stream(uneven_shards, "parquet"), config, num_workers=3)
+    with pytest.raises(ConfigError, match="saved mid-epoch .*workers 2 then, 3 now") as caught:
+        other.load_state_dict(state)
+    assert "\n" not in str(caught.value)
+
+
+def test_accelerate_passes_a_stream_loader_through_and_refuses_to_skip_into_it(
+    uneven_shards: Path,
+) -> None:
+    """accelerator.prepare would split the stream's batches across ranks again (or read
+    them on rank 0 only): the tuned loader is not a DataLoader, so it passes through.
+    skip_first_batches builds a DataLoader of its own over the stream: refused; resume
+    with the loader's load_state_dict."""
+    from accelerate import Accelerator
+
+    from raytune_loader.errors import ConfigError
+    from raytune_loader.loader import build_dataloader
+
+    accelerator = Accelerator(cpu=True)
+    for workers in ("process", "thread"):
+        loader = build_dataloader(_stream(uneven_shards), _config(workers), drop_last=False)
+        assert accelerator.prepare(loader) is loader
+    skipping = accelerator.skip_first_batches(loader, 2)
+    with pytest.raises(ConfigError, match="tuned.dataloader"):
+        list(skipping)
+
+
+def _user_streams_in_a_group(rank: int, port: int, shards: str, results: object) -> None:
+    import datetime as dt
+
+    import torch.distributed as dist
+
+    from datasets_for_tests import RankStream
+    from raytune_loader.errors import ConfigError
+    from raytune_loader.loader import build_dataloader
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=dt.timedelta(seconds=60))  # fmt: skip
+    out: dict[str, object] = {}
+    try:
+        config = LoaderConfig(4, access="stream")
+        loader = build_dataloader(RankStream((10, 7), 8), config, drop_last=False)
+        out["len"] = len(loader)
+        out["read"] = [_labels(loader) for _ in range(2)]  # rank 1 runs out: it repeats
+        processes = build_dataloader(RankStream((10, 7), 8), LoaderConfig(4, 2, 2, access="stream"))
+        out["processes"] = [len(b) for b in _labels(processes)]
+        for name, build in (
+            ("no length", lambda: build_dataloader(RankStream((10, 7), None), config)),
+            ("one shard", lambda: build_dataloader(_stream(Path(shards)), _config())),
+        ):  # fmt: skip
+            try:
+                build()
+            except ConfigError as exc:
+                out[name] = str(exc)
+        results.put((rank, out))  # type: ignore[attr-defined]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_in_a_process_group_every_rank_reads_as_many_batches_or_is_refused(
+    tmp_path: Path, tiny_imagenet: Path
+) -> None:
+    """Two gloo ranks: a user's stream with a length is cut to as many batches on both
+    ranks (the shorter one repeating); one without a length, and shards fewer than the
+    ranks, are refused when the loader is built."""
+    from conftest import two_gloo_ranks, write_uneven_shards
+
+    write_uneven_shards(tiny_imagenet / "train", tmp_path, sizes=(6,))
+    read = two_gloo_ranks(_user_streams_in_a_group, str(tmp_path))
+    for rank in (0, 1):
+        got = read[rank]
+        assert got["len"] == 2 and [len(e) for e in got["read"]] == [2, 2]
+        assert got["processes"] == [4, 4]
+        assert "without a length, read by 2 ranks" in got["no length"]
+        assert "the stream has 1 shards for 2 ranks" in got["one shard"]
+    assert {x // 1000 for epoch in read[1]["read"] for b in epoch for x in b} == {1}
+    assert sorted(x for b in read[1]["read"][0] for x in b) == [1000, 1000, *range(1001, 1007)]

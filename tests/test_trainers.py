@@ -3,7 +3,14 @@ ranks on the CPU (gloo): Lightning's Trainer (strategy="ddp"), accelerate and a 
 DDP loop under torchrun, and Ray Train's TorchTrainer. For worker processes (decoding
 on the device) and thread workers (decoding to tensors), each rank must read its own
 half of the data once per epoch, a new half each epoch, with the tuned settings, and
-train on images finished on the device."""
+train on images finished on the device.
+
+Tuned streams (webdataset shards and Parquet files of 20, 20 and 4 samples) in the
+same trainers and in ranks started by ``torch.multiprocessing.spawn``, with fork,
+spawn, forkserver and thread workers: every rank reads as many batches as every other
+every epoch (a DDP step on each, so a rank with one more would hang or fail within
+the time limit), disjoint samples covering the epoch but for its cut, in another
+order in the second epoch. The cases of one launcher share one launch."""
 
 from __future__ import annotations
 
@@ -110,3 +117,95 @@ def test_the_versions_best_config_names_are_the_ones_these_tests_ran() -> None:
     for name, series in CHECKED.items():
         installed = ".".join(version(name).split(".")[:2])
         assert installed == series, f"{name} {installed} is installed, CHECKED says {series}"
+
+
+# Tuned streams (tests/trainers/streams_*.py): shards of 20, 20 and 4 samples, two ranks,
+# every launcher and worker start method, a DDP step on every batch.
+
+STREAM_WORLD = 2
+
+
+def _check_streams(out: Path, case: str) -> list[dict]:
+    """Every rank read as many batches as every other, every epoch; the ranks' samples
+    are disjoint and cover the epoch but for its cut (less than a batch per rank); the
+    second epoch is read in another order."""
+    from streams_common import BATCH, SAMPLES
+
+    ranks = json.loads((out / f"streams-{case}.json").read_text())
+    assert len(ranks) == STREAM_WORLD
+    for epoch in map(str, range(EPOCHS)):
+        batches = [rank["epochs"][epoch] for rank in ranks]
+        assert len({len(b) for b in batches}) == 1, (case, epoch, batches)  # equal batches
+        read = [[label for batch in b for label in batch] for b in batches]
+        flat = [label for labels in read for label in labels]
+        assert len(flat) == len(set(flat)), (case, epoch)  # no sample twice, on any rank
+        assert SAMPLES - len(flat) < STREAM_WORLD * BATCH, (case, epoch)  # the cut
+        assert all(sum(len(b) != BATCH for b in rank) <= 1 for rank in batches), case
+        if "droplast" not in case:
+            assert sorted(flat) == list(range(SAMPLES)), (case, epoch)  # every sample
+    for rank in ranks:
+        assert rank["epochs"]["0"] != rank["epochs"]["1"], case  # reshuffled
+        if "len" in rank:
+            assert rank["len"] == len(rank["epochs"]["0"]), case
+    return ranks
+
+
+def _train_streams(script: str, mode: tuple[str, ...], out: Path, data: Path,
+                   cases: list[str], timeout: float) -> None:  # fmt: skip
+    command = (*mode, str(SCRIPTS / script)) if mode else (sys.executable, str(SCRIPTS / script))
+    extra = () if script != "streams_ddp.py" else (("torchrun",) if mode else ("spawn",))
+    _train((*command, *extra, str(out), str(data), *cases), out, timeout=timeout)
+
+
+def test_streams_under_torchrun_give_every_rank_equal_batches_of_its_own(
+    tmp_path: Path, uneven_shards: Path
+) -> None:
+    """Ranks from torchrun's environment; accelerate makes the process group and passes
+    the stream loader through its prepare; a batch peeked after set_epoch on rank 0
+    moves nothing; a resumed epoch reads what the saved run did not."""
+    cases = ["wds-process-fork-peek-resume", "wds-thread", "pq-process-forkserver-persist",
+             "pq-thread-noepoch", "wds-process-inworkers-droplast", "pq-process-accel"]  # fmt: skip
+    _train_streams("streams_ddp.py", TORCHRUN, tmp_path, uneven_shards, cases, timeout=400)
+    for case in cases:
+        _check_streams(tmp_path, case)
+    accelerated = json.loads((tmp_path / "streams-pq-process-accel.json").read_text())
+    assert all(rank["prepared_is_the_loader"] for rank in accelerated)
+    resumed = json.loads((tmp_path / "streams-wds-process-fork-peek-resume.json").read_text())
+    every = []
+    for rank in resumed:
+        before, after = rank["resume"]["before"], rank["resume"]["after"]
+        assert len(before) == 8 and len(before) + len(after) == 22 and not set(before) & set(after)
+        every += before + after
+    assert sorted(every) == list(range(44))
+
+
+def test_streams_under_mp_spawn_give_every_rank_equal_batches_of_its_own(
+    tmp_path: Path, uneven_shards: Path
+) -> None:
+    """Ranks from torch.multiprocessing.spawn, nothing in the environment: the rank
+    reaches spawned, forked and thread workers alike."""
+    cases = ["wds-process-spawn-persist", "pq-process-fork", "wds-thread-inworkers-droplast"]
+    _train_streams("streams_ddp.py", (), tmp_path, uneven_shards, cases, timeout=300)
+    for case in cases:
+        _check_streams(tmp_path, case)
+
+
+def test_streams_in_lightning_give_every_rank_equal_batches_of_its_own(
+    tmp_path: Path, uneven_shards: Path
+) -> None:
+    cases = ["wds-process-fork", "pq-thread"]
+    _train_streams("streams_lightning.py", (), tmp_path, uneven_shards, cases, timeout=300)
+    for case in cases:  # Lightning's epochs (its set_epoch) and len are the loader's
+        _check_streams(tmp_path, case)
+
+
+def test_streams_in_ray_train_give_every_rank_equal_batches_of_its_own(
+    tmp_path: Path, uneven_shards: Path
+) -> None:
+    before = ray_processes()
+    cases = ["wds-thread", "pq-process-spawn-persist"]
+    _train_streams("streams_ray.py", (), tmp_path, uneven_shards, cases, timeout=400)
+    for case in cases:
+        ranks = _check_streams(tmp_path, case)
+        assert {rank["type"] for rank in ranks} == {"_WrappedDataLoader"}  # kept, wrapped
+    assert ray_processes() <= before  # its Ray is shut down

@@ -217,6 +217,7 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         self.classes = classes
         self.clock = EpochClock()  # shared with the loaders' copies (for_loader)
         self._pass = _shared(2)  # [epoch, batches worker 0 skips, worker 1's...]
+        self._for_loader = False
 
     @property
     def batched_in_workers(self) -> bool:
@@ -246,6 +247,7 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         stream.shuffle = self.shuffle and shuffle
         stream.shuffle_buffer = self.shuffle_buffer if stream.shuffle else 0
         stream._pass = _shared(1 + max(1, workers))
+        stream._for_loader = True  # its passes are the loader's to set (start_pass)
         return stream
 
     def batches_per_rank(self, world: int) -> int:
@@ -277,7 +279,8 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         """Another order for ``epoch`` (call it in every rank before the epoch, or on the
         loader's sampler); the loader's passes stop advancing the epoch by themselves."""
         self.clock.set_epoch(epoch)
-        self._pass[0] = epoch
+        if not self._for_loader:  # a loader's copy: its next pass takes it, not this one
+            self._pass[0] = epoch
 
     def __iter__(self) -> Iterator[Any]:
         rank, world, worker, workers = placement()

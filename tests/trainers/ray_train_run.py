@@ -57,8 +57,9 @@ class _Probe:
         return None if found is None else found.state
 
 
-def main() -> None:
-    out, images, kinds = args()
+def fit(train_func: object, config: dict, out: Path, name: str) -> None:
+    """``train_func`` on two Ray Train workers of a Ray instance of its own, with
+    ``config`` (and ``here``, this folder, for the workers' imports)."""
     # Ray Train's placement-group cleaner asks the state API whether the controller
     # lives, and finds that API from /tmp/ray/ray_current_cluster (the cluster test's
     # head) and that head's dashboard URL (127.0.0.1:8265 even with no dashboard): on a
@@ -77,15 +78,19 @@ def main() -> None:
         ray.kill(probe)
         trainer = ray.train.torch.TorchTrainer(
             train_func,
-            train_loop_config={"out": str(out), "images": str(images), "kinds": kinds,
-                               "here": str(Path(__file__).parent)},
+            train_loop_config={**config, "here": str(Path(__file__).parent)},
             scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=False,
                                                    resources_per_worker={"CPU": 1}),
-            run_config=ray.train.RunConfig(storage_path=str(out / "ray"), name="trainers"),
+            run_config=ray.train.RunConfig(storage_path=str(out / "ray"), name=name),
         )  # fmt: skip
         trainer.fit()
     finally:
         ray.shutdown()
+
+
+def main() -> None:
+    out, images, kinds = args()
+    fit(train_func, {"out": str(out), "images": str(images), "kinds": kinds}, out, "trainers")
 
 
 if __name__ == "__main__":
