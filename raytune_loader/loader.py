@@ -257,13 +257,15 @@ def _refuse_unsupported(config: LoaderConfig, sampler: Any) -> None:
 
 class Passes(Protocol):
     """What a loader's iterator tells of each pass: every batch that reaches the
-    training loop (which worker made it), and the pass's end."""
+    training loop (which worker made it, which of the pass's batches it is), and the
+    pass's end."""
 
     def exhausted(self) -> bool:
         """The pass has delivered all its batches (a cut epoch ends here)."""
 
-    def delivered(self, worker: int) -> bool:
-        """A batch of ``worker``'s is ready; False drops it (a resumed pass's replay)."""
+    def delivered(self, worker: int, index: int) -> bool:
+        """Batch ``index`` of the pass (in the order its indices were sent), made by
+        ``worker``, is ready; False drops it (a resumed pass's replay)."""
 
     def ended(self) -> None:
         """The pass has no more batches."""
@@ -273,10 +275,16 @@ class _Counting:
     """A DataLoader iterator that tells its loader's :class:`Passes` of each batch."""
 
     _last_worker = 0
+    _last_index = 0
+    _count = 0  # batches delivered this pass
 
     def __init__(self, loader: Any) -> None:
         self._passes: Passes = loader.passes
         super().__init__(loader)  # type: ignore[call-arg]
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._count = 0
+        super()._reset(loader, first_iter)  # type: ignore[misc]
 
     def _next_data(self) -> Any:
         while True:
@@ -290,7 +298,10 @@ class _Counting:
             except StopIteration:
                 self._passes.ended()
                 raise
-            if self._passes.delivered(self._last_worker):
+            # in order, the n-th delivered is the n-th sent; out of order, as received
+            index = self._last_index if not getattr(self, "_in_order", True) else self._count
+            self._count += 1
+            if self._passes.delivered(self._last_worker, index):
                 return data
 
 
@@ -299,6 +310,11 @@ class _CountedSingle(_Counting, _SingleProcessDataLoaderIter):
 
 
 class _CountedWorkers(_Counting, _MultiProcessingDataLoaderIter):
+    def _get_data(self) -> Any:
+        index, data = super()._get_data()
+        self._last_index = index  # out of order, the batch returned is the one received
+        return index, data
+
     def _process_data(self, data: Any, worker_idx: int) -> Any:
         self._last_worker = worker_idx  # the data is this worker's (in order or not)
         return super()._process_data(data, worker_idx)
@@ -321,9 +337,9 @@ class _SamplerPasses:
     def exhausted(self) -> bool:
         return False
 
-    def delivered(self, worker: int) -> bool:
+    def delivered(self, worker: int, index: int) -> bool:
         if self.clock is not None:
-            self.clock.took(0)
+            self.clock.took_at(index)
         return True
 
     def ended(self) -> None:
@@ -400,7 +416,10 @@ class ThreadLoader:
 
     It has a DataLoader's attributes (``dataset``, ``sampler``, ``batch_sampler``,
     ``batch_size``, ``num_workers``...) so trainers find its sampler (to call
-    ``set_epoch``) and see that it is already sharded; no trainer rebuilds it."""
+    ``set_epoch``) and see that it is already sharded; no trainer rebuilds it (its
+    ``batch_sampler`` is this rank's batches, so accelerate's ``skip_first_batches``,
+    which builds a DataLoader of its own from it, reads this rank's rest of the epoch;
+    its ``load_state_dict`` resumes with the tuned threads)."""
 
     def __init__(
         self,
@@ -414,11 +433,14 @@ class ThreadLoader:
     ) -> None:
         import torchdata.nodes as tn
 
-        def batch(indices: Sequence[int]) -> Any:
-            return collate_fn([dataset[i] for i in indices])
+        def batch(numbered: tuple[int, Sequence[int]]) -> tuple[int, Any]:
+            index, indices = numbered  # which of the pass's batches: for its state
+            return index, collate_fn([dataset[i] for i in indices])
 
         self.dataset = dataset
-        self.batch_sampler = batch_sampler
+        self._batches = RankBatches(batch_sampler)
+        # this rank's batches: accelerate's skip_first_batches rebuilds a loader from it
+        self.batch_sampler = self._batches
         self.sampler = batch_sampler.sampler
         self.batch_size = batch_sampler.batch_size
         self.drop_last = batch_sampler.drop_last
@@ -427,9 +449,8 @@ class ThreadLoader:
         self.prefetch_factor = prefetch_factor
         self.in_order = in_order
         self.pin_memory = pin_memory
-        self._batches = RankBatches(batch_sampler)
         node: Any = tn.ParallelMapper(
-            tn.SamplerWrapper(self._batches),  # type: ignore[arg-type]
+            tn.SamplerWrapper(_Numbered(self._batches)),  # type: ignore[arg-type]
             map_fn=batch,
             num_workers=num_workers,
             method="thread",
@@ -443,8 +464,8 @@ class ThreadLoader:
     def __iter__(self) -> Iterator[Any]:
         passes = _SamplerPasses(self.sampler)
         try:
-            for batch in self._loader:
-                passes.delivered(0)
+            for index, batch in self._loader:
+                passes.delivered(0, index)
                 yield batch
             passes.ended()
         finally:  # an epoch ended, failed or was abandoned: its threads stop, here
@@ -459,6 +480,19 @@ class ThreadLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_sampler_state(self.sampler, self.batch_size, state)
+
+
+class _Numbered:
+    """Batches of indices, each with its place in the pass."""
+
+    def __init__(self, batches: RankBatches) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+        return enumerate(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 def _pinned(batch: Any) -> Any:

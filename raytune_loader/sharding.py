@@ -134,7 +134,9 @@ class EpochClock:
     ``set_epoch`` (Lightning, accelerate, a DDP loop), only ``set_epoch`` moves it, so
     an extra pass on one rank cannot put that rank ahead of its peers.
     :meth:`state_dict` says which epoch is read and how many batches each worker has
-    delivered; after :meth:`load_state_dict`, the next pass of that epoch skips them.
+    delivered (a map-style pass, whose batches may arrive out of order: how many from
+    the start, and which beyond); after :meth:`load_state_dict`, the next pass of that
+    epoch skips them.
     """
 
     def __init__(self) -> None:
@@ -142,8 +144,11 @@ class EpochClock:
         self.explicit = False  # set_epoch was called: no more advancing by itself
         self.current: int | None = None  # the pass being read
         self.read: list[int] = []  # batches delivered this pass, per worker
+        self.ahead: set[int] = set()  # map-style: delivered beyond read[0], by position
+        self.skipped: frozenset[int] = frozenset()  # map-style: what this pass skips beyond
+        self.yielded: list[int] = []  # map-style: the position of each batch the pass made
         self.finished = False
-        self._resume: tuple[int, list[int]] | None = None
+        self._resume: tuple[int, list[int], list[int]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -152,23 +157,33 @@ class EpochClock:
     def begin(self, workers: int) -> tuple[int, list[int]]:
         """A pass starts: its epoch, and the batches each of its ``workers`` skips."""
         epoch = self.epoch
-        skips = [0] * workers
-        if self._resume is not None and self._resume[0] == epoch and any(self._resume[1]):
-            saved = self._resume[1]
-            if len(saved) != workers:
+        skips, ahead = [0] * workers, []
+        resume = self._resume
+        if resume is not None and resume[0] == epoch and (any(resume[1]) or resume[2]):
+            if len(resume[1]) != workers:
                 raise ConfigError(
-                    f"the loader's state was saved mid-epoch with {len(saved)} loader "
+                    f"the loader's state was saved mid-epoch with {len(resume[1])} loader "
                     f"worker(s), this loader has {workers}: resume with the same num_workers"
                 )
-            skips = list(saved)
+            skips, ahead = list(resume[1]), resume[2]
         self._resume = None
         self.current, self.read, self.finished = epoch, list(skips), False
+        self.ahead, self.skipped, self.yielded = set(ahead), frozenset(ahead), []
         return epoch, skips
 
     def took(self, worker: int) -> None:
         """A batch of ``worker``'s reached the training loop."""
         if worker < len(self.read):
             self.read[worker] += 1
+
+    def took_at(self, index: int) -> None:
+        """The ``index``-th batch a map-style pass made reached the training loop."""
+        if index >= len(self.yielded) or not self.read:
+            return
+        self.ahead.add(self.yielded[index])
+        while self.read[0] in self.ahead:
+            self.ahead.remove(self.read[0])
+            self.read[0] += 1
 
     def end(self) -> None:
         """The pass was read to its end: the next one reads the next epoch, unless the
@@ -182,19 +197,21 @@ class EpochClock:
         return {
             "epoch": self.current if reading else self.epoch,
             "batches": list(self.read) if reading else [],
+            "ahead": sorted(self.ahead) if reading else [],
             "explicit": self.explicit,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
             epoch, batches = int(state["epoch"]), [int(b) for b in state["batches"]]
+            ahead = [int(p) for p in state.get("ahead", ())]
             explicit = bool(state["explicit"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             raise ConfigError(
                 f"not a tuned loader's state (epoch, batches, explicit): {state!r}"
             ) from None
         self.epoch, self.explicit, self.current = epoch, explicit, None
-        self._resume = (epoch, batches)
+        self._resume = (epoch, batches, ahead)
 
 
 class ShardSampler(DistributedSampler):  # type: ignore[type-arg]
@@ -289,17 +306,23 @@ class RankBatches:
     def __init__(self, batch_sampler: BatchSampler) -> None:
         self.batch_sampler = batch_sampler
         self.sampler: Sampler[int] | Any = batch_sampler.sampler
+        self.batch_size = batch_sampler.batch_size
+        self.drop_last = batch_sampler.drop_last
 
     def __iter__(self) -> Iterator[list[int]]:
         if not isinstance(self.sampler, ShardSampler):
             yield from self.batch_sampler
             return
-        epoch, skips = self.sampler.clock.begin(1)
+        clock = self.sampler.clock
+        epoch, skips = clock.begin(1)
         shard = self.sampler.order(epoch, *process_group())
         size = self.batch_sampler.batch_size
-        for start in range(skips[0] * size, len(shard), size):
+        for position, start in enumerate(range(0, len(shard), size)):
             batch = shard[start : start + size]
+            if position < skips[0] or position in clock.skipped:
+                continue  # read before the state was saved
             if len(batch) == size or not self.batch_sampler.drop_last:
+                clock.yielded.append(position)
                 yield batch
 
     def __len__(self) -> int:

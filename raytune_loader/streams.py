@@ -419,7 +419,7 @@ class _Passes:
     def exhausted(self) -> bool:
         return self._limit is not None and self._delivered >= self._limit
 
-    def delivered(self, worker: int) -> bool:
+    def delivered(self, worker: int, index: int = 0) -> bool:
         if self._discard > 0:  # a resumed pass of a user's stream: read before
             self._discard -= 1
             return False
