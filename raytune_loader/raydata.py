@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import math
 import time
@@ -425,15 +426,32 @@ class RayDataLoader:
         self.batch_size = config.batch_size
 
     def __iter__(self) -> Iterator[Any]:
-        batches = iter(
-            self.source.iter_torch_batches(**iteration_arguments(self.config, stamp=self.stamp))
-        )
+        arguments = iteration_arguments(self.config, stamp=self.stamp)
+        batches = iter(self.source.iter_torch_batches(**arguments))
+        corrupt: str | None = None
+        failed = False
         try:
             yield from batches
+        except CorruptSampleError as exc:
+            # Ray's wrapper is one too; its cause's first line is the actor's, naming the
+            # file (Ray Data appends its advice on retries below it)
+            said = str(getattr(exc, "cause", exc)).strip().splitlines()
+            corrupt = said[0] if said else "corrupt sample"
+        except BaseException:
+            failed = True
+            raise
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
                 close()  # Ray Data's own finally shuts the executor and its actors down
+            if failed or corrupt is not None:
+                # Ray Data leaves a failed execution in reference cycles that hold its
+                # actors' handles: its actors end at the next collection, so now
+                gc.collect()
+        if corrupt is not None:
+            # raised here, not from the wrapper: its frames hold the execution, whose
+            # actors would live as long as the error does
+            raise CorruptSampleError(corrupt)
 
 
 def split_loaders(
@@ -476,6 +494,9 @@ def data_context(config: RayDataConfig) -> ray.data.DataContext:
     context = DataContext.get_current().copy()
     context.enable_progress_bars = False  # the search prints its own progress
     context.print_on_execution_start = False
+    # a file that does not decode reaches the loop as the CorruptSampleError the actor
+    # raised (a trial's corrupt_sample), not as Ray Data's UserCodeException around it
+    context.raise_original_map_exception = True
     if config.block_bytes is not None:
         context.target_max_block_size = config.block_bytes
     if config.object_store_bytes is not None:

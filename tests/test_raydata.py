@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -464,10 +465,20 @@ def test_the_steady_window_over_the_pipeline_gives_a_rate_within_its_actor_s_bou
     assert two_nodes.no_makers_within(30)
 
 
+def _read_on(rows: list[tuple[str, int]], config: RayDataConfig) -> int:
+    """A trial's process reading a long epoch, until it is stopped."""
+    loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, samples=100_000), config)
+    return sum(1 for _ in loader)
+
+
 @pytest.mark.slow
-def test_ctrl_c_or_an_abandoned_epoch_leaves_no_actor(
+def test_ctrl_c_a_stopped_trial_or_an_abandoned_epoch_leaves_no_actor(
     two_nodes: TwoNodes, rows: list[tuple[str, int]]
 ) -> None:
+    """Ctrl-C in the loop, the trial's process killed as Tune stops a trial, and an
+    epoch closed half-read (as the trial's epochs close a segment)."""
+    import ray
+
     config = RayDataConfig(8, max_actors=1, map_batch_size=8, crosses="uint8")
     loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=5), config)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -475,14 +486,66 @@ def test_ctrl_c_or_an_abandoned_epoch_leaves_no_actor(
         with pytest.raises(KeyboardInterrupt):
             for count, _ in enumerate(loader):
                 assert two_nodes.makers()
-                if count == 1:
-                    os.kill(os.getpid(), signal.SIGINT)
-                    time.sleep(10)  # interrupted here
+                if count == 1:  # while the loop trains or waits for the next batch
+                    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+                    time.sleep(0.1)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert two_nodes.no_makers_within(30)
+
+    trial = ray.remote(_read_on).options(num_cpus=1, resources={TRAINER: raydata.PIN_SHARE})
+    running = trial.remote(rows, config)
+    deadline = time.monotonic() + 60
+    while not two_nodes.makers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert two_nodes.makers()
+    ray.cancel(running, force=True)  # the process ends, as a stopped trial's actor does
+    assert two_nodes.no_makers_within(30)
+
     batches = iter(raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=6), config))
     next(batches)
     assert two_nodes.makers()
     batches.close()  # what the trial's epochs do when a segment ends or fails
     assert two_nodes.no_makers_within(30)
+
+
+def _read_failing(rows: list[tuple[str, int]], config: RayDataConfig) -> tuple[str, bool]:
+    """A trial's process reading an epoch with a bad file: what it raised, and whether the
+    pipeline's actors were gone within 30 s after (asked here, with no test harness
+    holding the error)."""
+    from ray.util.state import list_actors
+
+    from raytune_loader.errors import CorruptSampleError
+
+    said = ""
+    try:
+        for _ in raydata.RayDataLoader(raydata.build_dataset(rows, config), config):
+            pass
+    except CorruptSampleError as exc:
+        said = str(exc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        live = list_actors(filters=[("state", "=", "ALIVE")])
+        if not [a for a in live if a.class_name == MAKER]:
+            return said, True
+        time.sleep(0.5)
+    return said, False
+
+
+@pytest.mark.slow
+def test_a_file_that_does_not_decode_fails_the_epoch_naming_it_and_ends_its_actors(
+    two_nodes: TwoNodes, rows: list[tuple[str, int]], tmp_path: Path
+) -> None:
+    """The actor's CorruptSampleError reaches the loop as itself, in one line naming the
+    file (a trial's ``corrupt_sample``), not as Ray Data's wrapper of user code; and the
+    failed execution's actors end with it (Ray Data shuts a failed execution down
+    unforced and leaves its actors' handles in reference cycles)."""
+    import ray
+
+    bad = tmp_path / "bad.JPEG"
+    bad.write_bytes(b"not a jpeg")
+    config = RayDataConfig(8, max_actors=1, map_batch_size=8)
+    trial = ray.remote(_read_failing).options(num_cpus=1, resources={TRAINER: raydata.PIN_SHARE})
+    said, ended = ray.get(trial.remote([*rows[:15], (str(bad), 0)], config), timeout=240)
+    assert said.startswith(f"corrupt sample {bad}: ") and "\n" not in said
+    assert ended
