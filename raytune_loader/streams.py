@@ -341,9 +341,10 @@ class _Shape:
 
 def _planned(dataset: Any) -> ShardStream | None:
     """The :class:`ShardStream` a loader reads (inside a measurement's timing wrapper)."""
-    inner = getattr(dataset, "dataset", None) if not isinstance(dataset, ShardStream) else None
-    found = dataset if isinstance(dataset, ShardStream) else inner
-    return found if isinstance(found, ShardStream) else None
+    if isinstance(dataset, ShardStream):
+        return dataset
+    inner = getattr(dataset, "dataset", None)
+    return inner if isinstance(inner, ShardStream) else None
 
 
 class _Passes:
