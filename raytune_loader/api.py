@@ -266,7 +266,9 @@ def _cost_model(
     progress.stage(f"Profiling the pipeline's stages ({len(structures)} structures)")
     try:
         found = measurer.profile(job, structures, cores)
-    except (RaytuneLoaderError, OSError, RuntimeError) as exc:  # the data's, or torch's
+    # the data's, torch's, or a module a structure needs that is missing (its tasks say
+    # that as a RaytuneLoaderError; a measurer in this process would raise ImportError)
+    except (RaytuneLoaderError, OSError, RuntimeError, ImportError) as exc:
         progress.warn(f"the profile failed ({last_line(exc)}); searching with TPE alone")
         return None
     log.info("profile: %s", found)

@@ -10,10 +10,11 @@ ranks share a GPU) and reports its own figures. The node's rate is N x the
 slowest rank's, the pace of synchronous training.
 
 The ranks are processes of the measurement's own process (a forkserver, with this
-module preloaded), not Ray Train workers: a ``TorchTrainer`` inside each Tune trial
-cost 19-26 s a trial on this project's 2-core machine against 1.5 s for a reused
-forkserver (results/benchmarks/ranks_overhead.md). The
-trial's one Ray bundle holds all ranks' CPUs and GPUs, so they share one node.
+module preloaded; each rank is given the measurement's ``CUDA_VISIBLE_DEVICES``, not
+the one the forkserver started with), not Ray Train workers: a ``TorchTrainer``
+inside each Tune trial cost 19-26 s a trial on this project's 2-core machine against
+1.5 s for a reused forkserver (results/benchmarks/ranks_overhead.md). The trial's one
+Ray bundle holds all ranks' CPUs and GPUs, so they share one node.
 """
 
 from __future__ import annotations
@@ -218,10 +219,13 @@ def _run_ranks(
     context.set_forkserver_preload([__name__, "torch.nn.parallel", "torch._dynamo"])
     results: Any = context.Queue()
     port = _free_port()
+    # the GPUs Ray gave this measurement: the forkserver's children would otherwise have
+    # the environment of the measurement that started it (a Ray worker runs many)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     processes = [
         context.Process(
             target=_rank_main,
-            args=(rank, job.ranks, port, job, task, args, results, os.getpid()),
+            args=(rank, job.ranks, port, job, task, args, results, os.getpid(), visible),
             name=f"raytune-rank-{rank}",
         )
         for rank in range(job.ranks)
@@ -329,10 +333,13 @@ def _rank_main(
     args: tuple[Any, ...],
     results: Any,
     parent: int,
+    visible: str | None,
 ) -> None:
-    """One rank: join the process group, run the task, send what it measured."""
+    """One rank: join the process group, run the task, send what it measured; on the
+    GPUs its measurement was given (``visible``: their ``CUDA_VISIBLE_DEVICES``)."""
     import torch.distributed as dist
 
+    _see_only(visible)  # before CUDA starts here: it reads the variable once
     use_platform_start_method()  # a forkserver's child, its loaders as torchrun's rank's
     _exit_with(parent)
     started = time.time()
@@ -363,6 +370,13 @@ def _rank_main(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _see_only(visible: str | None) -> None:
+    if visible is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
 
 
 def _exit_with(parent: int) -> None:

@@ -3,11 +3,19 @@
 This is the Ray boundary in the worker processes: the Tune config dict becomes a
 :class:`LoaderConfig` here and nowhere else, and the outcome goes back as flat
 dicts through ``tune.report``. Ceiling and verification measurements run as Ray
-tasks (:func:`measure_task`, :func:`ceiling_task`, :func:`input_task`, started by
+tasks (:data:`MEASURE`, :data:`CEILING`, :data:`INPUT`, :data:`PROFILE`, started by
 :class:`raytune_loader.tuner.RayMeasurer`) through the same
 :func:`~raytune_loader.ranks.run_trial` (one process, or ``--ranks-per-node`` rank
 processes around :func:`~raytune_loader.measure.run_trial`), so every figure comes
 from one code path.
+
+Two things a reused Ray worker could carry from one measurement to the next are kept
+out here. CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when it starts in a process, and
+Ray sets it anew for every task: a worker whose CUDA started in an earlier task would
+measure on that task's GPU (:class:`CudaStart` refuses that, and on a node with several
+GPUs each measurement runs in a worker of its own, :class:`Task`). A module the
+configuration needs that is not installed (``torchdata`` for thread workers) is the
+measurement's one-line failure (``missing_module``), not a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import psutil
@@ -25,15 +34,75 @@ import ray
 import torch
 from ray import tune
 
+from raytune_loader.errors import DataPipelineError, TrialFailure, last_line
 from raytune_loader.hardware import cpu_and_gpu_summary, hardware_class
 from raytune_loader.job import DATA_SLOT, TrialJob
-from raytune_loader.measure import InputRate, TrialOutcome
-from raytune_loader.profile import Profile, profile
+from raytune_loader.measure import TrialOutcome
+from raytune_loader.profile import profile
 from raytune_loader.ranks import measure_ceiling, measure_input, run_trial
 from raytune_loader.space import LoaderConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+class CudaStart:
+    """The GPUs this process's CUDA started on (``CUDA_VISIBLE_DEVICES`` then), against
+    the ones Ray gives each measurement it runs here."""
+
+    def __init__(self) -> None:
+        self.started_with: str | None = None  # the variable's value; None: unset
+        self.started = False
+
+    def check(self, given: str | None) -> None:
+        """Before a measurement given the GPUs ``given``: a DataPipelineError when CUDA
+        started here on others, which this process can no longer leave."""
+        if self.started and given != self.started_with:
+            raise DataPipelineError(
+                "gpu_assignment",
+                f"this Ray worker's CUDA started with {VISIBLE}={self.started_with!r} and Ray "
+                f"gave this measurement {given!r}: it would run on another measurement's GPU; "
+                "a measurement on a node with several GPUs needs a worker of its own "
+                "(tuner.RayMeasurer starts one): report this",
+            )
+
+    def note(self, given: str | None, cuda_started: bool) -> None:
+        """After a measurement given ``given``: CUDA, if it started in it, started there."""
+        if cuda_started and not self.started:
+            self.started, self.started_with = True, given
+
+
+PROCESS_CUDA = CudaStart()  # this process's; the measurements below check against it
+
+
+def _process_cuda() -> CudaStart:
+    # looked up by name, so a measurement pickled by value to a worker (cloudpickle
+    # copies a closure's globals) checks the worker's own record, not a copy of ours
+    return PROCESS_CUDA
+
+
+def _guarded(measurement: Callable[P, R]) -> Callable[P, R]:
+    """``measurement`` on the GPUs Ray gave it (:class:`CudaStart`), with a module it
+    needs that is not installed as its one-line failure (``missing_module``)."""
+
+    @functools.wraps(measurement)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        given = os.environ.get(VISIBLE)
+        _process_cuda().check(given)
+        try:
+            return measurement(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            name = (exc.name or "").split(".")[0] or "the module it names"
+            raise DataPipelineError(
+                "missing_module",
+                f"{last_line(exc)}: this configuration needs {name}; install it where the "
+                f"trials run (pip install {name}) or leave what needs it out of the search",
+            ) from None
+        finally:
+            _process_cuda().note(given, torch.cuda.is_initialized())
+
+    return run
 
 
 def _node() -> dict[str, Any]:
@@ -71,7 +140,9 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     watchdog.daemon = True
     watchdog.start()
     try:
-        outcome = run_trial(job, loader_config, report, slot=config.get(DATA_SLOT, 0))
+        outcome = _guarded(run_trial)(job, loader_config, report, slot=config.get(DATA_SLOT, 0))
+    except TrialFailure as exc:  # a module it needs is missing, or the GPU is not Ray's
+        outcome = TrialOutcome(loader_config, cpus, 0, failure=exc.reason, detail=str(exc))
     finally:
         watchdog.cancel()
     report(outcome.as_report())
@@ -81,7 +152,9 @@ def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
 # package costs about 3 s a process on 2 cores, paid once per worker rather than once
 # per verification run (a default search makes about twenty). Each measurement starts
 # its own loader, workers and model, and leaves nothing behind (``_afresh``); Ray sets
-# each task's OMP_NUM_THREADS and CUDA_VISIBLE_DEVICES anew in a reused worker.
+# each task's OMP_NUM_THREADS and CUDA_VISIBLE_DEVICES anew in a reused worker, which
+# CUDA reads only once per process: on a node with several GPUs a measurement with a
+# GPU runs in a worker of its own (``Task.alone``).
 
 
 def _afresh(measurement: Callable[P, R]) -> Callable[P, R]:
@@ -102,25 +175,31 @@ def _afresh(measurement: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-@ray.remote
-@_afresh
-def measure_task(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome:
+@dataclass(frozen=True)
+class Task:
+    """One kind of measurement as a Ray task: in a reused worker, or in a worker of its
+    own that ends with it (``max_calls=1``), for a GPU measurement on a node with
+    several GPUs, where a reused worker's CUDA would stay on its first task's GPU."""
+
+    reused: Any
+    alone: Any
+
+    @classmethod
+    def of(cls, measurement: Callable[..., Any]) -> Task:
+        run = _afresh(_guarded(measurement))
+        return cls(ray.remote(run), ray.remote(max_calls=1)(run))
+
+    def on(self, gpus: float, node_gpus: float) -> Any:
+        """The remote function for a measurement of ``gpus`` on nodes of ``node_gpus``."""
+        return self.alone if gpus and node_gpus > 1 else self.reused
+
+
+def _measure(job: TrialJob, config: LoaderConfig, slot: int) -> TrialOutcome:
     return run_trial(job, config, slot=slot)
 
 
-@ray.remote
-@_afresh
-def profile_task(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
-    return profile(job, structures, cores)
-
-
-@ray.remote
-@_afresh
-def ceiling_task(job: TrialJob, batch_size: int, windows: int) -> tuple[int, float]:
-    return measure_ceiling(job, batch_size, windows)
-
-
-@ray.remote
-@_afresh
-def input_task(job: TrialJob, config: LoaderConfig) -> InputRate:
-    return measure_input(job, config)
+MEASURE = Task.of(_measure)
+PROFILE = Task.of(profile)
+CEILING = Task.of(measure_ceiling)
+INPUT = Task.of(measure_input)
+measure_task = MEASURE.reused  # a verification run in a reused worker (experiments use it)

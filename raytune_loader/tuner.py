@@ -33,7 +33,7 @@ from raytune_loader.profile import Profile
 from raytune_loader.records import TrialRecord, record_from_report
 from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import LoaderConfig, SearchSpace
-from raytune_loader.trainable import ceiling_task, input_task, measure_task, profile_task, trial_fn
+from raytune_loader.trainable import CEILING, INPUT, MEASURE, PROFILE, Task, trial_fn
 
 log = logging.getLogger(__name__)
 NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
@@ -385,21 +385,25 @@ def _task_options(bundle: dict[str, float], node_id: str | None) -> dict[str, An
 @dataclass(frozen=True)
 class RayMeasurer:
     """Measurements as Ray tasks, each with its own bundle: the ceiling and verification
-    runs of a search (a :class:`~raytune_loader.verify.Measurer`)."""
+    runs of a search (a :class:`~raytune_loader.verify.Measurer`). On a node with several
+    GPUs each measurement with a GPU runs in a worker process of its own: a reused one's
+    CUDA stays on the GPU of the first task it ran (:class:`~raytune_loader.trainable.Task`)."""
 
     cluster: RayCluster
     gpus: float  # the GPU (fraction) each task reserves
     node_id: str | None = None
 
-    def _bundle(self, cpus: float) -> dict[str, Any]:
-        return _task_options(self.cluster.bundle(cpus, self.gpus), self.node_id)
+    def _remote(self, task: Task, cpus: float) -> Any:
+        """``task``'s remote function with the bundle of ``cpus`` and the GPUs."""
+        remote = task.on(self.gpus, self.cluster.max_node_gpus)
+        return remote.options(**_task_options(self.cluster.bundle(cpus, self.gpus), self.node_id))
 
     def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
         cpus = job.cpus_for(config.num_workers)
-        ref = measure_task.options(**self._bundle(cpus)).remote(job, config, slot)
+        ref = self._remote(MEASURE, cpus).remote(job, config, slot)
         try:
             return self._result(ref, job, "the measurement")
-        except DataPipelineError as exc:  # past its time: a sample that never returns
+        except DataPipelineError as exc:  # past its time, a module missing, a GPU not its own
             return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
         except (ray.exceptions.RayError, RaytuneLoaderError) as exc:  # it raised, or died
             return TrialOutcome(config, cpus, 0, failure="error", detail=last_line(exc))
@@ -408,17 +412,16 @@ class RayMeasurer:
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]:
         cpus = job.cpus_for(0)  # a CPU a rank
-        ref = ceiling_task.options(**self._bundle(cpus)).remote(job, batch_size, windows)
+        ref = self._remote(CEILING, cpus).remote(job, batch_size, windows)
         return self._result(ref, job, "the ceiling")
 
     def profile(self, job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
         cpus = job.cpus_for(1)  # the training process and one worker
-        ref = profile_task.options(**self._bundle(cpus)).remote(job, structures, cores)
+        ref = self._remote(PROFILE, cpus).remote(job, structures, cores)
         return self._result(ref, job, "the profile")  # type: ignore[no-any-return]
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
-        cpus = job.cpus_for(config.num_workers)
-        ref = input_task.options(**self._bundle(cpus)).remote(job, config)
+        ref = self._remote(INPUT, job.cpus_for(config.num_workers)).remote(job, config)
         return self._result(ref, job, "the input pipeline")
 
     def _result(self, ref: Any, job: TrialJob, what: str) -> Any:
