@@ -73,7 +73,10 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     """Every cost the cost model needs, for the given structures (one configuration of
     each decoder x transfer x worker kind the space offers, with workers)."""
     started = time.perf_counter()
-    batch = max(job.ceilings) if job.ceilings else structures[0].batch_size
+    # the smallest batch the trials train at: every cost here grows with the batch (the
+    # samples made, the steps between the finishes), and the model scales it to the
+    # others; at the largest (1024 on an H200) the profile took 82 s
+    batch = min(job.ceilings) if job.ceilings else structures[0].batch_size
     threads = torch.get_num_threads()
     torch.set_num_threads(job.segment.compute_threads)
     per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
