@@ -285,7 +285,7 @@ def stream_loader(
     if threads and refused:
         raise ConfigError(
             f"thread workers run in the training process and take no {', '.join(refused)}: "
-            "pass workers='process' in the config's pipeline section to use them"
+            "leave it out, or use a configuration with worker processes"
         )
     batch_size, collate = kwargs["batch_size"], kwargs.get("collate_fn")
     workers = kwargs["num_workers"]
