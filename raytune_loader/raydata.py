@@ -49,7 +49,6 @@ CROSSES = ("float32", "uint8", "encoded")  # what an actor puts in the object st
 CPU_DECODERS = ("pil", "tensor")  # where an actor decodes: PIL, or to tensors (decoders.py)
 PIN_SHARE = 0.001  # a sliver of a custom resource pins a bundle to the nodes that carry it
 TASKS_PER_ACTOR = 2  # Ray Data's map tasks in flight per actor (max_concurrency 1 x factor 2)
-STAMP_COLUMNS = ("_started", "_made")  # each row's making, on its actor's clock
 
 
 @dataclass(frozen=True)
@@ -540,7 +539,12 @@ def build_dataset(
         if config.fixed
         else ActorPoolStrategy(min_size=config.min_actors, max_size=config.max_actors)
     )
-    placement = _placement(placement_group or ray.util.get_current_placement_group())
+    group = placement_group or ray.util.get_current_placement_group()
+    placement = _placement(group)
+    log.debug(
+        "%s: %d rows; actors in %s", config.label(), len(items),
+        f"placement group {group.id.hex()}" if group else "Ray's own scheduling",
+    )  # fmt: skip
     with DataContext.current(data_context(config)):
         dataset = ray.data.from_items(items, override_num_blocks=blocks)
         dataset = dataset.randomize_block_order(

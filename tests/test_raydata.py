@@ -10,6 +10,7 @@ import inspect
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -92,6 +93,16 @@ def test_the_label_says_the_pool_and_what_differs_from_the_defaults() -> None:
     assert RayDataConfig(32, 2, 2).label() == "raydata actors=2x1cpu bs=32 map=block prefetch=1"
     tuned = RayDataConfig(32, 1, 4, 2, 64, 8, "encoded", object_store_bytes=2**29)
     assert tuned.label() == ("raydata actors=1-4x2cpu bs=32 map=64 prefetch=8 encoded store=512MiB")
+
+
+def test_the_configuration_and_the_reservation_need_neither_ray_nor_torch() -> None:
+    """A best_config.json reader or the search's space can hold Ray Data candidates
+    without importing Ray Data (a process that never builds one pays nothing)."""
+    code = ("import sys; from raytune_loader import raydata; "
+            "raydata.placement_bundles({'CPU': 1}, raydata.RayDataConfig(32, 2, 4)); "
+            "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # -- the reservation -----------------------------------------------------------------------
