@@ -18,9 +18,10 @@ from typing import Any
 from torch.utils.data import Subset
 
 from raytune_loader import SearchOptions, datasets, hardware, synthetic
-from raytune_loader.job import TrialJob, job_from_options, prepare_data, subset_indices
+from raytune_loader.job import TrialJob, job_from_options, subset_indices
 from raytune_loader.measure import worker_side_rate
 from raytune_loader.models import default_model
+from raytune_loader.prepare import prepare_data
 from raytune_loader.results import write_json
 from raytune_loader.selection import rotated
 

@@ -34,7 +34,8 @@ from to_shards import images_of, write_parquet, write_webdataset
 PEAK_TRIAL = """
 import sys, json
 from raytune_loader import load_best_config
-from raytune_loader.job import job_from_options, prepare_data
+from raytune_loader.job import job_from_options
+from raytune_loader.prepare import prepare_data
 from raytune_loader.bench import options_from_file
 from raytune_loader.measure import run_trial
 best = load_best_config(sys.argv[1])

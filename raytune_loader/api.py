@@ -30,9 +30,10 @@ from raytune_loader.errors import (
     last_line,
 )
 from raytune_loader.factories import import_factory
-from raytune_loader.job import TrialJob, dataset_spec, job_from_options, prepare_data
+from raytune_loader.job import TrialJob, dataset_spec, job_from_options
 from raytune_loader.models import default_model, validate_model
 from raytune_loader.options import SearchOptions, is_loopback
+from raytune_loader.prepare import prepare_data
 from raytune_loader.progress import LogProgress, Progress
 from raytune_loader.records import TrialRecord
 from raytune_loader.results import ensure_writable, write_json

@@ -41,9 +41,10 @@ from raytune_loader.errors import (
     SearchFailedError,
 )
 from raytune_loader.factories import import_factory
-from raytune_loader.job import TrialJob, job_from_options, prepare_data
+from raytune_loader.job import TrialJob, job_from_options
 from raytune_loader.models import validate_model
 from raytune_loader.outcomes import TrialOutcome
+from raytune_loader.prepare import prepare_data
 from raytune_loader.progress import LogProgress
 from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.search import OneLineErrorParser

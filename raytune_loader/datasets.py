@@ -98,13 +98,3 @@ def sample_files(spec: DatasetSpec, dataset: Dataset[Any], indices: list[int]) -
 def check_sample(spec: DatasetSpec, dataset: Dataset[Any]) -> None:
     """Refuse samples the built-in step cannot train on, before any trial."""
     spec.source.check(dataset)
-
-
-def prewarm(files: list[str]) -> int:
-    """Read each file once so every trial starts with the same page-cache state."""
-    total = 0
-    for name in files:
-        with open(name, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                total += len(chunk)
-    return total

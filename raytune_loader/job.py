@@ -4,9 +4,8 @@ A trial, the ceiling, a verification run, the bench and the experiments all
 train the same model on the same subset for the same segment; only the loader
 configuration changes. :func:`job_from_options` builds that job from
 :class:`~raytune_loader.options.SearchOptions` (the search's, or the ones the
-bench rebuilds from ``best_config.json``), and :func:`prepare_data` makes the
-data ready (generates the default dataset, checks it, pre-warms the subset).
-A new knob of the job is a field here, an option there, and one line in
+bench rebuilds from ``best_config.json``); :mod:`raytune_loader.prepare` makes its
+data ready. A new knob of the job is a field here, an option there, and one line in
 :func:`job_from_options`.
 """
 
@@ -18,10 +17,8 @@ from typing import Any
 
 import torch
 
-from raytune_loader import datasets, streams
-from raytune_loader.errors import DatasetError
+from raytune_loader import datasets
 from raytune_loader.options import SearchOptions
-from raytune_loader.progress import LogProgress, Progress
 from raytune_loader.space import reserved_cpus
 from raytune_loader.step import default_precision
 
@@ -80,7 +77,9 @@ class TrialJob:
     compile: bool = False  # torch.compile the model; compiled during warm-up
     train_step: str | None = None  # the user's module:function step factory
     ranks: int = 1  # data-parallel ranks of every measurement, each with its own loader
-    stream_shards: int = 0  # shards a trial reads, for a stream that has them (prepare_data)
+    stream_shards: int = (
+        0  # shards a trial reads, for a stream that has them (prepare.prepare_data)
+    )
     stream_workers: int | None = None  # the most loader workers a rank's stream can keep busy
     stream_note: str | None = None  # why, when that bound binds
 
@@ -154,44 +153,3 @@ def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[in
     count = min(count, length)
     start = (slot * count) % length
     return order.roll(-start)[:count].tolist()
-
-
-def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = None) -> TrialJob:
-    """Generate the default dataset if needed, check the data, pre-warm what the trials
-    read (the subset of samples, or of a stream's shards), and return the job ready to
-    measure. Without ``--cold`` every measurement then starts from the same page-cache
-    state."""
-    progress = progress or LogProgress()
-    spec = job.dataset
-    datasets.prepare(spec, progress)
-    accesses = spec.source.accesses(spec)
-    if "stream" in accesses:
-        job = streams.prepare_stream(job, largest_batch, progress)
-    if "map" in accesses:
-        _prepare_map(job, largest_batch, progress)
-    return job
-
-
-def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> None:
-    spec = job.dataset
-    full = datasets.build_dataset(spec)
-    length = len(full)  # type: ignore[arg-type]
-    if min(length, job.samples_per_trial) < largest_batch:
-        raise DatasetError(
-            f"{spec.name} has {length} samples, fewer than one batch of {largest_batch}; "
-            "use a smaller --batch-size or more data"
-        )
-    if not job.train_step:  # the user's own step takes batches of any structure
-        datasets.check_sample(spec, full)
-    read = largest_batch * (job.segment.warmup_steps + job.segment.steps)
-    if job.cold and job.samples_per_trial < read:
-        progress.warn(
-            f"--cold: a trial reads up to {read} samples but its block holds "
-            f"{job.samples_per_trial}, so it reads some twice, from the page cache; "
-            f"raise --samples-per-trial to {read} for every read to be cold"
-        )
-    indices = subset_indices(length, job.samples_per_trial, job.seed)
-    files = datasets.sample_files(spec, full, indices)
-    if files and not job.cold:
-        progress.stage(f"Pre-warming {len(files)} files of the trial subset")
-        log.info("pre-warmed %.1f MB", datasets.prewarm(files) / 1e6)

@@ -25,12 +25,8 @@ run picks the epoch up where it stopped.
 from __future__ import annotations
 
 import multiprocessing
-import os
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import (
@@ -40,12 +36,18 @@ from torch.utils.data import (
     IterableDataset,
     default_collate,
 )
-from torch.utils.data.dataloader import (
-    _MultiProcessingDataLoaderIter,
-    _SingleProcessDataLoaderIter,
-)
 from torch.utils.data.distributed import DistributedSampler
 
+from raytune_loader.batches import (
+    Passes,
+    SamplerPasses,
+    Stamping,
+    WorkerThreads,
+    counted_iterator,
+    load_sampler_state,
+    sampler_state,
+    timed,
+)
 from raytune_loader.errors import ConfigError
 from raytune_loader.pipeline import collate_encoded
 from raytune_loader.sharding import RankBatches, ShardSampler, process_group
@@ -130,115 +132,6 @@ def build_dataloader(
     return TunedDataLoader(dataset, drop_last=drop_last, timeout=timeout_s, **kwargs)
 
 
-@dataclass(frozen=True)
-class Stamped:
-    """A batch as a measurement reads it, with when its worker started and finished
-    making it (``time.monotonic``, one clock for every process of a host): the worker's
-    own time for it, whatever stock the loader holds and however long the worker
-    waited for a task before. :mod:`raytune_loader.steady` turns them into the rate
-    the workers produce at."""
-
-    batch: Any
-    started: float
-    made: float
-
-    def pin_memory(self) -> Stamped:  # DataLoader's pin thread and torchdata's call it
-        return Stamped(_pinned(self.batch), self.started, self.made)
-
-
-_making = threading.local()  # this worker's batch in the making: when its first read began
-
-
-def _reading() -> None:
-    """A sample is about to be read: the worker's batch starts now, unless it has."""
-    if getattr(_making, "started", None) is None:
-        _making.started = time.monotonic()
-
-
-class Stamping:
-    """A collate function that stamps what ``collate`` makes (picklable, so spawn and
-    forkserver workers get it); the datasets :func:`timed` wraps say when reading began."""
-
-    def __init__(self, collate: Callable[[Any], Any]) -> None:
-        self.collate = collate
-
-    def __call__(self, items: Any) -> Stamped:
-        batch = self.collate(items)
-        made = time.monotonic()
-        started = getattr(_making, "started", None)
-        _making.started = None
-        return Stamped(batch, made if started is None else started, made)
-
-
-class _TimedMap(Dataset):  # type: ignore[type-arg]
-    def __init__(self, dataset: Dataset[Any]) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> Any:
-        _reading()
-        return self.dataset[index]
-
-
-class _TimedStream(IterableDataset):  # type: ignore[type-arg]
-    def __init__(self, dataset: IterableDataset[Any]) -> None:
-        self.dataset = dataset
-
-    def __iter__(self) -> Iterator[Any]:
-        items = iter(self.dataset)
-        while True:
-            _reading()
-            try:
-                item = next(items)
-            except StopIteration:
-                return
-            yield item
-
-    def __getattr__(self, name: str) -> Any:  # the stream's own attributes, as before
-        if name == "dataset":
-            raise AttributeError(name)  # while unpickling, before it is set
-        return getattr(self.dataset, name)
-
-
-def timed(dataset: Dataset[Any]) -> Dataset[Any]:
-    """``dataset`` saying when each batch's first read begins, for :class:`Stamping`."""
-    if isinstance(dataset, IterableDataset):
-        return _TimedStream(dataset)
-    return _TimedMap(dataset)
-
-
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-class WorkerThreads:
-    """The tuned ``worker_init_fn`` of ``worker_threads``: in each worker process, the
-    thread pools of the BLAS and OpenMP libraries loaded there (through threadpoolctl)
-    and torch's intra-op pool held to ``threads``, and the variables those libraries
-    read when they load set, for one a transform imports later; then the user's own
-    ``worker_init_fn``, if any. A worker otherwise keeps what it inherited: a pool per
-    library the size of the node (or of Ray's reservation), one per worker, all
-    competing for the same cores. Picklable, so spawn and forkserver workers get it."""
-
-    def __init__(self, threads: int, then: Callable[[int], None] | None = None) -> None:
-        self.threads = threads
-        self.then = then
-
-    def __call__(self, worker_id: int) -> None:
-        from threadpoolctl import threadpool_limits
-
-        for name in THREAD_VARIABLES:
-            os.environ[name] = str(self.threads)
-        threadpool_limits(limits=self.threads)  # as a call, the limits stay in force
-        torch.set_num_threads(self.threads)
-        if self.then is not None:
-            self.then(worker_id)
-
-    def __repr__(self) -> str:
-        return f"WorkerThreads({self.threads}, then={self.then!r})"
-
-
 def _refuse_unsupported(config: LoaderConfig, sampler: Any) -> None:
     """Refuse now, in one line, what would fail or silently duplicate data later."""
     world = process_group()[1]
@@ -252,126 +145,6 @@ def _refuse_unsupported(config: LoaderConfig, sampler: Any) -> None:
             f"thread workers read what the sampler gives, and {type(sampler).__name__} "
             f"gives every one of the {world} ranks the same samples: pass a "
             "DistributedSampler, or no sampler (the tuned loader then shards itself)"
-        )
-
-
-class Passes(Protocol):
-    """What a loader's iterator tells of each pass: every batch that reaches the
-    training loop (which worker made it, which of the pass's batches it is), and the
-    pass's end."""
-
-    def exhausted(self) -> bool:
-        """The pass has delivered all its batches (a cut epoch ends here)."""
-
-    def delivered(self, worker: int, index: int) -> bool:
-        """Batch ``index`` of the pass (in the order its indices were sent), made by
-        ``worker``, is ready; False drops it (a resumed pass's replay)."""
-
-    def ended(self) -> None:
-        """The pass has no more batches."""
-
-
-class _Counting:
-    """A DataLoader iterator that tells its loader's :class:`Passes` of each batch."""
-
-    _last_worker = 0
-    _last_index = 0
-    _count = 0  # batches delivered this pass
-
-    def __init__(self, loader: Any) -> None:
-        self._passes: Passes = loader.passes
-        super().__init__(loader)  # type: ignore[call-arg]
-
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        self._count = 0
-        super()._reset(loader, first_iter)  # type: ignore[misc]
-
-    def _next_data(self) -> Any:
-        while True:
-            if self._passes.exhausted():
-                self._passes.ended()
-                if not getattr(self, "_persistent_workers", False):
-                    getattr(self, "_shutdown_workers", lambda: None)()
-                raise StopIteration
-            try:
-                data = super()._next_data()  # type: ignore[misc]
-            except StopIteration:
-                self._passes.ended()
-                raise
-            # in order, the n-th delivered is the n-th sent; out of order, as received
-            index = self._last_index if not getattr(self, "_in_order", True) else self._count
-            self._count += 1
-            if self._passes.delivered(self._last_worker, index):
-                return data
-
-
-class _CountedSingle(_Counting, _SingleProcessDataLoaderIter):
-    pass
-
-
-class _CountedWorkers(_Counting, _MultiProcessingDataLoaderIter):
-    def _get_data(self) -> Any:
-        index, data = super()._get_data()
-        self._last_index = index  # out of order, the batch returned is the one received
-        return index, data
-
-    def _process_data(self, data: Any, worker_idx: int) -> Any:
-        self._last_worker = worker_idx  # the data is this worker's (in order or not)
-        return super()._process_data(data, worker_idx)
-
-
-def counted_iterator(loader: DataLoader[Any]) -> Any:
-    """``loader``'s iterator, telling ``loader.passes`` of every batch it delivers."""
-    if loader.num_workers == 0:
-        return _CountedSingle(loader)
-    loader.check_worker_number_rationality()
-    return _CountedWorkers(loader)
-
-
-class _SamplerPasses:
-    """A map-style pass as its :class:`ShardSampler`'s clock counts it."""
-
-    def __init__(self, sampler: Any) -> None:
-        self.clock = sampler.clock if isinstance(sampler, ShardSampler) else None
-
-    def exhausted(self) -> bool:
-        return False
-
-    def delivered(self, worker: int, index: int) -> bool:
-        if self.clock is not None:
-            self.clock.took_at(index)
-        return True
-
-    def ended(self) -> None:
-        if self.clock is not None:
-            self.clock.end()
-
-
-def sampler_state(sampler: Any, batch_size: int | None) -> dict[str, Any]:
-    """A map-style tuned loader's state: its sampler's epoch and the batches read."""
-    state = sampler.state_dict() if hasattr(sampler, "state_dict") else {}
-    return {**state, "world": process_group()[1], "batch_size": batch_size}
-
-
-def load_sampler_state(sampler: Any, batch_size: int | None, state: dict[str, Any]) -> None:
-    check_resumable(state, batch_size=batch_size)
-    if hasattr(sampler, "load_state_dict"):
-        sampler.load_state_dict(state)
-
-
-def check_resumable(state: dict[str, Any], **now: Any) -> None:
-    """Refuse, in one line, a mid-epoch state this loader would read other samples from
-    (another world size, batch size or worker count changes every rank's share)."""
-    if not isinstance(state, dict):
-        raise ConfigError(f"a loader's state is a dict, got {type(state).__name__}")
-    if not any(state.get("batches") or ()):
-        return
-    now = {"world": process_group()[1], **now}
-    differ = [f"{k} {state.get(k)} then, {v} now" for k, v in now.items() if state.get(k) != v]
-    if differ:
-        raise ConfigError(
-            f"the loader's state was saved mid-epoch ({'; '.join(differ)}): resume with the "
-            "same settings, or from the start of an epoch"
         )
 
 
@@ -396,7 +169,7 @@ class TunedDataLoader(DataLoader):  # type: ignore[type-arg]
 
     @property
     def passes(self) -> Passes:
-        return _SamplerPasses(self.sampler)
+        return SamplerPasses(self.sampler)
 
     def _get_iterator(self) -> Any:
         return counted_iterator(self)
@@ -462,7 +235,7 @@ class ThreadLoader:
         self._loader = tn.Loader(tn.Prefetcher(node, prefetch_factor * num_workers))
 
     def __iter__(self) -> Iterator[Any]:
-        passes = _SamplerPasses(self.sampler)
+        passes = SamplerPasses(self.sampler)
         try:
             for index, batch in self._loader:
                 passes.delivered(0, index)
@@ -493,17 +266,6 @@ class _Numbered:
 
     def __len__(self) -> int:
         return len(self.batches)
-
-
-def _pinned(batch: Any) -> Any:
-    """``batch`` in pinned host memory (tensors at any depth, or objects that pin)."""
-    if isinstance(batch, torch.Tensor) or hasattr(batch, "pin_memory"):
-        return batch.pin_memory()
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_pinned(item) for item in batch)
-    if isinstance(batch, dict):
-        return {k: _pinned(v) for k, v in batch.items()}
-    return batch
 
 
 def _stop_threads(node: Any, seen: set[int] | None = None) -> None:

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset, IterableDataset, Subset
 
 from raytune_loader import datasets, hardware, memoryfit, nvml, steady, streams, watch
 from raytune_loader.backoff import run_with_backoff
+from raytune_loader.batches import Stamped
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
     CorruptSampleError,
@@ -37,7 +38,7 @@ from raytune_loader.errors import (
     last_line,
 )
 from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
-from raytune_loader.loader import Stamped, build_dataloader
+from raytune_loader.loader import build_dataloader
 from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
 from raytune_loader.models import build_model
 from raytune_loader.outcomes import InputRate, SegmentMetrics, TrialOutcome

@@ -10,7 +10,7 @@ decode), the object store budget, the block size and ``locality_with_output``.
 ``map_batches`` actors read each file and run :func:`raytune_loader.transforms.worker_image`,
 the worker side a DataLoader worker runs for the same variant; :class:`RayDataLoader`
 iterates it (or one ``streaming_split`` part per rank) as the DataLoader path yields
-batches, each wrapped as a :class:`~raytune_loader.loader.Stamped` from the actors' own
+batches, each wrapped as a :class:`~raytune_loader.batches.Stamped` from the actors' own
 times when measured. :func:`placement_bundles` is the reservation: the placement-group
 bundles a trial holds for its actors beside its own. :func:`ray_docs_default` is the
 pipeline as Ray's documentation writes it, the Ray Data baseline.
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
     from torch.utils.data import Dataset as TorchDataset
 
+    from raytune_loader.batches import Stamped
     from raytune_loader.job import SegmentSpec
-    from raytune_loader.loader import Stamped
     from raytune_loader.step import Trainer
 
 log = logging.getLogger(__name__)
@@ -351,7 +351,7 @@ def batch_collate(decode: str, stamp: bool = False) -> Any:
     """``iter_torch_batches``' ``collate_fn`` for a variant: a numpy batch of made
     samples as the DataLoader path's batch, ``[images, labels]`` (images a tensor, or an
     :class:`~raytune_loader.pipeline.EncodedBatch` of the files), zero-copy from the
-    object store. With ``stamp``, a :class:`~raytune_loader.loader.Stamped` whose
+    object store. With ``stamp``, a :class:`~raytune_loader.batches.Stamped` whose
     ``made - started`` is the actors' own time for its rows (on their hosts' clocks:
     only the difference means anything)."""
     return _collate_class()(decode, stamp)
@@ -388,7 +388,7 @@ def _collated(batch: dict[str, np.ndarray], decode: str, stamp: bool) -> Any:
         out = [convert_ndarray_to_torch_tensor(batch["image"]), labels]
     if not stamp:
         return out
-    from raytune_loader.loader import Stamped
+    from raytune_loader.batches import Stamped
 
     cost = float((batch["_made"] - batch["_started"]).sum())
     made = float(batch["_made"].max())

@@ -13,7 +13,7 @@ queue, the "faster" the loader. Three rules keep the stock out of every figure:
    steps were slow is left for the window.
 2. **The rate is the slower of consuming and producing.** Every batch carries when its
    worker began reading its first sample and when it finished the batch
-   (:class:`~raytune_loader.loader.Stamped`): the worker's own time for it, not the
+   (:class:`~raytune_loader.batches.Stamped`): the worker's own time for it, not the
    time it waited for a task or a free slot. The window's rate (:class:`Rate`) is its
    samples over the longer of the loop's wall time and the workers' time to make them,
    shared among the workers that make batches at once: a loop served from a stock
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from raytune_loader.space import LoaderConfig
 
 if TYPE_CHECKING:  # the stamps' type only: this module stays free of torch
-    from raytune_loader.loader import Stamped
+    from raytune_loader.batches import Stamped
 
 STEADY_TOLERANCE = 0.20  # the halves' rates may differ by this share and still be steady
 HALF_BATCHES = 8  # the fewest batches a half needs for its rate to say anything

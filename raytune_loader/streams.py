@@ -44,8 +44,7 @@ from torch.utils.data import (
     default_convert,
 )
 
-from raytune_loader.errors import ConfigError, DatasetError
-from raytune_loader.loader import (
+from raytune_loader.batches import (
     Stamping,
     WorkerThreads,
     _pinned,
@@ -53,6 +52,7 @@ from raytune_loader.loader import (
     counted_iterator,
     timed,
 )
+from raytune_loader.errors import ConfigError, DatasetError
 from raytune_loader.sharding import (
     EpochClock,
     as_thread_worker,

@@ -19,9 +19,10 @@ import torch
 
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.errors import DatasetError
-from raytune_loader.job import SegmentSpec, TrialJob, prepare_data
+from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.loader import build_dataloader
 from raytune_loader.measure import run_trial
+from raytune_loader.prepare import prepare_data
 from raytune_loader.sources import hf_tables, source_for
 from raytune_loader.sources.base import StreamVariant
 from raytune_loader.space import LoaderConfig

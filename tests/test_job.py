@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from raytune_loader.job import SegmentSpec, job_from_options, prepare_data, subset_indices
+from raytune_loader.job import SegmentSpec, job_from_options, subset_indices
 from raytune_loader.options import SearchOptions
+from raytune_loader.prepare import prepare_data
 from raytune_loader.progress import LogProgress
 
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from raytune_loader.batches import WorkerThreads
 from raytune_loader.errors import CorruptSampleError
-from raytune_loader.loader import ThreadLoader, WorkerThreads, build_dataloader
+from raytune_loader.loader import ThreadLoader, build_dataloader
 from raytune_loader.space import LoaderConfig
 
 THREADS = LoaderConfig(batch_size=8, num_workers=2, prefetch_factor=2, workers="thread")

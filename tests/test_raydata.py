@@ -24,10 +24,10 @@ import torch
 from torch.utils.data import Subset, default_collate
 
 from raytune_loader import raydata
+from raytune_loader.batches import Stamped
 from raytune_loader.datasets import DatasetSpec, build_dataset
 from raytune_loader.errors import ConfigError, DatasetError
 from raytune_loader.job import SegmentSpec
-from raytune_loader.loader import Stamped
 from raytune_loader.pipeline import collate_encoded, to_device
 from raytune_loader.raydata import RayDataConfig
 

@@ -12,8 +12,9 @@ from torch.utils.data import Dataset
 from raytune_loader import sources
 from raytune_loader.datasets import DatasetSpec, build_dataset, dataset_for_trial
 from raytune_loader.errors import DatasetError
-from raytune_loader.job import SegmentSpec, TrialJob, prepare_data
+from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.measure import run_trial
+from raytune_loader.prepare import prepare_data
 from raytune_loader.search import get_args_parser
 from raytune_loader.sources.base import Source
 from raytune_loader.space import LoaderConfig

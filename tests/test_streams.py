@@ -14,9 +14,10 @@ from conftest import write_shards
 from raytune_loader.api import search_space
 from raytune_loader.datasets import DatasetSpec
 from raytune_loader.errors import DatasetError
-from raytune_loader.job import SegmentSpec, TrialJob, prepare_data
+from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.measure import run_trial
 from raytune_loader.options import SearchOptions
+from raytune_loader.prepare import prepare_data
 from raytune_loader.progress import LogProgress
 from raytune_loader.space import LoaderConfig
 from raytune_loader.streams import splits_across_workers, trial_shards

@@ -38,8 +38,38 @@ from raytune_loader.sharding import (
 )
 
 if TYPE_CHECKING:
-    from raytune_loader.datasets import DatasetSpec
     from raytune_loader.progress import Progress
+
+
+class Spec(Protocol):
+    """What a source reads of a dataset's description
+    (:class:`raytune_loader.datasets.Spec` is one): the sources sit below the
+    module that describes datasets by name, so they name only what they read."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def data_root(self) -> str | None: ...
+    @property
+    def download(self) -> bool: ...
+    @property
+    def synthetic_images(self) -> int: ...
+    @property
+    def image_column(self) -> str: ...
+    @property
+    def label_column(self) -> str: ...
+    @property
+    def shuffle_buffer(self) -> int | None: ...
+
+
+def prewarm(files: list[str]) -> int:
+    """Read each file once so every trial starts with the same page-cache state."""
+    total = 0
+    for name in files:
+        with open(name, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                total += len(chunk)
+    return total
 
 
 @dataclass(frozen=True)
@@ -75,60 +105,60 @@ class Source:
     def matches(self, name: str) -> bool:
         return name in self.names
 
-    def root(self, spec: DatasetSpec) -> Path | None:
+    def root(self, spec: Spec) -> Path | None:
         """Where the data is on this machine."""
         return Path(spec.data_root) if spec.data_root else None
 
-    def prepare(self, spec: DatasetSpec, progress: Progress) -> None:
+    def prepare(self, spec: Spec, progress: Progress) -> None:
         """Make the data exist before the search reads it (generate it); most have it."""
 
-    def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+    def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
         """The dataset read by index (map-style), with the variant's worker side."""
         raise NotImplementedError
 
-    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+    def accesses(self, spec: Spec) -> tuple[str, ...]:
         """How it may be read: ``map`` (by index: :meth:`build`), ``stream`` (an
         IterableDataset: :meth:`build_stream`), or either, the search choosing."""
         return ("map",)
 
-    def batchings(self, spec: DatasetSpec) -> tuple[str, ...]:
+    def batchings(self, spec: Spec) -> tuple[str, ...]:
         """Where a stream's batches may be made: by the loader, or by the stream's own
         pipeline in each worker (``workers``)."""
         return ("loader",)
 
-    def shards(self, spec: DatasetSpec) -> list[str]:
+    def shards(self, spec: Spec) -> list[str]:
         """A stream's shards, in their order; a DatasetError when there are none."""
         return []
 
-    def read_shard(self, spec: DatasetSpec, path: str) -> ShardInfo:
+    def read_shard(self, spec: Spec, path: str) -> ShardInfo:
         """Read one shard through once (pre-warming it), count its samples and check
         them; a DatasetError naming the shard and the sample when one is broken."""
         raise NotImplementedError
 
     def build_stream(
-        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+        self, spec: Spec, shards: list[str], variant: StreamVariant
     ) -> IterableDataset:
         """The stream over ``shards`` (all of them when empty), split by rank when it is
         iterated (the format's own splitter) and by loader worker, process or thread
         (:func:`raytune_loader.sharding.split_by_worker`)."""
         raise NotImplementedError
 
-    def thread_workers(self, spec: DatasetSpec) -> bool:
+    def thread_workers(self, spec: Spec) -> bool:
         """Whether thread workers are a candidate: where its pipeline is searched (a
         stream must split its shards by :func:`raytune_loader.sharding.worker_share`,
         which knows threads; a stream of the user's splits by ``get_worker_info``)."""
         return self.pipeline_searched(spec)
 
-    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+    def describe(self, spec: Spec) -> dict[str, Any]:
         """What ``best_config.json``'s ``source`` section says about it."""
         return {"kind": self.names[0] if self.names else spec.name}
 
-    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+    def pipeline_searched(self, spec: Spec) -> bool:
         """Whether the search may choose how the pipeline is built (decoder, transfer,
         thread workers); otherwise the dataset's own code decodes as it does."""
         return False
 
-    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+    def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         """Where this source's images may be decoded (``pil``, ``tensor``, ``device``)."""
         return ("pil",)
 

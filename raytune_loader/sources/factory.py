@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset
 
 from raytune_loader.errors import DatasetError
 from raytune_loader.factories import import_factory
-from raytune_loader.sources.base import Source, StreamVariant
-
-if TYPE_CHECKING:
-    from raytune_loader.datasets import DatasetSpec
+from raytune_loader.sources.base import Source, Spec, StreamVariant
 
 TRANSFER_KEYWORD = "transfer"  # a dataset factory that takes it opts into pipeline search
 
@@ -38,15 +35,15 @@ class Factory(Source):
         # The dataset called once to see whether it streams (_streams), unread: the next
         # build with the same arguments takes it instead of calling the factory again
         # (an ImageFolder over ImageNet lists 1.28M files each call).
-        self._probed: dict[DatasetSpec, tuple[dict[str, Any], Any]] = {}
+        self._probed: dict[Spec, tuple[dict[str, Any], Any]] = {}
 
     def matches(self, name: str) -> bool:
         return ":" in name
 
-    def _factory(self, spec: DatasetSpec) -> Any:
+    def _factory(self, spec: Spec) -> Any:
         return import_factory(spec.name, kind="dataset", error=DatasetError)
 
-    def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+    def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
         dataset = self._called(spec, transfer)
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise DatasetError(
@@ -55,14 +52,14 @@ class Factory(Source):
             )
         return dataset  # type: ignore[no-any-return]
 
-    def _kwargs(self, spec: DatasetSpec, transfer: str) -> dict[str, Any]:
+    def _kwargs(self, spec: Spec, transfer: str) -> dict[str, Any]:
         params = inspect.signature(self._factory(spec)).parameters
         kwargs: dict[str, Any] = {"data_root": spec.data_root} if "data_root" in params else {}
         if TRANSFER_KEYWORD in params:
             kwargs[TRANSFER_KEYWORD] = transfer
         return kwargs
 
-    def _called(self, spec: DatasetSpec, transfer: str) -> Any:
+    def _called(self, spec: Spec, transfer: str) -> Any:
         kwargs = self._kwargs(spec, transfer)
         probed_with, probed = self._probed.pop(spec, (None, None))  # held until one build
         if probed_with == kwargs:
@@ -74,25 +71,25 @@ class Factory(Source):
             raise DatasetError(f"{spec.name} failed to build the dataset: {exc}") from None
         return dataset
 
-    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+    def pipeline_searched(self, spec: Spec) -> bool:
         return TRANSFER_KEYWORD in inspect.signature(self._factory(spec)).parameters
 
-    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+    def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("stream",) if _streams(self, spec) else ("map",)
 
-    def thread_workers(self, spec: DatasetSpec) -> bool:
+    def thread_workers(self, spec: Spec) -> bool:
         # a stream of the user's splits by get_worker_info, which threads do not set
         return self.pipeline_searched(spec) and not _streams(self, spec)
 
     def build_stream(
-        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+        self, spec: Spec, shards: list[str], variant: StreamVariant
     ) -> IterableDataset:
         dataset = self._called(spec, variant.transfer)
         if not isinstance(dataset, IterableDataset):
             raise DatasetError(f"{spec.name} returned {type(dataset).__name__}, not a stream")
         return _Repeated(dataset) if variant.repeat else dataset
 
-    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+    def describe(self, spec: Spec) -> dict[str, Any]:
         return {"kind": "factory", "factory": spec.name}
 
 
@@ -114,7 +111,7 @@ class _Repeated(IterableDataset):  # type: ignore[type-arg]
 
 
 @functools.lru_cache(maxsize=8)
-def _streams(source: Factory, spec: DatasetSpec) -> bool:
+def _streams(source: Factory, spec: Spec) -> bool:
     """Whether the factory returns a stream (found once per process, by calling it; the
     next build with the same arguments takes what it returned)."""
     kwargs = source._kwargs(spec, "float32")

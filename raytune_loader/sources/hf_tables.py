@@ -37,11 +37,10 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Dataset, IterableDataset
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sources.base import ShardInfo, ShardStream, Source, StreamVariant
+from raytune_loader.sources.base import ShardInfo, ShardStream, Source, Spec, StreamVariant, prewarm
 from raytune_loader.transforms import worker_image
 
 if TYPE_CHECKING:
-    from raytune_loader.datasets import DatasetSpec
     from raytune_loader.progress import Progress
 
 INSTALL = "pip install datasets"
@@ -76,7 +75,7 @@ class _Layout:
     files: tuple[str, ...]
 
 
-def _layout(spec: DatasetSpec) -> _Layout:
+def _layout(spec: Spec) -> _Layout:
     if not spec.data_root:
         raise DatasetError(
             "hf needs --data-root: a folder written by save_to_disk, or a folder of .parquet files"
@@ -114,16 +113,16 @@ class HuggingFaceTables(Source):
     names = ("hf",)
     summary = "a Hugging Face datasets folder (save_to_disk) or Parquet files under --data-root"
 
-    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+    def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("map", "stream")
 
-    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+    def pipeline_searched(self, spec: Spec) -> bool:
         return True
 
-    def shards(self, spec: DatasetSpec) -> list[str]:
+    def shards(self, spec: Spec) -> list[str]:
         return list(_layout(spec).files)
 
-    def prepare(self, spec: DatasetSpec, progress: Progress) -> None:
+    def prepare(self, spec: Spec, progress: Progress) -> None:
         """Parquet files are read into HF's Arrow cache once, here, for map-style reads
         (a large folder takes a while); their footers are checked first."""
         layout = _layout(spec)
@@ -134,7 +133,7 @@ class HuggingFaceTables(Source):
             )
             self.build(spec)
 
-    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+    def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         found = ("pil", "tensor")
         if not cuda:
             return found
@@ -146,8 +145,7 @@ class HuggingFaceTables(Source):
             return found  # the shard checks or the trials say what is wrong
         return (*found, "device") if first[:3] == b"\xff\xd8\xff" else found
 
-    def read_shard(self, spec: DatasetSpec, path: str) -> ShardInfo:
-        from raytune_loader.datasets import prewarm
+    def read_shard(self, spec: Spec, path: str) -> ShardInfo:
 
         size = prewarm([path])
         _check_file(spec, path)
@@ -157,7 +155,7 @@ class HuggingFaceTables(Source):
             raise _unreadable(path, exc) from None
         return ShardInfo(path, rows, size)
 
-    def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+    def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
         hf = _datasets()
         layout = _layout(spec)
         columns = [spec.image_column, spec.label_column]
@@ -173,7 +171,7 @@ class HuggingFaceTables(Source):
         return _Rows(table, _decoder(spec, layout, transfer, decode), layout.files, classes)
 
     def build_stream(
-        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+        self, spec: Spec, shards: list[str], variant: StreamVariant
     ) -> IterableDataset:
         hf = _datasets()
         layout = _layout(spec)
@@ -197,7 +195,7 @@ class HuggingFaceTables(Source):
             batch_size=variant.batch_size, classes=classes,
         )  # fmt: skip
 
-    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+    def describe(self, spec: Spec) -> dict[str, Any]:
         layout = _layout(spec)
         return {
             "kind": "hf",
@@ -254,7 +252,7 @@ def _row_count(path: str) -> int:
         return sum(len(batch) for batch in pa.ipc.open_stream(mapped))
 
 
-def _check_file(spec: DatasetSpec, path: str) -> None:
+def _check_file(spec: Spec, path: str) -> None:
     """The file's schema (a Parquet file's footer) has the image and label columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -270,7 +268,7 @@ def _check_file(spec: DatasetSpec, path: str) -> None:
     _check_columns(spec, path, schema)
 
 
-def _check_columns(spec: DatasetSpec, where: str, schema: Any) -> None:
+def _check_columns(spec: Spec, where: str, schema: Any) -> None:
     import pyarrow as pa
 
     def image(kind: Any) -> bool:
@@ -295,7 +293,7 @@ def _check_columns(spec: DatasetSpec, where: str, schema: Any) -> None:
             )
 
 
-def _converted(hf: Any, spec: DatasetSpec, layout: _Layout) -> Any:
+def _converted(hf: Any, spec: Spec, layout: _Layout) -> Any:
     """The Parquet files as one map-style dataset, through HF's Arrow cache."""
     try:
         with _quiet(hf):
@@ -379,7 +377,7 @@ class _Decoded:
         return worker_image(data, self.transfer, self.decode), label
 
 
-def _decoder(spec: DatasetSpec, layout: _Layout, transfer: str, decode: str) -> _Decoded:
+def _decoder(spec: Spec, layout: _Layout, transfer: str, decode: str) -> _Decoded:
     return _Decoded(spec.image_column, spec.label_column, str(layout.folder), transfer, decode)
 
 

@@ -18,11 +18,10 @@ from torch.utils.data import Dataset
 
 from raytune_loader import synthetic
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sources.base import Source
+from raytune_loader.sources.base import Source, Spec
 from raytune_loader.transforms import imagenet_train_transform
 
 if TYPE_CHECKING:
-    from raytune_loader.datasets import DatasetSpec
     from raytune_loader.progress import Progress
 
 
@@ -68,14 +67,14 @@ class ImageFolders(Source):
         self.summary = summary
         self.subfolder = subfolder
 
-    def folder(self, spec: DatasetSpec) -> Path:
+    def folder(self, spec: Spec) -> Path:
         root = self.root(spec)
         if root is None:
             where = f"a folder with {self.subfolder}/" if self.subfolder else "<class>/<image>"
             raise DatasetError(f"{spec.name} needs --data-root pointing at {where}")
         return root / self.subfolder if self.subfolder else root
 
-    def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+    def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
         from torchvision.datasets import ImageFolder
 
         folder = self.folder(spec)
@@ -94,10 +93,10 @@ class ImageFolders(Source):
                 f"layout {layout}"
             ) from None
 
-    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+    def pipeline_searched(self, spec: Spec) -> bool:
         return True
 
-    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+    def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         """PIL or tensors in the workers; nvJPEG on a CUDA device when the files are
         JPEGs (the first one is looked at)."""
         found = ("pil", "tensor")
@@ -117,12 +116,12 @@ class ImageFolders(Source):
 class SyntheticImageNet(ImageFolders):
     """The embedded default: real JPEG files, generated once into a cache folder."""
 
-    def root(self, spec: DatasetSpec) -> Path | None:
+    def root(self, spec: Spec) -> Path | None:
         if spec.data_root:
             return Path(spec.data_root)
         return synthetic.default_root(spec.synthetic_images)
 
-    def prepare(self, spec: DatasetSpec, progress: Progress) -> None:
+    def prepare(self, spec: Spec, progress: Progress) -> None:
         from raytune_loader import hardware
 
         root = self.root(spec)

@@ -7,16 +7,13 @@ searched and nothing is pre-warmed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import Dataset
 
 from raytune_loader.errors import DatasetError
-from raytune_loader.sources.base import Source
+from raytune_loader.sources.base import Source, Spec
 from raytune_loader.transforms import IMAGENET_MEAN, IMAGENET_STD
-
-if TYPE_CHECKING:
-    from raytune_loader.datasets import DatasetSpec
 
 
 class TorchvisionSet(Source):
@@ -26,7 +23,7 @@ class TorchvisionSet(Source):
         self.cls = cls
         self.grayscale = grayscale
 
-    def build(self, spec: DatasetSpec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+    def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
         import torchvision
         from torchvision import transforms as T
 

@@ -25,16 +25,13 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import IterableDataset, default_collate
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sources.base import ShardInfo, ShardStream, Source, StreamVariant
+from raytune_loader.sources.base import ShardInfo, ShardStream, Source, Spec, StreamVariant
 from raytune_loader.transforms import worker_image
-
-if TYPE_CHECKING:
-    from raytune_loader.datasets import DatasetSpec
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEY = "cls"
@@ -56,16 +53,16 @@ class WebDatasetShards(Source):
     summary = "tar shards under --data-root, or a brace pattern shards-{0000..0127}.tar"
     cached = False
 
-    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+    def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("stream",)
 
-    def batchings(self, spec: DatasetSpec) -> tuple[str, ...]:
+    def batchings(self, spec: Spec) -> tuple[str, ...]:
         return ("loader", "workers")
 
-    def pipeline_searched(self, spec: DatasetSpec) -> bool:
+    def pipeline_searched(self, spec: Spec) -> bool:
         return True
 
-    def shards(self, spec: DatasetSpec) -> list[str]:
+    def shards(self, spec: Spec) -> list[str]:
         if not spec.data_root:
             raise DatasetError(
                 "webdataset needs --data-root: a folder of .tar shards, or a pattern "
@@ -80,14 +77,14 @@ class WebDatasetShards(Source):
             raise DatasetError(f"webdataset: {root} matches no .tar shard")
         return found
 
-    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+    def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         found = ("pil", "tensor")
         if not cuda:
             return found
         first = _first_image(self.shards(spec)[0])
         return (*found, "device") if first[:3] == b"\xff\xd8\xff" else found
 
-    def read_shard(self, spec: DatasetSpec, path: str) -> ShardInfo:
+    def read_shard(self, spec: Spec, path: str) -> ShardInfo:
         samples: dict[str, set[str]] = {}
         member = "its first member"
         try:
@@ -114,7 +111,7 @@ class WebDatasetShards(Source):
         return ShardInfo(path, len(samples), Path(path).stat().st_size)
 
     def build_stream(
-        self, spec: DatasetSpec, shards: list[str], variant: StreamVariant
+        self, spec: Spec, shards: list[str], variant: StreamVariant
     ) -> IterableDataset:
         from raytune_loader.pipeline import collate_encoded
 
@@ -129,7 +126,7 @@ class WebDatasetShards(Source):
             collate=collate,
         )  # fmt: skip
 
-    def describe(self, spec: DatasetSpec) -> dict[str, Any]:
+    def describe(self, spec: Spec) -> dict[str, Any]:
         return {"kind": "webdataset", "shards": len(self.shards(spec))}
 
 
