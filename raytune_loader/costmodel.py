@@ -26,8 +26,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from raytune_loader.profile import Profile, receiving, structure
-from raytune_loader.space import LoaderConfig
+from raytune_loader.profile import Profile
+from raytune_loader.space import LoaderConfig, structure
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,18 @@ class CostModel:
         """The candidate's samples/s (the node's: all ranks), or None where the profile
         lacks its structure or the batch size has no ceiling. ``cores``: another node
         (usable CPUs), for estimates; the profile's node by default."""
-        per_core = self.profile.per_core.get(structure(config))
+        side, receiving = structure(config).worker_side, structure(config).receiving
+        per_core = self.profile.per_core.get(side)
         ceiling = self.ceilings.get(config.batch_size)
         if not per_core or not ceiling:
             return None
         scale = config.batch_size / self.profile.batch_size
         batch = config.batch_size
         step = batch / ceiling
-        finish = self.profile.finish_s.get(structure(config), 0.0) * scale
-        collate = self.profile.collate_s.get(structure(config), 0.0)
+        finish = self.profile.finish_s.get(side, 0.0) * scale
+        collate = self.profile.collate_s.get(side, 0.0)
         if config.num_workers:  # what a worker of this kind pays to hand a batch over
-            collate = max(collate, self.profile.hand_over_s.get(receiving(config), 0.0))
+            collate = max(collate, self.profile.hand_over_s.get(receiving, 0.0))
         worker = batch / per_core + collate * scale
         rank_cores = (cores or self.profile.cores) / self.ranks
         if config.num_workers == 0:
@@ -66,7 +67,7 @@ class CostModel:
             parts = {"step": main}
             cpu_seconds = main
         else:
-            receive = self.profile.receive_s.get(receiving(config), 0.0) * scale
+            receive = self.profile.receive_s.get(receiving, 0.0) * scale
             main = step + receive + finish
             parts = {"step": main, "workers": worker / config.num_workers}
             cpu_seconds = main + worker

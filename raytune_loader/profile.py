@@ -25,25 +25,13 @@ from raytune_loader.job import TrialJob
 from raytune_loader.loader import build_dataloader
 from raytune_loader.measure import job_trainer, prepare, worker_side_rate
 from raytune_loader.pipeline import collate_encoded
-from raytune_loader.space import LoaderConfig
+from raytune_loader.space import LoaderConfig, structure
 from raytune_loader.step import Trainer
 from raytune_loader.streams import opened
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 BATCHES = 6  # batches a receive or a device-side finish is timed on
 ROUNDS = 3  # rounds of timed finishes, the quickest taken
-
-
-def structure(config: LoaderConfig) -> str:
-    """The key of a configuration's structure for the worker side: decoder/transfer, and
-    for a stream how it is read (its pipeline may batch in the workers)."""
-    key = f"{config.decode}/{config.transfer}"
-    return f"{key}/stream/{config.batching}" if config.access == "stream" else key
-
-
-def receiving(config: LoaderConfig) -> str:
-    """The key of what the training process receives: worker kind/transfer."""
-    return f"{config.workers}/{config.transfer}"
 
 
 @dataclass(frozen=True)
@@ -85,7 +73,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         for config in structures:
             config = config.with_batch_size(batch)
             dataset, _ = prepare(job, 0, config)
-            key = structure(config)
+            key = structure(config).worker_side
             if key not in per_core:
                 per_core[key] = worker_side_rate(dataset, SAMPLES)
                 samples = _samples(dataset, batch, config)
@@ -93,7 +81,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 if trainer is None:
                     trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
                 finish_s[key] = _finish_cost(config, _collate(config)(samples), trainer)
-            kind = receiving(config)
+            kind = structure(config).receiving
             if kind not in receive_s and config.num_workers > 0:
                 samples = _samples(dataset, batch, config)
                 receive_s[kind], hand_over_s[kind] = _receive_cost(samples, config)

@@ -32,11 +32,10 @@ from typing import Any
 import optuna
 from ray.tune.search import Searcher
 
-from raytune_loader import profile
 from raytune_loader.costmodel import CostModel, median_error
 from raytune_loader.job import DATA_SLOT
 from raytune_loader.records import PREDICTED
-from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.space import LoaderConfig, SearchSpace, structure
 
 N_STARTUP_TRIALS = 4  # random trials before TPE models the space
 MAX_RETRIES = 20  # proposals of already-measured configurations before one is re-run
@@ -112,7 +111,7 @@ class LoaderSearcher(Searcher):
         remembered by what the model reads of it, as the space has many alike."""
         if self._model is None:
             return None
-        key = (profile.structure(config), profile.receiving(config), config.num_workers,
+        key = (structure(config), config.num_workers,
                config.batch_size)  # fmt: skip
         if key not in self._predictions:
             found = self._model.predict(config)

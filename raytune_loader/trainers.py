@@ -32,5 +32,5 @@ def section() -> dict[str, Any]:
             "torchrun_ddp": CHECKED["torch"],
         },
         "usage": "each rank reads its own shard of every epoch, a stream as many batches "
-        "on every rank: see the README's 'In your trainer' section and docs/streams.md",
+        "on every rank: see docs/trainers.md and docs/streams.md",
     }
