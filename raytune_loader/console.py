@@ -297,11 +297,15 @@ def steady_lines(best: dict[str, Any]) -> list[str]:
             "not steady: most of the tuned configuration's runs measured halves more than "
             "20% apart (no steady configuration was found; docs/measurement.md)"
         )
-    sections = {"tuned": best, **best.get("baselines", {})}
-    for name, section in sections.items():
-        for reason in section["metrics"].get("refused", []):
-            out.append(f"left out of {name}'s figures: a run {reason}")
+    out += [f"left out of {name}'s figures: a run {reason}" for name, reason in refused(best)]
     return out
+
+
+def refused(best: dict[str, Any]) -> list[tuple[str, str]]:
+    """(configuration, why) of each verification run left out for beating its bound."""
+    sections = {"tuned": best, **best.get("baselines", {})}
+    return [(name, reason) for name, section in sections.items()
+            for reason in section["metrics"].get("refused", [])]  # fmt: skip
 
 
 def notes(trials: Sequence[TrialRecord]) -> list[str]:

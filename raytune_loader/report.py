@@ -23,6 +23,7 @@ from raytune_loader.console import (
     limit_line,
     median_of,
     pipeline_line,
+    refused,
     summary_rows,
 )
 from raytune_loader.errors import ConfigError
@@ -213,10 +214,7 @@ def _measured(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
         f"after the steady ones); {beyond} measured above the ceiling beyond noise "
         "(a measurement defect: not ranked)."
     )
-    sections = {"tuned": best, **best.get("baselines", {})}
-    for name, section in sections.items():
-        for reason in section["metrics"].get("refused", []):
-            lines.append(f"- {name}: a verification run left out: {reason}")
+    lines += [f"- {name}: a verification run left out: {why}" for name, why in refused(best)]
     return lines
 
 
