@@ -1,20 +1,30 @@
-"""The GPU check's plan: each stage's flags, and its time limit on the device.
+"""The GPU check's plan: each stage's flags, its time limit on the device, and the calls.
 
-    python experiments/gpu_plan.py [--dry-run] [--stages NAME,NAME...|all]
+    python experiments/gpu_plan.py [--dry-run] [--stages first|second|all|NAME,NAME...]
 
-experiments/gpu_check.sh reads this plan (shell assignments on stdout, run with
-eval) and runs each stage with the flags given here. On the device each stage's
-limit is its estimate times MARGIN: the estimate counts what the stage runs with
-these flags (images generated, samples trained or decoded, measurements started)
-at the rates and fixed costs the last GPU run measured, kept with their sources
-in results/gpu/rates.json. The table of estimates, limits and margins goes to
-stderr, and a selection of stages whose limits add up to more than BUDGET_S
-fails. All seven stages do not fit in it (their fixed costs alone, Ray's start
-and every measurement's, take most of it), so DEFAULT_STAGES are what a run
-does unless told otherwise; the others run in a second session, after a search
-(``--stages baselines,limits,ranks``). A dry run (``--dry-run``) has tiny flags
-for a CPU and DRY_RUN_LIMIT_S per stage, runs every stage, and still checks the
-device's default selection against the budget.
+experiments/gpu_check.sh reads this plan (shell assignments on stdout, run with eval)
+and runs each stage with the flags given here. The table of estimates, limits and the
+calls' totals goes to stderr.
+
+The device's minutes come as calls of at most BUDGET_S (8 minutes) each, and a call's
+total is all of it: the setup before its first stage (installing the wheels, the
+module check, machine.txt, this plan: rates.setup_s), and per stage its limit, the
+KILL_AFTER_S a stage past its limit may take to end after its SIGINT, and the archive
+made after it (PACK_S). A stage's limit is its estimate times MARGIN, and at least
+its estimate plus FLOOR_S (one slow CUDA start: a stage of a few seconds otherwise gets
+a limit of a few seconds more). The estimate counts what the stage runs with these
+flags (images generated, batches trained, the drain before each window, processes and
+measurements started) at the rates and fixed costs the last GPU runs measured, kept
+with their sources in results/gpu/rates.json.
+
+CALLS are the next device run: ``first``, the search and the bench (its winner
+re-measured standalone, no Ray, in the same session); ``second``, the stages that read
+the first call's search (``gpu_check.sh --from``) or need none, with room left in it
+to rerun a stage of the first call but the search (whose rerun, with its bench, is a
+first call again). The other stages answered their question in an earlier run (precision,
+decoders_agree, limits) or are not asked this time (shared_gpu): ``--stages`` names
+them. A dry run (``--dry-run``) has tiny flags for a CPU and DRY_RUN_LIMIT_S per stage,
+runs every stage, and still checks both calls against the budget.
 """
 
 from __future__ import annotations
@@ -28,47 +38,75 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from compile_backoff import config as compile_config
+from structures import best_of
+from structures import structures as measured_structures
+
+from raytune_loader.costmodel import CostModel
 from raytune_loader.job import SegmentSpec
 from raytune_loader.measure import CEILING_WINDOWS
 from raytune_loader.options import GPU_BATCH_SIZE, SearchOptions
+from raytune_loader.profile import Profile
+from raytune_loader.search import get_args_parser, options_from_args
+from raytune_loader.space import DECODES, LoaderConfig, SearchSpace
+from raytune_loader.steady import in_flight
 from shared_gpu import candidates, pairings
 
 RATES = Path(__file__).resolve().parent.parent / "results" / "gpu" / "rates.json"
-BUDGET_S = 480  # the stage limits of one run on the device: 8 minutes
+# the last device search: its cost model's profile sizes the structures stage
+LAST_SEARCH = RATES.parent / "search" / "synthetic-imagenet" / "best_config.json"
+BUDGET_S = 480  # one call on the device: 8 minutes, everything in it
 MARGIN = 1.25
-DRY_RUN_LIMIT_S = 240  # a guard against a hang; the slowest tiny stage takes ~110 s here
+FLOOR_S = 15  # at least this over the estimate: a slow CUDA start, a cold cache
+KILL_AFTER_S = 10  # timeout's --kill-after: a stage past its limit gets SIGINT, then this
+PACK_S = 2  # the archive of the outputs, refreshed after every stage
+DRY_RUN_LIMIT_S = 240  # a guard against a hang; the slowest tiny stage takes ~100 s here
 EXPERIMENT_WARMUP = SegmentSpec().warmup_steps  # the experiments' default_job
 PRECISIONS_ON_CUDA = 4  # fp32, tf32, bf16, bf16 + channels-last
+DEVICE_CORES = 16  # the H200 machine's (results/gpu/machine.txt)
+PROBES = 1  # the findings' probes of the winner counted (see search())
+COMPILES = 2  # compile_backoff: the first compile, and the one after the back-off
+WINDOW_S = 1.5  # the search's measured window at the ceiling: halves of 0.75 s
 Flags = dict[str, str]
 
-# the order they run in; baselines and limits read the search's best_config.json
-STAGES = ("precision", "decoders_agree", "search", "baselines", "limits", "shared_gpu", "ranks")
-DEFAULT_STAGES = ("precision", "decoders_agree", "search", "shared_gpu")
+# the order they run in; bench, limits and structures read the search's best_config.json
+STAGES = (
+    "precision", "decoders_agree", "search", "bench", "limits", "structures",
+    "compile_backoff", "ranks_one_gpu", "shared_gpu",
+)  # fmt: skip
+NEEDS_SEARCH = ("bench", "limits", "structures")
+CALLS = {
+    "first": ("search", "bench"),
+    "second": ("structures", "compile_backoff", "ranks_one_gpu"),
+}
 
-IMAGES = "2048"  # the one dataset of every stage: one batch of the search's largest size
+IMAGES = "2048"  # the one dataset of every stage: 8 batches of 256
 DEVICE: dict[str, Flags] = {
     "precision": {"--synthetic-images": IMAGES, "--rounds": "1", "--steps": "10"},
     "decoders_agree": {"--synthetic-images": IMAGES, "--samples": "16"},
+    # bf16, channels-last, batch 256 (the GPU's defaults); a window of 32 steps: 1.7 s at
+    # the ceiling, halves of 16 batches; 4 trials: the baselines and the cost model's
+    # two best structures (every structure is the structures stage's)
     "search": {
-        "--synthetic-images": IMAGES, "--samples-per-trial": "2048",
-        "--batch-sizes": "256,2048", "--min-batch-size": "128", "--gpus-per-trial": "0.5",
-        "--num-samples": "10", "--time-budget": "30", "--steps": "10", "--report-every": "5",
-        "--warmup-steps": "3", "--verify-top": "1", "--verify-repeats": "1",
+        "--synthetic-images": IMAGES, "--samples-per-trial": "2048", "--batch-sizes": "256",
+        "--gpus-per-trial": "0.5", "--num-samples": "4", "--steps": "32",
+        "--report-every": "16", "--warmup-steps": "3", "--verify-top": "1",
+        "--verify-repeats": "1",
     },
-    "baselines": {"--synthetic-images": IMAGES, "--repeats": "2", "--steps": "20"},
-    "limits": {"--synthetic-images": IMAGES, "--steps": "20"},
+    "bench": {"--repeats": "1"},  # the search's steps: a run as the verification's
+    "limits": {"--synthetic-images": IMAGES, "--steps": "32"},
+    "structures": {},  # all from the search's best_config.json
+    # resnet18: the recompiles are dynamo's, whatever the model; its compiles are shorter
+    "compile_backoff": {"--synthetic-images": IMAGES, "--model": "resnet18",
+                        "--batch-size": "256", "--gpu-memory-gib": "2", "--steps": "16"},
+    "ranks_one_gpu": {"--synthetic-images": IMAGES, "--ranks": "2", "--batch-size": "128",
+                      "--steps": "16"},  # fmt: skip
     "shared_gpu": {"--synthetic-images": IMAGES, "--steps": "6", "--configs": "4",
                    "--batch-size": "128"},
-    "ranks": {
-        "--synthetic-images": IMAGES, "--ranks-per-node": "2", "--gpus-per-trial": "1",
-        "--batch-size": "128", "--samples-per-trial": "1024", "--num-samples": "3",
-        "--time-budget": "20", "--steps": "6", "--report-every": "3", "--warmup-steps": "2",
-        "--verify-top": "1", "--verify-repeats": "1",
-    },
 }  # fmt: skip
 
 TINY_IMAGES = "64"  # at least one batch of the experiments' CPU default (32)
-GPU_ONLY = ("--gpus-per-trial",)  # refused on a machine without a GPU
+GPU_ONLY = ("--gpus-per-trial", "--gpu-memory-gib")  # refused, or meaningless, on a CPU
 TINY: dict[str, Flags] = {
     "precision": {"--synthetic-images": TINY_IMAGES, "--steps": "2", "--batch-size": "8"},
     "decoders_agree": {"--synthetic-images": TINY_IMAGES, "--samples": "2"},
@@ -77,15 +115,14 @@ TINY: dict[str, Flags] = {
         "--min-batch-size": "4", "--num-samples": "1", "--time-budget": "10", "--steps": "2",
         "--report-every": "1", "--warmup-steps": "1", "--verify-top": "0",
     },
-    "baselines": {"--synthetic-images": TINY_IMAGES, "--repeats": "1", "--steps": "2"},
+    "bench": {},
     "limits": {"--synthetic-images": TINY_IMAGES, "--steps": "2"},
+    "structures": {},
+    "compile_backoff": {"--synthetic-images": TINY_IMAGES, "--model": "small-cnn",
+                        "--batch-size": "8", "--steps": "2"},
+    "ranks_one_gpu": {"--synthetic-images": TINY_IMAGES, "--batch-size": "4", "--steps": "2"},
     "shared_gpu": {"--synthetic-images": TINY_IMAGES, "--steps": "2", "--configs": "2",
                    "--batch-size": "8"},
-    "ranks": {
-        "--synthetic-images": TINY_IMAGES, "--batch-size": "8", "--samples-per-trial": "64",
-        "--num-samples": "1", "--time-budget": "10", "--steps": "2", "--report-every": "1",
-        "--warmup-steps": "1", "--verify-top": "0",
-    },
 }  # fmt: skip
 # the device's flags at tiny sizes, so a dry run proves every command still takes them
 DRY_RUN: dict[str, Flags] = {
@@ -96,18 +133,22 @@ DRY_RUN: dict[str, Flags] = {
 
 @dataclass(frozen=True)
 class Rates:
-    """The last device run's figures (results/gpu/rates.json); seconds and samples/s."""
+    """The last device runs' figures (results/gpu/rates.json); seconds and samples/s."""
 
     ceiling_samples_per_s: float
     loader_0_workers_samples_per_s: float
-    loader_8_workers_samples_per_s: float
+    loader_workers_samples_per_s: float
     decode_per_core_samples_per_s: float
     generate_images_per_s: float
-    half_gpu_batch: int
-    measurement_s: float
-    trial_s: float
+    measurement_s: float  # a process's start: imports, CUDA, the model, the data checked
+    run_s: float  # a measurement's own start in a process that has all that
+    trial_s: float  # a measurement in a Ray task or trial, its samples aside
     ray_start_s: float
     tune_tail_s: float
+    profile_s_per_batch_sample: float
+    compile_s: float
+    rank_start_s: float
+    setup_s: float
 
     @classmethod
     def load(cls, path: Path = RATES) -> Rates:
@@ -115,13 +156,11 @@ class Rates:
         return cls(**{f.name: figures[f.name]["value"] for f in fields(cls)})
 
     def loader(self, workers: int) -> float:
-        """A loader's samples/s at batch 256: each worker at least the rate of the loader
-        without workers (which decodes and trains in one process), at most 8 workers'."""
+        """A loader's samples/s at batch 256: without workers, one core's; with them, the
+        slowest any configuration with workers was measured at, at most the ceiling."""
         if workers == 0:
             return self.loader_0_workers_samples_per_s
-        return min(
-            self.loader_8_workers_samples_per_s, workers * self.loader_0_workers_samples_per_s
-        )
+        return min(self.loader_workers_samples_per_s, self.ceiling_samples_per_s)
 
 
 def _int(flags: Flags, name: str, default: int) -> int:
@@ -132,106 +171,209 @@ def _ceiling_s(rates: Rates, batch: int, warmup: int, steps: int, windows: int) 
     return (warmup + windows * steps) * batch / rates.ceiling_samples_per_s
 
 
-def _run_s(batch: int, warmup: int, steps: int, samples_per_s: float) -> float:
-    return (warmup + steps) * batch / samples_per_s
+def _run_s(batch: int, warmup: int, drain: int, steps: int, samples_per_s: float) -> float:
+    """A segment: the warm-up steps, the drain of what the loader holds, the window."""
+    return (warmup + drain + steps) * batch / samples_per_s
 
 
-def precision(flags: Flags, rates: Rates) -> float:
+def search_options(flags: Flags) -> SearchOptions:
+    """The options the search stage runs with on the device (its own parser's)."""
+    args = get_args_parser().parse_args([part for pair in flags.items() for part in pair])
+    return options_from_args(args).for_device(True)
+
+
+def rule_of_thumb_drain(batch: int) -> int:
+    """What the heuristic (min(cores, 8) workers, prefetch 2) holds before a window."""
+    return in_flight(LoaderConfig(batch, min(DEVICE_CORES, 8), 2))
+
+
+def best_drain(batch: int) -> int:
+    """What a structure's best holds: up to a worker per core at prefetch 2 (the
+    searcher's usual choice among the configurations the model cannot tell apart)."""
+    return in_flight(LoaderConfig(batch, DEVICE_CORES, 2))
+
+
+def _makespan(durations: list[float], slots: int) -> float:
+    """Trials run in the order given, each on the slot that frees first."""
+    free = [0.0] * max(1, slots)
+    for duration in durations:
+        free[free.index(min(free))] += duration
+    return max(free)
+
+
+def search(plan: dict[str, Flags], rates: Rates) -> float:
+    """Ray's start, the ceilings, the profile at the trials' smallest batch, the trials
+    (the baselines, then the cost model's structure bests, two at a time on half the
+    GPU each), Tune's tail; then each verification round (the ceiling, pytorch-default,
+    the heuristic and the top configurations, alone with the whole GPU), the winner's
+    input pipeline alone, and the findings' probes. Each segment drains what its loader
+    holds before its window. PROBES counts the persistent_workers flip of a process
+    winner; the straggler probe needs more steps than one run of 32 has
+    (findings.MIN_STEPS), and the worker-threads probe oversubscribed process workers,
+    which the last run did not have (0 busy threads a worker)."""
+    opts = search_options(plan["search"])
+    sizes = opts.batch_sizes or (GPU_BATCH_SIZE,)
+    batch, warmup, steps = min(sizes), opts.warmup_steps, opts.steps
+
+    def segment(drain: int, rate: float) -> float:
+        return rates.trial_s + _run_s(batch, warmup, drain, steps, rate)
+
+    def ceilings(windows: int) -> float:
+        return sum(rates.trial_s + _ceiling_s(rates, b, warmup, steps, windows) for b in sizes)
+
+    share = opts.gpus_per_trial or 0.5
+    shared = min(rates.loader(1), rates.ceiling_samples_per_s * share)
+    durations = [segment(0, rates.loader(0)), segment(rule_of_thumb_drain(batch), shared)]
+    durations += [segment(best_drain(batch), shared)] * (opts.num_samples - len(durations))
+    trials = _makespan(durations, int(1 / share))
+    if opts.time_budget_s:  # proposals stop at the budget; those running finish (the tail)
+        trials = min(trials, opts.time_budget_s + rates.tune_tail_s)
+    profile = rates.trial_s + rates.profile_s_per_batch_sample * batch
+    whole = rates.loader(1)
+    verify_round = (
+        ceilings(1)
+        + segment(0, rates.loader(0))
+        + segment(rule_of_thumb_drain(batch), whole)
+        + opts.verify_top * segment(best_drain(batch), whole)
+    )
+    input_alone = (
+        rates.trial_s
+        + _run_s(batch, warmup, best_drain(batch), CEILING_WINDOWS * steps, whole)
+        + 64 / rates.decode_per_core_samples_per_s
+    )
+    return (
+        rates.measurement_s  # this process: the dataset checked and pre-warmed
+        + rates.ray_start_s
+        + ceilings(CEILING_WINDOWS)
+        + (profile if opts.search == "model" else 0.0)
+        + trials
+        + opts.verify_repeats * verify_round
+        + input_alone
+        + PROBES * segment(best_drain(batch), whole)
+    )
+
+
+def bench(plan: dict[str, Flags], rates: Rates) -> float:
+    """In one process: the ceiling, then each round the ceiling again and the tuned
+    configuration and both baselines, at the search's segment."""
+    opts = search_options(plan["search"])
+    batch, warmup, steps = min(opts.batch_sizes or (GPU_BATCH_SIZE,)), opts.warmup_steps, opts.steps
+    ceiling = rates.run_s + _ceiling_s(rates, batch, warmup, steps, CEILING_WINDOWS)
+    whole = rates.loader(1)
+    one_round = (
+        ceiling
+        + rates.run_s + _run_s(batch, warmup, 0, steps, rates.loader(0))
+        + rates.run_s + _run_s(batch, warmup, rule_of_thumb_drain(batch), steps, whole)
+        + rates.run_s + _run_s(batch, warmup, best_drain(batch), steps, whole)
+    )  # fmt: skip
+    return rates.measurement_s + ceiling + _int(plan["bench"], "--repeats", 3) * one_round
+
+
+def structures(plan: dict[str, Flags], rates: Rates) -> float:
+    """In one process: the ceiling, then each measured structure's best, alone, at the
+    search's segment (the structures of the device's space: experiments/structures.py).
+    Each best and its rate are the cost model's from the last device search's profile
+    (LAST_SEARCH), as the stage chooses them from the new one's; at most the ceiling."""
+    opts = search_options(plan["search"])
+    batch, warmup, steps = min(opts.batch_sizes or (GPU_BATCH_SIZE,)), opts.warmup_steps, opts.steps
+    space = SearchSpace(max_workers=DEVICE_CORES, batch_sizes=(batch,), cuda=True,
+                        usable_cpus=DEVICE_CORES, pipeline=True, decodes=DECODES,
+                        thread_workers=True)  # fmt: skip
+    profile = json.loads(LAST_SEARCH.read_text())["search"]["model"]["profile"]
+    model = CostModel(Profile.from_dict(profile), {batch: rates.ceiling_samples_per_s}, cuda=True)
+    runs = 0.0
+    for configs in measured_structures(space).values():
+        config, predicted = best_of(model, configs)
+        rate = min(predicted.samples_per_s, rates.ceiling_samples_per_s)
+        runs += rates.run_s + _run_s(batch, warmup, in_flight(config), steps, rate)
+    ceiling = rates.run_s + _ceiling_s(rates, batch, warmup, steps, CEILING_WINDOWS)
+    return rates.measurement_s + ceiling + runs
+
+
+def precision(plan: dict[str, Flags], rates: Rates) -> float:
     """Each precision's ceiling (best of CEILING_WINDOWS windows) in each round."""
+    flags = plan["precision"]
     rounds, steps = _int(flags, "--rounds", 3), _int(flags, "--steps", 30)
     batch = _int(flags, "--batch-size", GPU_BATCH_SIZE)
     ceiling = _ceiling_s(rates, batch, EXPERIMENT_WARMUP, steps, CEILING_WINDOWS)
     return rounds * PRECISIONS_ON_CUDA * (rates.measurement_s + ceiling)
 
 
-def decoders_agree(flags: Flags, rates: Rates) -> float:
+def decoders_agree(plan: dict[str, Flags], rates: Rates) -> float:
     """The reference and three variants decode each sample (bounded by a CPU core)."""
-    samples = _int(flags, "--samples", 32)
+    samples = _int(plan["decoders_agree"], "--samples", 32)
     return rates.measurement_s + 4 * samples / rates.decode_per_core_samples_per_s
 
 
-def search(flags: Flags, rates: Rates) -> float:
-    """Ray's start, a ceiling per batch size (the largest backs off under the GPU share),
-    the time budget and Tune's tail, then verification: the baselines and the top
-    configurations, a ceiling per batch size each round, and the winner's input alone.
-    With several ranks the ranks share the GPU, so the ceilings take that much longer."""
-    defaults = SearchOptions()
-    warmup = _int(flags, "--warmup-steps", defaults.warmup_steps)
-    steps = _int(flags, "--steps", defaults.steps)
-    ranks = _int(flags, "--ranks-per-node", 1)
-    sizes = flags.get("--batch-sizes") or flags.get("--batch-size") or str(GPU_BATCH_SIZE)
-    batches = [min(int(b), rates.half_gpu_batch) for b in sizes.split(",")]
-    batch = batches[0]  # what the baselines and the winner train at
-
-    def ceilings(windows: int) -> float:
-        return sum(
-            rates.trial_s + ranks * _ceiling_s(rates, b, warmup, steps, windows) for b in batches
-        )
-
-    # pytorch-default, the rule of thumb (and with ranks its per-rank share), the top ones
-    baselines = 3 if ranks > 1 else 2
-    top = _int(flags, "--verify-top", defaults.verify_top)
-    configs = [rates.loader(0)] + [rates.loader(8)] * (baselines - 1 + top)
-    verify_round = ceilings(1) + sum(
-        rates.trial_s + _run_s(batch, warmup, steps, rate) for rate in configs
-    )
-    return (
-        rates.measurement_s  # this process: the dataset checked and pre-warmed
-        + rates.ray_start_s
-        + ceilings(CEILING_WINDOWS)
-        + float(flags["--time-budget"])
-        + rates.tune_tail_s
-        + _int(flags, "--verify-repeats", defaults.verify_repeats) * verify_round
-        + rates.trial_s
-        + _run_s(batch, warmup, steps, rates.loader(8))  # the input pipeline alone
-    )
-
-
-def baselines(flags: Flags, rates: Rates) -> float:
-    """pytorch-default, heuristic and tuned (8 workers at most) in each round."""
-    repeats, steps = _int(flags, "--repeats", 5), _int(flags, "--steps", 60)
-    one_round = sum(
-        rates.measurement_s + _run_s(GPU_BATCH_SIZE, EXPERIMENT_WARMUP, steps, rates.loader(w))
-        for w in (0, 8, 8)
-    )
-    return repeats * one_round
-
-
-def limits(flags: Flags, rates: Rates) -> float:
+def limits(plan: dict[str, Flags], rates: Rates) -> float:
     """One core decoding, the ceiling at the tuned batch size, the tuned loader."""
-    steps = _int(flags, "--steps", 60)
+    steps = _int(plan["limits"], "--steps", 60)
     return (
         2 * rates.measurement_s
         + (256 + 8) / rates.decode_per_core_samples_per_s  # decode_rate's, warm-up too
         + _ceiling_s(rates, GPU_BATCH_SIZE, EXPERIMENT_WARMUP, steps, CEILING_WINDOWS)
-        + _run_s(GPU_BATCH_SIZE, EXPERIMENT_WARMUP, steps, rates.loader(8))
+        + _run_s(GPU_BATCH_SIZE, EXPERIMENT_WARMUP, best_drain(GPU_BATCH_SIZE), steps,
+                 rates.loader(1))
+    )  # fmt: skip
+
+
+def compile_backoff(plan: dict[str, Flags], rates: Rates) -> float:
+    """One process: COMPILES compiles of the model, and the trial at the batch asked
+    (an upper bound on the one that fits)."""
+    flags = plan["compile_backoff"]
+    batch, steps = _int(flags, "--batch-size", 512), _int(flags, "--steps", 16)
+    drain = in_flight(compile_config(batch, DEVICE_CORES, True))
+    return (
+        rates.measurement_s
+        + COMPILES * rates.compile_s
+        + _run_s(batch, EXPERIMENT_WARMUP, drain, steps, rates.loader(1))
     )
 
 
-def shared_gpu(flags: Flags, rates: Rates) -> float:
+def ranks_one_gpu(plan: dict[str, Flags], rates: Rates) -> float:
+    """Three starts of the ranks (the backend, the ceiling, the trial); the ranks' ceiling
+    and their trial share the one GPU, so they take as long as the node's samples at its
+    rate."""
+    flags = plan["ranks_one_gpu"]
+    ranks, batch = _int(flags, "--ranks", 2), _int(flags, "--batch-size", 128)
+    steps = _int(flags, "--steps", 16)
+    drain = in_flight(LoaderConfig(batch, min(DEVICE_CORES // ranks, 8), 2))
+    return (
+        rates.measurement_s
+        + 3 * rates.rank_start_s
+        + _ceiling_s(rates, ranks * batch, EXPERIMENT_WARMUP, steps, CEILING_WINDOWS)
+        + _run_s(ranks * batch, EXPERIMENT_WARMUP, drain, steps, rates.loader(1))
+    )
+
+
+def shared_gpu(plan: dict[str, Flags], rates: Rates) -> float:
     """Each configuration alone, then the pairs two at a time (a pair lasts as long as
     its slower run), after the two pool processes start."""
+    flags = plan["shared_gpu"]
     steps, count = _int(flags, "--steps", 15), _int(flags, "--configs", 6)
     batch = _int(flags, "--batch-size", GPU_BATCH_SIZE)
     configs = candidates(True, batch, count)
 
     def run(name: str) -> float:
-        rate = rates.loader(configs[name].num_workers)
-        return _run_s(batch, EXPERIMENT_WARMUP, steps, rate)
+        config = configs[name]
+        rate = rates.loader(config.num_workers)
+        return _run_s(batch, EXPERIMENT_WARMUP, in_flight(config), steps, rate)
 
     alone = sum(rates.measurement_s + run(name) for name in configs)
     paired = sum(rates.measurement_s + max(run(a), run(b)) for a, b in pairings(list(configs)))
     return alone + rates.measurement_s + paired
 
 
-ESTIMATES: dict[str, Callable[[Flags, Rates], float]] = {
+ESTIMATES: dict[str, Callable[[dict[str, Flags], Rates], float]] = {
     "precision": precision,
     "decoders_agree": decoders_agree,
     "search": search,
-    "baselines": baselines,
+    "bench": bench,
     "limits": limits,
+    "structures": structures,
+    "compile_backoff": compile_backoff,
+    "ranks_one_gpu": ranks_one_gpu,
     "shared_gpu": shared_gpu,
-    "ranks": search,
 }
 
 
@@ -245,40 +387,87 @@ class StageLimit:
     def margin_s(self) -> float:
         return self.limit_s - self.estimate_s
 
+    @property
+    def worst_s(self) -> int:
+        """What the stage may take of its call: its limit, the kill's grace, the archive."""
+        return self.limit_s + KILL_AFTER_S + PACK_S
+
+
+def limit_of(estimate: float) -> int:
+    return math.ceil(max(estimate * MARGIN, estimate + FLOOR_S))
+
 
 def device_limits(
     rates: Rates, stages: tuple[str, ...], plan: dict[str, Flags] = DEVICE
 ) -> dict[str, StageLimit]:
-    """Each stage's estimate on the device and its limit, MARGIN over it (whole seconds).
-    The first of ``stages`` also generates the dataset (a device starts bare)."""
+    """Each stage's estimate on the device and its limit. The first of ``stages`` also
+    generates the dataset (a device starts bare, and every call is a new device)."""
     out = {}
-    for name, flags in plan.items():
-        estimate = ESTIMATES[name](flags, rates)
-        if stages and name == stages[0]:
-            estimate += int(flags["--synthetic-images"]) / rates.generate_images_per_s
-        out[name] = StageLimit(name, estimate, math.ceil(estimate * MARGIN))
+    for name in plan:
+        estimate = ESTIMATES[name](plan, rates)
+        if stages and name == stages[0] and "--synthetic-images" in plan[name]:
+            estimate += int(plan[name]["--synthetic-images"]) / rates.generate_images_per_s
+        elif stages and name == stages[0]:  # the bench and structures read the search's
+            estimate += int(IMAGES) / rates.generate_images_per_s
+        out[name] = StageLimit(name, estimate, limit_of(estimate))
     return out
 
 
-def total_s(limits: dict[str, StageLimit], stages: tuple[str, ...]) -> int:
-    return sum(limits[name].limit_s for name in stages)
+def call_total_s(limits: dict[str, StageLimit], stages: tuple[str, ...], rates: Rates) -> int:
+    """A call's worst time: the setup, then each stage's limit, grace and archive."""
+    return math.ceil(rates.setup_s) + sum(limits[name].worst_s for name in stages)
 
 
-def table(limits: dict[str, StageLimit], stages: tuple[str, ...]) -> str:
-    """Every stage's estimate, limit and margin; ``*`` marks the selected ones."""
-    lines = [f"  {'stage':<15} {'estimate':>8} {'limit':>6} {'margin':>7}"]
-    for s in limits.values():
-        mark = "*" if s.name in stages else " "
-        lines.append(f"{mark} {s.name:<15} {s.estimate_s:7.0f}s {s.limit_s:5d}s {s.margin_s:6.0f}s")
-    lines.append(f"  {'* selected':<15} {'':>8} {total_s(limits, stages):5d}s of {BUDGET_S}s")
+def rerun_s(rates: Rates) -> int:
+    """The room a second call keeps: a stage of the first call but the search run again
+    in it, from the first call's search (``--from``), after the second call's own stages
+    (its dataset there already). A failed search is a first call again, with its bench."""
+    limits = device_limits(rates, ())
+    return max(limits[name].worst_s for name in CALLS["first"] if name != "search")
+
+
+def table(limits: dict[str, StageLimit], stages: tuple[str, ...], rates: Rates) -> str:
+    """The selected stages' estimates, limits and margins, and the call's total."""
+    lines = [f"  {'stage':<16} {'estimate':>8} {'limit':>6} {'margin':>7} {'+grace':>7}",
+             f"  {'setup':<16} {rates.setup_s:7.0f}s {'':>6} {'':>7} {'':>7}"]  # fmt: skip
+    for name in stages:
+        s = limits[name]
+        lines.append(f"  {s.name:<16} {s.estimate_s:7.0f}s {s.limit_s:5d}s {s.margin_s:6.0f}s "
+                     f"{s.worst_s:6d}s")  # fmt: skip
+    total = call_total_s(limits, stages, rates)
+    lines.append(f"  {'total':<16} {'':>8} {'':>6} {'':>7} {total:6d}s of {BUDGET_S}s"
+                 f" (setup, limits, {KILL_AFTER_S}s kill grace and {PACK_S}s archive a "
+                 "stage)")  # fmt: skip
     return "\n".join(lines)
+
+
+def check_calls(rates: Rates) -> list[str]:
+    """The calls' tables, or an error line per call that does not fit."""
+    out, errors = [], []
+    for call, stages in CALLS.items():
+        limits = device_limits(rates, stages)
+        total = call_total_s(limits, stages, rates)
+        out.append(f"the {call} call (--stages {call}):\n{table(limits, stages, rates)}")
+        room = BUDGET_S - total
+        if call == "second":
+            out.append(f"  room left: {room}s, for a rerun of a first call's stage but the "
+                       f"search (the longest needs {rerun_s(rates)}s)")  # fmt: skip
+            if room < rerun_s(rates):
+                errors.append(f"the second call leaves {room}s, less than a rerun's "
+                              f"{rerun_s(rates)}s")  # fmt: skip
+        if total > BUDGET_S:
+            errors.append(f"the {call} call takes up to {total}s, over {BUDGET_S}s")
+    return out + [f"error: {e}: cut the counts in {Path(__file__).name}" for e in errors]
 
 
 def shell(plan: dict[str, Flags], limits: dict[str, StageLimit], stages: tuple[str, ...],
           dry_run: bool) -> str:  # fmt: skip
-    """stages=(the selected ones), all_stages=(...); for every stage NAME=(flags...),
-    limit_NAME=seconds and note_NAME='where the limit comes from'."""
-    lines = [f"stages=({' '.join(stages)})", f"all_stages=({' '.join(STAGES)})"]
+    """stages=(the selected ones), all_stages=(...), needs_search=(...), kill_after,
+    setup_s; for every stage NAME=(flags...), limit_NAME=seconds and note_NAME='where the
+    limit comes from'."""
+    lines = [f"stages=({' '.join(stages)})", f"all_stages=({' '.join(STAGES)})",
+             f"needs_search=({' '.join(NEEDS_SEARCH)})", f"kill_after={KILL_AFTER_S}",
+             f"setup_s={math.ceil(Rates.load().setup_s)}"]  # fmt: skip
     for name in STAGES:
         stage = limits[name]
         flags = [part for pair in plan[name].items() for part in pair]
@@ -292,33 +481,39 @@ def shell(plan: dict[str, Flags], limits: dict[str, StageLimit], stages: tuple[s
 
 
 def selected(text: str | None, dry_run: bool) -> tuple[str, ...]:
-    """The stages asked for, in the order they run; a dry run runs all by default."""
-    if text is None:
-        return STAGES if dry_run else DEFAULT_STAGES
-    names = STAGES if text == "all" else tuple(n for n in text.split(",") if n)
+    """The stages asked for, in the order they run: names, a call's name standing for its
+    stages, or all; by default the first call (a dry run: all)."""
+    text = text or ("all" if dry_run else "first")
+    names = [n for item in text.split(",") if item
+             for n in (STAGES if item == "all" else CALLS.get(item, (item,)))]  # fmt: skip
     unknown = sorted(set(names) - set(STAGES))
     if unknown or not names:
-        sys.exit(f"error: --stages takes names among {','.join(STAGES)} or all, "
-                 f"got {text!r}")  # fmt: skip
+        sys.exit(f"error: --stages takes first, second, all or names among "
+                 f"{','.join(STAGES)}, got {text!r}")  # fmt: skip
     return tuple(name for name in STAGES if name in names)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny flags for a CPU")
-    parser.add_argument("--stages", help=f"comma-separated, or all (default: "
-                        f"{','.join(DEFAULT_STAGES)}; a dry run: all)")  # fmt: skip
+    parser.add_argument("--stages", help="first, second (the next device run's two calls), "
+                        "all, or names (default: first; a dry run: all)")  # fmt: skip
     args = parser.parse_args()
     stages = selected(args.stages, args.dry_run)
-    on_device = DEFAULT_STAGES if args.dry_run else stages
-    limits = device_limits(Rates.load(), on_device)
-    print(f"stage limits on the device (rates: results/gpu/{RATES.name}, margin x{MARGIN}):",
-          file=sys.stderr)  # fmt: skip
-    print(table(limits, on_device), file=sys.stderr)
-    if total_s(limits, on_device) > BUDGET_S:
-        sys.exit(f"error: the stage limits add up to {total_s(limits, on_device)}s on the "
-                 f"device, over {BUDGET_S}s: run fewer --stages or cut the counts in "
-                 f"{Path(__file__).name}")  # fmt: skip
+    rates = Rates.load()
+    print(f"time on the device (rates: results/gpu/{RATES.name}, margin x{MARGIN}, "
+          f"floor +{FLOOR_S}s):", file=sys.stderr)  # fmt: skip
+    lines = check_calls(rates)
+    if not args.dry_run and stages not in CALLS.values():
+        limits = device_limits(rates, stages)
+        lines.append(f"this call (--stages {','.join(stages)}):\n{table(limits, stages, rates)}")
+        if call_total_s(limits, stages, rates) > BUDGET_S:
+            lines.append(f"error: these stages take up to {call_total_s(limits, stages, rates)}s "
+                         f"of a call, over {BUDGET_S}s: run fewer --stages")  # fmt: skip
+    print("\n".join(lines), file=sys.stderr)
+    if any(line.startswith("error:") for line in lines):
+        sys.exit(2)
+    limits = device_limits(rates, stages)
     print(shell(DRY_RUN if args.dry_run else DEVICE, limits, stages, args.dry_run))
 
 
