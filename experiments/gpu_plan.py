@@ -96,9 +96,11 @@ DEVICE: dict[str, Flags] = {
     "bench": {"--repeats": "1"},  # the search's steps: a run as the verification's
     "limits": {"--synthetic-images": IMAGES, "--steps": "32"},
     "structures": {},  # all from the search's best_config.json
-    # resnet18: the recompiles are dynamo's, whatever the model; its compiles are shorter
+    # resnet18 (the recompiles are dynamo's, whatever the model; its compiles are shorter):
+    # at 256 its activations in bf16 should take ~3 GB (an estimate: compile_backoff.json
+    # says what happened), so a 1 GiB cap should back it off to 64 or 32
     "compile_backoff": {"--synthetic-images": IMAGES, "--model": "resnet18",
-                        "--batch-size": "256", "--gpu-memory-gib": "2", "--steps": "16"},
+                        "--batch-size": "256", "--gpu-memory-gib": "1", "--steps": "16"},
     "ranks_one_gpu": {"--synthetic-images": IMAGES, "--ranks": "2", "--batch-size": "128",
                       "--steps": "16"},  # fmt: skip
     "shared_gpu": {"--synthetic-images": IMAGES, "--steps": "6", "--configs": "4",
