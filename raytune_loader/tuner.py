@@ -393,14 +393,16 @@ class RayMeasurer:
     gpus: float  # the GPU (fraction) each task reserves
     node_id: str | None = None
 
-    def _remote(self, task: Task, cpus: float) -> Any:
-        """``task``'s remote function with the bundle of ``cpus`` and the GPUs."""
-        remote = task.on(self.gpus, self.cluster.max_node_gpus)
+    def _remote(self, task: Task, job: TrialJob, cpus: float) -> Any:
+        """``task``'s remote function with the bundle of ``cpus`` and the GPUs; in a
+        worker of its own where CUDA will start on a node of several GPUs."""
+        cuda = self.gpus if job.device.startswith("cuda") else 0.0
+        remote = task.on(cuda, self.cluster.max_node_gpus)
         return remote.options(**_task_options(self.cluster.bundle(cpus, self.gpus), self.node_id))
 
     def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
         cpus = job.cpus_for(config.num_workers)
-        ref = self._remote(MEASURE, cpus).remote(job, config, slot)
+        ref = self._remote(MEASURE, job, cpus).remote(job, config, slot)
         try:
             return self._result(ref, job, "the measurement")
         except DataPipelineError as exc:  # past its time, a module missing, a GPU not its own
@@ -412,16 +414,16 @@ class RayMeasurer:
         self, job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
     ) -> tuple[int, float]:
         cpus = job.cpus_for(0)  # a CPU a rank
-        ref = self._remote(CEILING, cpus).remote(job, batch_size, windows)
+        ref = self._remote(CEILING, job, cpus).remote(job, batch_size, windows)
         return self._result(ref, job, "the ceiling")
 
     def profile(self, job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
         cpus = job.cpus_for(1)  # the training process and one worker
-        ref = self._remote(PROFILE, cpus).remote(job, structures, cores)
+        ref = self._remote(PROFILE, job, cpus).remote(job, structures, cores)
         return self._result(ref, job, "the profile")  # type: ignore[no-any-return]
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
-        ref = self._remote(INPUT, job.cpus_for(config.num_workers)).remote(job, config)
+        ref = self._remote(INPUT, job, job.cpus_for(config.num_workers)).remote(job, config)
         return self._result(ref, job, "the input pipeline")
 
     def _result(self, ref: Any, job: TrialJob, what: str) -> Any:

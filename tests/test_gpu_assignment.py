@@ -1,4 +1,4 @@
-"""Each GPU measurement runs on the GPU Ray gave it (issue 40, fault 7), on the CPU
+"""Each GPU measurement runs on the GPU Ray gave it, on the CPU
 through the seams the real code uses: the ``CUDA_VISIBLE_DEVICES`` a measurement sees
 against the one it was given.
 
@@ -12,6 +12,7 @@ reused Ray worker whose CUDA started in an earlier task), and the choice of work
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -126,17 +127,20 @@ def _cluster(node_gpus: float) -> RayCluster:
 
 
 @pytest.mark.parametrize(
-    ("node_gpus", "gpus", "worker"),
-    [(1, 0.5, "reused"), (1, 1.0, "reused"), (4, 1.0, "alone"), (4, 0.5, "alone"),
-     (4, 0.0, "reused"), (0, 0.0, "reused")],
+    ("node_gpus", "gpus", "device", "worker"),
+    [(1, 0.5, "cuda", "reused"), (1, 1.0, "cuda", "reused"), (4, 1.0, "cuda", "alone"),
+     (4, 0.5, "cuda", "alone"), (4, 0.0, "cuda", "reused"), (0, 0.0, "cpu", "reused"),
+     (4, 1.0, "cpu", "reused")],
 )  # fmt: skip
 def test_a_gpu_measurement_on_a_node_of_several_gpus_gets_a_worker_of_its_own(
-    node_gpus: float, gpus: float, worker: str
+    node_gpus: float, gpus: float, device: str, worker: str
 ) -> None:
     """On one GPU every task is given the same GPU, so a reused worker (torch imported
-    once) is right; with several, a worker of its own, whose CUDA starts on its GPU."""
+    once) is right; with several, a worker of its own, whose CUDA starts on its GPU. A
+    measurement on the CPU (logical GPUs of a test cluster) never starts CUDA."""
     task = Task(_Remote("reused"), _Remote("alone"))
-    remote = RayMeasurer(_cluster(node_gpus), gpus)._remote(task, 3)
+    job = replace(TWO_RANKS, device=device)
+    remote = RayMeasurer(_cluster(node_gpus), gpus)._remote(task, job, 3)
     assert remote.name == worker
     assert remote.options_given["num_cpus"] == 3 and remote.options_given["num_gpus"] == gpus
 
