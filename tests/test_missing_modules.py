@@ -1,4 +1,4 @@
-"""A module a configuration needs and the machine lacks (issue 40, fault 1): thread
+"""A module a configuration needs and the machine lacks: thread
 workers import ``torchdata.nodes`` only when a loader is built. Missing, it is the
 measurement's one-line failure (``missing_module``) wherever it is met: a trial, a
 verification run, the profile (whose handler then searches with TPE alone); never a

@@ -1,4 +1,4 @@
-"""The profile runs at the smallest batch the trials train at (issue 40, fault 5): its
+"""The profile runs at the smallest batch the trials train at: its
 every cost grows with the batch, and the cost model scales it to the larger ones. At
 the largest batch (1024 on the H200) the profile took 82 s of the device's minutes."""
 
