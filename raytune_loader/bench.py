@@ -151,6 +151,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive, help="measured steps per run (the search's)")
     p.add_argument("--data-root", help="where the data is on this machine (the search's)")
     p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    p.add_argument(
+        "--tuned-only", action="store_true",
+        help="measure the tuned configuration alone, not the baselines beside it",
+    )  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="log what happens")
     return p
 
@@ -163,7 +167,10 @@ def _other_machine(best: BestConfig) -> list[str]:
 
 def _speedups(measured: dict[str, Any]) -> dict[str, float | None]:
     by_name = {row["config"]: row["tuned_speedup"] for row in summary_rows(measured)}
-    return {"vs_pytorch_default": by_name[PYTORCH_DEFAULT], "vs_heuristic": by_name[HEURISTIC]}
+    return {
+        "vs_pytorch_default": by_name.get(PYTORCH_DEFAULT),
+        "vs_heuristic": by_name.get(HEURISTIC),
+    }
 
 
 def _write_figures(path: Path, measured: dict[str, Any]) -> None:
@@ -182,19 +189,20 @@ def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Cand
     for note in [*plan.notes, *(f"tuned on another machine: {d}" for d in _other_machine(best))]:
         say(f"note: {note}")
     job = plan.job
-    batch_sizes = sorted({config.batch_size for config in plan.configs.values()})
+    configs = {TUNED: plan.configs[TUNED]} if args.tuned_only else plan.configs
+    batch_sizes = sorted({config.batch_size for config in configs.values()})
     say(f"==> Preparing {job.dataset.name} ({job.samples_per_trial} samples, pre-warmed)")
     job = prepare_data(job, max(batch_sizes))
     say(f"==> Ceiling: {job.model} on a resident batch, {job.device}")
     measurer = LocalMeasurer()
     ceilings = measure_ceilings(job, batch_sizes, measurer, LogProgress(), required=False)
     say(
-        f"==> Measuring {len(plan.configs)} configurations x {args.repeats} "
+        f"==> Measuring {len(configs)} configurations x {args.repeats} "
         f"({job.segment.warmup_steps} warm-up + {job.segment.steps} measured steps each, "
         "the ceiling again in every round)"
     )
     verified = verify(
-        replace(job, ceilings=ceilings), plan.configs, args.repeats, measurer,
+        replace(job, ceilings=ceilings), configs, args.repeats, measurer,
         on_measured=lambda *event: say(progress_line(*event)),
     )  # fmt: skip
     return verified.candidates

@@ -207,3 +207,18 @@ def test_a_file_without_a_job_section_is_replayed_in_pytorch_s_default_precision
 ) -> None:
     plan = plan_from_config(load_best_config(write_config(tmp_path, best_config(tmp_path))))
     assert (plan.job.precision, plan.job.channels_last) == (None, False)  # flags untouched
+
+
+def test_tuned_only_measures_the_tuned_configuration_and_the_ceiling(
+    tiny_imagenet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a device's minutes afford: the winner re-measured standalone, no baselines."""
+    config = write_config(tmp_path, best_config(tiny_imagenet))
+    out_json = tmp_path / "bench.json"
+    args = ["--config", str(config), "--repeats", "1", "--steps", "4", "--tuned-only"]
+    assert main([*args, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^\[(\d+)/(\d+)\] (\S+) run", out, re.M) == [("1", "1", "tuned")]
+    figures = json.loads(out_json.read_text())
+    assert figures["baselines"] == {} and figures["metrics"]["samples_per_s"]["median"] > 0
+    assert figures["metrics"]["ceiling_samples_per_s"] > 0
