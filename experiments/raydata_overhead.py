@@ -23,9 +23,9 @@ Two measurements per candidate and round, in rotated rounds:
   batches cross the same way (a worker process, shared memory) or not at all (the
   tuned thread worker); the training process's share of it is what the trainer's node
   pays to receive a sample from a remote CPU;
-* trained: the steady window of the default segment (``measure.run_trial`` for the
-  DataLoader, ``raydata.train_window`` for Ray Data: the same warm-up, drain and
-  steady-rate rules).
+* trained: the steady window of the default segment (``measure.run_trial``, for the
+  DataLoader and for Ray Data as a candidate of the search: the same warm-up, drain
+  and steady-rate rules).
 
 Writes results/benchmarks/raydata_overhead.json. On two cores the training process
 and the maker share the machine with Ray's daemons: report what is true.
@@ -44,10 +44,10 @@ import psutil
 import torch
 
 from _common import RESULTS, default_job, save
-from raytune_loader import datasets, raydata
+from raytune_loader import raydata
 from raytune_loader.job import TrialJob
 from raytune_loader.loader import build_dataloader
-from raytune_loader.measure import job_trainer, prepare, run_trial, worker_side_rate
+from raytune_loader.measure import prepare, run_trial, worker_side_rate
 from raytune_loader.raydata import RayDataConfig
 from raytune_loader.selection import rotated
 from raytune_loader.space import LoaderConfig
@@ -168,16 +168,12 @@ def input_alone(job: TrialJob, config: LoaderConfig | RayDataConfig, window: int
 
 
 def trained(job: TrialJob, config: LoaderConfig | RayDataConfig) -> dict[str, Any]:
-    if isinstance(config, LoaderConfig):
-        outcome = run_trial(job, config)
-        assert outcome.metrics is not None, outcome.detail
-        return {"samples_per_s": outcome.metrics.samples_per_s, "steady": outcome.metrics.steady}
-    variant = LoaderConfig(BATCH, transfer=config.transfer, decode=config.decode)
-    subset, _ = prepare(job, 0, variant)
-    trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
-    with raydata.segment_loader(subset, config, job.segment, job.seed) as loader:
-        held = raydata.train_window(loader, trainer, config, job.segment)
-    return {"samples_per_s": held.whole.samples_per_s, "steady": held.steady}
+    """The trial's segment (``measure.run_trial``), for a DataLoader and for Ray Data as a
+    candidate of the search alike."""
+    candidate = config.candidate() if isinstance(config, RayDataConfig) else config
+    outcome = run_trial(job, candidate)
+    assert outcome.metrics is not None, outcome.detail
+    return {"samples_per_s": outcome.metrics.samples_per_s, "steady": outcome.metrics.steady}
 
 
 def summary(runs: list[dict[str, Any]], key: str) -> dict[str, float]:

@@ -64,12 +64,14 @@ def search_space(
     cuda: bool,
     progress: Progress,
     job: TrialJob | None = None,
+    raydata_cpus: float = 0.0,
 ) -> SearchSpace:
     """The search space; ``usable`` is the CPUs of the largest node a trial may run on,
     shared by the trial's ranks: each rank's workers are bounded by usable // ranks
     (:func:`worker_bound`), and by what the prepared ``job``'s stream can keep busy. Its
     source says what else is searched (the pipeline, decoders, thread workers, how it
-    is read and batched)."""
+    is read and batched); ``raydata_cpus`` what a Ray Data candidate's actors may take
+    (:func:`raydata_cpus`)."""
     ranks = max(1, opts.ranks_per_node)
     max_workers = worker_bound(opts, usable)
     batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
@@ -94,7 +96,40 @@ def search_space(
         accesses=accesses,
         batchings=source.batchings(spec),
         stream_workers=job.stream_workers,
+        raydata_cpus=raydata_cpus,
+        locality_works=raydata_cpus >= 1 and _locality_works(),
     )  # fmt: skip
+
+
+def _locality_works() -> bool:
+    from raytune_loader import raydata
+
+    return raydata.locality_with_output_works()
+
+
+def raydata_cpus(opts: SearchOptions, cluster: Any, job: TrialJob, progress: Progress) -> float:
+    """The CPUs one trial's Ray Data actors may take: those of the nodes beyond the
+    trials' (``--node-type``; ``--cpu-node-type``'s), or with ``--ray-data`` on one
+    node those beyond the trial's own, at most ``--remote-cpus``; 0 where Ray Data is not
+    offered (``--no-ray-data``, a source its actors cannot read, several ranks)."""
+    if opts.ray_data is False or (opts.ray_data is None and not cluster.remote_cpus):
+        return 0.0
+    source = job.dataset.source
+    if not source.ray_data or job.ranks > 1:
+        why = "several ranks per trial" if job.ranks > 1 else f"{job.dataset.name}'s files"
+        if opts.ray_data:
+            progress.warn(f"Ray Data candidates are not offered with {why}: its actors read "
+                          "image folders, for one rank per trial")  # fmt: skip
+        return 0.0
+    cpus = cluster.remote_cpus or max(0.0, cluster.node_cpus - job.cpus_for(0))
+    if opts.remote_cpus is not None:
+        cpus = min(cpus, opts.remote_cpus)
+    if cpus < 1:
+        progress.warn(f"Ray Data candidates need a CPU for an actor; {cpus:g} are free for them")
+        return 0.0
+    where = "beyond the trials' nodes" if cluster.remote_cpus else "beside the trial (one node)"
+    progress.stage(f"Ray Data candidates: actors on up to {cpus:g} CPUs {where}")
+    return cpus
 
 
 def worker_bound(opts: SearchOptions, usable: int, progress: Progress | None = None) -> int:
@@ -190,8 +225,9 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             "has the token in ~/.ray/auth_token can run code on this machine"
         )
     cluster = tuner.start_ray(
-        opts.address, opts.dashboard_host, hardware.usable_cpus(), opts.verbose, opts.node_type
-    )
+        opts.address, opts.dashboard_host, hardware.usable_cpus(), opts.verbose, opts.node_type,
+        opts.cpu_node_type,
+    )  # fmt: skip
     try:
         _announce_dashboard(cluster, progress)
         node_cpus = int(cluster.node_cpus) if cluster.joined else hardware.usable_cpus()
@@ -200,7 +236,8 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
                 replace(job, node_cpus=node_cpus), max(opts.batch_sizes), progress
             )
         cuda = job.device == "cuda"
-        space = search_space(opts, node_cpus, cuda, progress, job=job)
+        remote = raydata_cpus(opts, cluster, replace(job, node_cpus=cluster.node_cpus), progress)
+        space = search_space(opts, node_cpus, cuda, progress, job=job, raydata_cpus=remote)
         opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial)
@@ -208,7 +245,9 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         max_concurrent = opts.max_concurrent or _default_concurrency(gpus_per_trial, cluster)
         name, storage, resume = _experiment(out_dir, opts, cluster, progress)
         # a resumed search goes on with the searcher Tune saved, and its model
-        model = None if resume else _cost_model(opts, job, space, measurer, node_cpus, progress)
+        model = None if resume else _cost_model(opts, job, space, measurer, node_cpus, progress,
+                                                remote_actors=cluster.remote_cpus > 0)  # fmt: skip
+        space = _actors_bounded(space, model, progress)
         settings = tuner.TuneSettings(
             objective=opts.objective, num_samples=opts.num_samples, max_concurrent=max_concurrent,
             time_budget_s=opts.time_budget_s, gpus_per_trial=gpus_per_trial, seed=opts.seed,
@@ -254,6 +293,7 @@ def _cost_model(
     measurer: Any,
     cores: int,
     progress: Progress,
+    remote_actors: bool = True,
 ) -> CostModel | None:
     """The profile phase, for the model-guided search: each structure's stages, measured
     once in one process; None for the other methods, or when it fails (the search then
@@ -273,7 +313,23 @@ def _cost_model(
         progress.warn(f"the profile failed ({last_line(exc)}); searching with TPE alone")
         return None
     log.info("profile: %s", found)
-    return CostModel(found, job.ceilings, cuda=job.device.startswith("cuda"), ranks=job.ranks)
+    cuda = job.device.startswith("cuda")
+    return CostModel(found, job.ceilings, cuda=cuda, ranks=job.ranks, remote_actors=remote_actors)
+
+
+def _actors_bounded(space: SearchSpace, model: CostModel | None, progress: Progress) -> SearchSpace:
+    """The space with Ray Data's actors held to the CPUs the cost model says reach the
+    training process's own pace (:meth:`CostModel.remote_cpus`): more cannot raise it."""
+    if model is None or not space.raydata:
+        return space
+    needed = model.remote_cpus(space)
+    if needed is None or needed >= space.raydata_cpus:
+        return space
+    progress.stage(
+        f"Ray Data: the cost model puts the training process's pace at {needed:g} actors' "
+        f"CPUs (with a margin); the space offers up to those, not {space.raydata_cpus:g}"
+    )
+    return replace(space, raydata_cpus=max(1.0, needed))
 
 
 def _objective(

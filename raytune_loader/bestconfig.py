@@ -22,8 +22,15 @@ from raytune_loader.options import SearchOptions
 from raytune_loader.outcomes import InputRate
 from raytune_loader.records import TrialRecord
 from raytune_loader.results import SCHEMA_VERSION
-from raytune_loader.selection import Candidate, fitting, select
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, LoaderConfig, SearchSpace
+from raytune_loader.selection import Candidate, Selection, fitting, select
+from raytune_loader.space import (
+    HEURISTIC,
+    PYTORCH_DEFAULT,
+    RANK_SHARE,
+    RAY_DOCS,
+    LoaderConfig,
+    SearchSpace,
+)
 
 CLASS_FACTS = ("hardware_class", "cpu_model", "node_cpus", "gpu_name", "node_gpus", "ram_bytes")
 
@@ -167,6 +174,7 @@ def best_config(
         raise SearchFailedError(f"every configuration failed: {'; '.join(reasons)[:400]}")
     by_name = {c.name: c for c in candidates}
     winner = selection.winner
+    loader = _dataloader(selection, by_name)  # what .dataloader() builds
     rules = findings.Rules(ctx.opts.memory_share, ctx.opts.cpus_per_worker)
     statuses = [r.status for r in records]
     return {
@@ -174,10 +182,11 @@ def best_config(
         "dataset": ctx.job.dataset.name,
         "model": None if ctx.job.train_step else ctx.job.model,  # the step is in "job"
         "objective": ctx.opts.objective,
+        "engine": winner.config.engine,  # the chosen candidate's: dataloader or raydata
         "ranks_per_node": ctx.job.ranks,  # the loader below is each rank's
         # after an out-of-memory back-off, what fits is what training should use
-        "loader": fitting(winner).kwargs(),
-        "worker_init": winner.config.worker_init(),  # what .dataloader()'s workers set
+        "loader": fitting(loader).kwargs(),
+        "worker_init": loader.config.worker_init(),  # what .dataloader()'s workers set
         "metrics": metrics_of(winner),
         **_limit(winner, (input_rates or {}).get(winner.name)),
         "findings": [f.as_dict() for f in findings.findings(winner, probes, records, rules)],
@@ -190,13 +199,7 @@ def best_config(
             "decided_by_cost": selection.decided_by_cost,
             "best_by_objective": selection.best_by_objective.name,
             "runners_up": [
-                {
-                    "name": c.name,
-                    "loader": c.config.kwargs(),
-                    "pipeline": c.config.pipeline(),
-                    "worker_init": c.config.worker_init(),
-                    "objective": c.stats(ctx.opts.objective).as_dict(),
-                }  # type: ignore[union-attr]
+                {**_settings(c), "objective": c.stats(ctx.opts.objective).as_dict()}  # type: ignore[union-attr]
                 for c in selection.ranked
                 if c is not winner
             ],
@@ -210,10 +213,16 @@ def best_config(
                 if RANK_SHARE in by_name
                 else {}
             ),
+            **(
+                {"vs_ray_docs_default": _speedup(winner, by_name[RAY_DOCS])}
+                if RAY_DOCS in by_name
+                else {}
+            ),
             "metric": "samples_per_s (median of verification runs)",
         },
+        **_raydata_section(ctx, selection, loader),
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
-        **({"pipeline": winner.config.pipeline()} if ctx.space.pipeline else {}),
+        **({"pipeline": loader.config.pipeline()} if ctx.space.pipeline else {}),
         "source": source_section(ctx.job, fitting(winner)),
         **_what_if(ctx, fitting(winner)),
         "trainers": trainers.section(),
@@ -236,6 +245,7 @@ def best_config(
                 "batch_sizes": list(ctx.space.batch_sizes),
                 "prefetch_factors": list(ctx.space.prefetch_factors),
                 "pin_memory": ctx.space.cuda,
+                "raydata_cpus": ctx.space.raydata_cpus,
             },
             "segment": asdict(ctx.job.segment),
             "samples_per_trial": ctx.opts.samples_per_trial,
@@ -251,6 +261,48 @@ def best_config(
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _dataloader(selection: Selection, by_name: dict[str, Candidate]) -> Candidate:
+    """The DataLoader ``.dataloader()`` builds: the chosen candidate, or where a Ray Data
+    candidate was chosen the best verified DataLoader (PyTorch's defaults where none
+    measured)."""
+    loaders = [c for c in selection.ranked if c.config.engine == "dataloader"]
+    if selection.winner.config.engine == "dataloader":
+        return selection.winner
+    return loaders[0] if loaders else by_name[PYTORCH_DEFAULT]
+
+
+def _settings(candidate: Candidate) -> dict[str, Any]:
+    """A verified candidate's settings as the JSON names them: a DataLoader's sections,
+    or a Ray Data candidate's ``raydata`` knobs."""
+    config = candidate.config
+    if config.engine == "raydata":
+        return {"name": candidate.name, "engine": "raydata", "raydata": config.raydata_values()}
+    return {"name": candidate.name, "loader": config.kwargs(), "pipeline": config.pipeline(),
+            "worker_init": config.worker_init()}  # fmt: skip
+
+
+def _raydata_section(ctx: SearchContext, selection: Selection, loader: Candidate) -> dict[str, Any]:
+    """``raydata``: the best verified Ray Data candidate, chosen or the runner-up to the
+    DataLoader, with its pipeline, figures, what it reserves and its findings."""
+    ranked = [c for c in selection.ranked if c.config.engine == "raydata"]
+    if not ranked:
+        return {}
+    best = ranked[0]
+    config = fitting(best)
+    needed = ctx.model.remote_cpus(ctx.space) if ctx.model is not None else None
+    return {"raydata": {
+        "chosen": best is selection.winner,
+        "name": best.name,
+        "config": config.raydata_values(),
+        "metrics": metrics_of(best),
+        "speedup_vs_dataloader": _speedup(best, loader),
+        "reserved": {"trial_cpus": ctx.job.cpus_for(0), "actor_cpus": config.actor_cpus,
+                     "offered_cpus": ctx.space.raydata_cpus},
+        "remote_cpus_to_ceiling": needed,
+        "findings": [f.as_dict() for f in findings.raydata_findings(best)],
+    }}  # fmt: skip
 
 
 def _search_method(ctx: SearchContext) -> dict[str, Any]:
@@ -392,6 +444,9 @@ def _baselines(by_name: dict[str, Candidate], heuristic_note: str | None) -> dic
         for name in (PYTORCH_DEFAULT, HEURISTIC, RANK_SHARE)
         if name in by_name
     }
+    if RAY_DOCS in by_name:
+        docs = by_name[RAY_DOCS]
+        out[RAY_DOCS] = {"raydata": docs.config.raydata_values(), "metrics": metrics_of(docs)}
     if heuristic_note:
         out[HEURISTIC]["note"] = heuristic_note
     return out

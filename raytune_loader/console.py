@@ -34,8 +34,9 @@ def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
     for name, section in sections.items():
         metrics = section["metrics"]
         config = config_from_sections(
-            section["loader"], section.get("pipeline"), section.get("worker_init")
-        )
+            section.get("loader"), section.get("pipeline"), section.get("worker_init"),
+            _raydata_settings(best, name, section),
+        )  # fmt: skip
         speed = median_of(metrics, "samples_per_s")
         out.append(
             {
@@ -51,6 +52,15 @@ def summary_rows(best: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _raydata_settings(best: dict[str, Any], name: str, section: dict[str, Any]) -> Any:
+    """A row's Ray Data knobs: the tuned row's where a Ray Data candidate was chosen (its
+    ``loader`` is then the best DataLoader), a Ray Data baseline's own."""
+    if name == "tuned":
+        chosen = best.get("engine") == "raydata"
+        return (best.get("raydata") or {}).get("config") if chosen else None
+    return section.get("raydata")
 
 
 def median_of(metrics: dict[str, Any], key: str) -> float | None:
@@ -263,6 +273,8 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     pipeline = best.get("pipeline")
     if pipeline:
         print(f"\ntuned pipeline: {pipeline_line(pipeline)}", file=stream)
+    for line in raydata_lines(best):
+        print(line, file=stream)
     line = ceiling_line(best["metrics"])
     if line:
         print(f"\n{line}", file=stream)
@@ -280,11 +292,29 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
             file=stream,
         )
     print(f"\nbest config: {out_dir}/best_config.json   report: {out_dir}/report.md", file=stream)
-    print(
-        f"use it: tuned = load_best_config('{out_dir}/best_config.json'); "
-        "loader = tuned.dataloader(tuned.dataset())",
-        file=stream,
+    use = (
+        "dataset = tuned.raydata_dataset() (Ray Train: datasets={'train': dataset}, "
+        "iter_torch_batches(**tuned.iteration_arguments()))"
+        if best.get("engine") == "raydata"
+        else "loader = tuned.dataloader(tuned.dataset())"
     )
+    print(f"use it: tuned = load_best_config('{out_dir}/best_config.json'); {use}", file=stream)
+
+
+def raydata_lines(best: dict[str, Any]) -> list[str]:
+    """The best Ray Data candidate: chosen, or beside the chosen DataLoader."""
+    section = best.get("raydata")
+    if not section:
+        return []
+    config = config_from_sections(None, raydata=section["config"])
+    speed, ratio = (
+        median_of(section["metrics"], "samples_per_s"),
+        section.get("speedup_vs_dataloader"),
+    )
+    role = "chosen" if section.get("chosen") else "runner-up"
+    against = f", {ratio:.2f}x the best DataLoader" if ratio else ""
+    figure = f"{speed:.0f} samples/s" if speed else "no figure"
+    return [f"\nRay Data ({role}): {config.label()}: {figure}{against}"]
 
 
 def steady_lines(best: dict[str, Any]) -> list[str]:

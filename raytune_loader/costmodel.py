@@ -15,7 +15,16 @@ the pace of its slowest part:
 
 Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
-as its margin. prefetch, persistent workers, the order and the start method do
+as its margin.
+
+A Ray Data candidate's actors run the same worker side as a worker, plus what putting
+a sample into Ray's object store costs them; the training process pays what taking it
+out costs (:data:`OBJECT_STORE`: a cost per sample and one per byte, measured by
+``experiments/raydata_overhead.py``). Its parts are the training process (step,
+receive, finish), the actors together, and on a CPU the trial's cores, which the
+actors share only when they run on the trial's node. :meth:`CostModel.remote_cpus`
+is how many actors' CPUs keep the training process at its own pace: past that, more
+remote CPUs cannot raise the rate. prefetch, persistent workers, the order and the start method do
 not change the steady pace in this model; the search tunes them around the
 structures the model ranks. With several ranks each has its share of the cores,
 and the node's rate is ranks x one rank's.
@@ -23,18 +32,71 @@ and the node's rate is ranks x one rank's.
 
 from __future__ import annotations
 
+import math
 import statistics
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from raytune_loader.profile import Profile
-from raytune_loader.space import LoaderConfig, structure
+from raytune_loader.space import LoaderConfig, SearchSpace, structure
+
+IMAGE_VALUES = 3 * 224 * 224  # values of one training image (uint8: bytes)
+
+
+@dataclass(frozen=True)
+class PerByte:
+    """A cost of seconds per sample plus seconds per byte of the sample."""
+
+    per_sample_s: float
+    per_byte_s: float
+
+    def seconds(self, sample_bytes: float) -> float:
+        return self.per_sample_s + self.per_byte_s * sample_bytes
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[float, float]]) -> PerByte:
+        """The least-squares line through (bytes, seconds) points (two or more sizes)."""
+        mean_x = statistics.fmean(x for x, _ in points)
+        mean_y = statistics.fmean(y for _, y in points)
+        spread = sum((x - mean_x) ** 2 for x, _ in points)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
+        return cls(mean_y - slope * mean_x, slope)
+
+
+@dataclass(frozen=True)
+class ObjectStoreCost:
+    """What crossing Ray's object store costs a sample: the actor putting it there beyond
+    its worker side (``put``), the training process taking it out, formatting and
+    collating the batch (``receive``)."""
+
+    put: PerByte
+    receive: PerByte
+
+
+# Measured by experiments/raydata_overhead.py (results/benchmarks/raydata_overhead.json)
+# for uint8 and float32 images on one node: the actor's time a sample beyond the worker
+# side's (maker_ms_per_sample less worker_side_cpu_ms_per_sample) and the training
+# process's CPU time a sample (training_process_cpu_ms_per_sample), each a line through
+# the two sizes (tests/test_costmodel.py refits it from the file).
+OBJECT_STORE = ObjectStoreCost(
+    put=PerByte(per_sample_s=3.470e-4, per_byte_s=2.745e-10),
+    receive=PerByte(per_sample_s=2.170e-4, per_byte_s=1.153e-10),
+)
+REMOTE_MARGIN = 0.25  # actors' CPUs beyond the model's count that the search still offers
+
+
+def crossing_bytes(config: LoaderConfig) -> int:
+    """Bytes one sample puts in the object store: the image as it crosses (encoded files
+    taken at a uint8 image's size, a bound on a training JPEG's)."""
+    return IMAGE_VALUES * (4 if config.transfer == "float32" and config.decode != "device" else 1)
 
 
 @dataclass(frozen=True)
 class Prediction:
     samples_per_s: float
-    bound: str  # what sets the pace: "step", "workers" or "cores"
-    cpus: float  # processes busy: the training process and its workers, per rank
+    bound: str  # what sets the pace: "step", "workers", "actors" or "cores"
+    cpus: float  # CPUs busy: the training process and its workers (or actors), per rank
 
 
 @dataclass(frozen=True)
@@ -43,6 +105,8 @@ class CostModel:
     ceilings: dict[int, float]  # samples/s of the step on a resident batch, by batch size
     cuda: bool = False
     ranks: int = 1
+    remote_actors: bool = True  # Ray Data's actors run on other nodes than the trial's
+    store: ObjectStoreCost = OBJECT_STORE
 
     def predict(self, config: LoaderConfig, cores: float | None = None) -> Prediction | None:
         """The candidate's samples/s (the node's: all ranks), or None where the profile
@@ -62,6 +126,8 @@ class CostModel:
             collate = max(collate, self.profile.hand_over_s.get(receiving, 0.0))
         worker = batch / per_core + collate * scale
         rank_cores = (cores or self.profile.cores) / self.ranks
+        if config.engine == "raydata":
+            return self._raydata(config, step + finish, batch / per_core, rank_cores)
         if config.num_workers == 0:
             main = step + worker + finish
             parts = {"step": main}
@@ -80,6 +146,52 @@ class CostModel:
             cpus=1.0 + config.num_workers,
         )
 
+    def _raydata(
+        self, config: LoaderConfig, main: float, making: float, cores: float
+    ) -> Prediction:
+        """A Ray Data candidate: the training process (``main``: step and finish, plus
+        taking the batch out of the object store), its actors together (each
+        ``making`` a batch plus putting it in the store, at its share of a core), and on
+        a CPU the trial's cores (the actors' too where they run there)."""
+        batch, crossing = config.batch_size, crossing_bytes(config)
+        main += batch * self.store.receive.seconds(crossing)
+        actor = making + batch * self.store.put.seconds(crossing)
+        pace = config.pool_size * min(1.0, config.actor_cpus_each)
+        parts = {"step": main, "actors": actor / pace}
+        if not self.cuda:
+            busy = main if self.remote_actors else main + actor
+            parts["cores"] = busy / max(1.0, cores)
+        bound = max(parts, key=lambda k: parts[k])
+        return Prediction(self.ranks * batch / parts[bound], bound, 1.0 + config.actor_cpus)
+
+    def actors_needed(self, config: LoaderConfig) -> float | None:
+        """How many of ``config``'s actors make batches as fast as its training process
+        takes them (its pace with actors to spare): more cannot raise its rate."""
+        unbounded = replace(config, max_actors=10**6, min_actors=None)
+        limit = self.predict(unbounded)
+        alone = self.predict(replace(config, max_actors=1, min_actors=None))
+        if limit is None or alone is None:
+            return None
+        return limit.samples_per_s / alone.samples_per_s if alone.bound == "actors" else 1.0
+
+    def remote_cpus(self, space: SearchSpace) -> float | None:
+        """The actors' CPUs that reach every Ray Data structure's pace of its training
+        process (its ceiling, less what receiving and finishing cost), at each batch
+        size, in the actors that need the fewest, with :data:`REMOTE_MARGIN` for the
+        model's error; None where the profile lacks them."""
+        cheapest: dict[tuple[Any, int], float] = {}  # structure and batch: fewest CPUs
+        for kind, configs in space.structures().items():
+            if kind.kind != "raydata":
+                continue
+            for config in {(c.batch_size, c.actor_cpus_each): c for c in configs}.values():
+                actors = self.actors_needed(config)
+                if actors is not None:
+                    key, cpus = (kind, config.batch_size), actors * config.actor_cpus_each
+                    cheapest[key] = min(cpus, cheapest.get(key, cpus))
+        if not cheapest:
+            return None
+        return float(math.ceil(max(cheapest.values()) * (1 + REMOTE_MARGIN)))
+
 
 def median_error(pairs: list[tuple[float, float]]) -> float | None:
     """The median of |predicted - measured| / measured over (predicted, measured) pairs."""
@@ -92,6 +204,8 @@ def what_if(model: CostModel, config: LoaderConfig, cores: list[int]) -> list[di
     per core of its share (threads or processes as tuned; on a CPU the training step
     shares those cores, as the model counts), from the same measured per-core costs."""
     out: list[dict[str, object]] = []
+    if config.engine == "raydata":
+        return _actors_what_if(model, config, cores)
     for count in cores:
         workers = max(1, int(count // model.ranks)) if config.num_workers else 0
         resized = config if workers == config.num_workers else LoaderConfig.from_dict(
@@ -103,5 +217,22 @@ def what_if(model: CostModel, config: LoaderConfig, cores: list[int]) -> list[di
             out.append({
                 "cores": count, "workers_per_rank": workers, "estimate": True,
                 "samples_per_s": round(found.samples_per_s, 1), "bound": found.bound,
+            })  # fmt: skip
+    return out
+
+
+def _actors_what_if(
+    model: CostModel, config: LoaderConfig, counts: list[int]
+) -> list[dict[str, object]]:
+    """Estimates for a Ray Data winner with other pools of actors (fixed, each with the
+    winner's CPUs), from the same measured costs."""
+    out: list[dict[str, object]] = []
+    for count in counts:
+        found = model.predict(replace(config, max_actors=max(1, count), min_actors=None))
+        if found is not None:
+            out.append({
+                "actors": max(1, count), "remote_cpus": max(1, count) * config.actor_cpus_each,
+                "estimate": True, "samples_per_s": round(found.samples_per_s, 1),
+                "bound": found.bound,
             })  # fmt: skip
     return out

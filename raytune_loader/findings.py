@@ -37,13 +37,16 @@ EPOCH_START_S = 5.0  # an epoch start this much slower without persistent worker
 EPOCH_START_SHARE = 0.01  # and this share of an epoch's time
 SERIES_POINTS = 120  # readings per process kept for the report's plot
 TUNED = "tuned"  # the tuned configuration's name among the probes
+ACTOR_MEMORY_SHARE = 0.5  # a Ray Data pool's resident memory above this share of the free
+BACKPRESSURE_SHARE = 0.25  # the executor holding tasks back this share of the window's time
+BACKPRESSURE_WAIT = 0.10  # while the loop waited this share of the window
 
 
 @dataclass(frozen=True)
 class Finding:
     """One thing that would break or slow training later."""
 
-    kind: str  # memory, threads, stragglers, epoch_start
+    kind: str  # memory, threads, stragglers, epoch_start; spilled, actor_memory, backpressure
     figure: str  # what was measured, in words
     fix: str
     projection: dict[str, Any] | None = None  # where it leads, for memory
@@ -108,7 +111,7 @@ def findings(
         _stragglers(winner, probed),
         _epoch_start(winner, probed),
     ]
-    return [f for f in found if f is not None]
+    return [f for f in found if f is not None] + raydata_findings(winner)
 
 
 def _fit(winner: Candidate) -> MemoryFit | None:
@@ -349,6 +352,81 @@ def _epoch_start(winner: Candidate, probed: dict[str, Candidate]) -> Finding | N
     )
     fix = f"persistent_workers=True saves {saved:.1f} s an epoch (measured)"
     return Finding("epoch_start", figure, fix, None, {"persistent_s": kept, "fresh_s": fresh})
+
+
+def raydata_findings(candidate: Candidate) -> list[Finding]:
+    """What would break or slow a Ray Data candidate's training later, from its runs:
+    bytes spilled from the object store during the window, actors whose resident memory
+    would crowd their nodes (Ray's object store budget does not count it), the executor
+    holding the actors back while the loop waited."""
+    if candidate.config.engine != "raydata":
+        return []
+    found = [_spilled(candidate), _actor_memory(candidate), _backpressure(candidate)]
+    return [f for f in found if f is not None]
+
+
+def _spilled(candidate: Candidate) -> Finding | None:
+    spilled = _median(candidate, "store_spilled_bytes")
+    samples = _median(candidate, "samples")
+    if not spilled or spilled <= 0:
+        return None
+    per_sample = f", {_bytes(spilled / samples)} a sample trained" if samples else ""
+    figure = (
+        f"Ray spilled {_bytes(spilled)} from the object store to disk during the measured "
+        f"window{per_sample} (the cluster's count: other work spills into it too)"
+    )
+    fix = (
+        "set object_store_bytes below the object store's size (Ray Data then holds the "
+        "actors back instead of spilling), smaller map calls (map_batch_size) or blocks "
+        "(block_bytes), or fewer bytes across: uint8 images (a quarter of float32's) or the "
+        "encoded files"
+    )
+    return Finding("spilled", figure, fix, None, {"spilled_bytes": spilled})
+
+
+def _actor_memory(candidate: Candidate) -> Finding | None:
+    rss = _median(candidate, "actor_rss_bytes")
+    free = min((o.metrics.actor_free_bytes for o in candidate.ok
+                if o.metrics and o.metrics.actor_free_bytes), default=None)  # fmt: skip
+    actors = candidate.config.pool_size
+    if not rss or not free or rss * actors <= ACTOR_MEMORY_SHARE * free:
+        return None
+    ray_figure = _median(candidate, "actor_uss_ray_bytes")
+    ray_words = f"; Ray Data's own figure for its tasks: {_bytes(ray_figure)}" if ray_figure else ""
+    figure = (
+        f"each actor holds {_bytes(rss)} resident{ray_words}: {actors} actors would hold "
+        f"{_bytes(rss * actors)}, more than {ACTOR_MEMORY_SHARE:.0%} of the {_bytes(free)} "
+        "their node had free (an object store budget does not count it)"
+    )
+    fix = (
+        "fewer actors on a node (more cpus_per_actor), smaller map calls (map_batch_size), or "
+        "nodes with more memory for the actors"
+    )
+    values = {"actor_rss_bytes": rss, "actor_uss_ray_bytes": ray_figure, "free_bytes": free}
+    return Finding("actor_memory", figure, fix, None, values)
+
+
+def _backpressure(candidate: Candidate) -> Finding | None:
+    held = _median(candidate, "backpressure_s")
+    wall = _median(candidate, "wall_s")
+    waited = _median(candidate, "data_wait_frac")
+    if not held or not wall or waited is None:
+        return None
+    if held < BACKPRESSURE_SHARE * wall or waited < BACKPRESSURE_WAIT:
+        return None
+    budget = candidate.config.object_store_bytes
+    figure = (
+        f"Ray Data held the actors' tasks back for {held:.1f} s of the segment (the window "
+        f"lasted {wall:.1f} s) while the loop waited {waited:.0%} of the window for batches"
+    )
+    fix = (
+        f"raise object_store_bytes ({_bytes(budget)} now) or leave it to Ray's share"
+        if budget
+        else "fewer bytes in flight: uint8 images or the encoded files across, smaller map "
+        "calls (map_batch_size) or a lower prefetch_batches"
+    )
+    values = {"backpressure_s": held, "window_s": wall, "data_wait_frac": waited}
+    return Finding("backpressure", figure, fix, None, values)
 
 
 def watch_section(winner: Candidate, probes: Sequence[Candidate]) -> dict[str, Any]:

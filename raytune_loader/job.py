@@ -19,7 +19,7 @@ import torch
 
 from raytune_loader import datasets
 from raytune_loader.options import SearchOptions
-from raytune_loader.space import reserved_cpus
+from raytune_loader.space import LoaderConfig, reserved_cpus
 from raytune_loader.step import default_precision
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,11 @@ class TrialJob:
     def cpus_for(self, num_workers: int) -> float:
         """CPUs a measurement with ``num_workers`` loader workers per rank reserves."""
         return reserved_cpus(num_workers, self.cpus_per_worker, self.node_cpus, self.ranks)
+
+    def cpus_reserved(self, config: LoaderConfig) -> float:
+        """CPUs a measurement of ``config`` reserves in all: its own bundle's
+        (:meth:`cpus_for`) and a Ray Data candidate's actors' (on other nodes)."""
+        return self.cpus_for(config.num_workers) + config.actor_cpus
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:

@@ -27,7 +27,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
-from raytune_loader import datasets, hardware, memoryfit, nvml, steady, streams, watch
+from raytune_loader import datasets, hardware, memoryfit, nvml, raydata, steady, streams, watch
 from raytune_loader.backoff import run_with_backoff
 from raytune_loader.batches import Stamped
 from raytune_loader.errors import (
@@ -39,7 +39,13 @@ from raytune_loader.errors import (
 )
 from raytune_loader.job import SegmentSpec, TrialJob, subset_indices
 from raytune_loader.loader import build_dataloader
-from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
+from raytune_loader.memory import (
+    bytes_in_flight,
+    cap_gpu_memory,
+    check_bytes,
+    check_memory,
+    sample_nbytes,
+)
 from raytune_loader.models import build_model
 from raytune_loader.outcomes import InputRate, SegmentMetrics, TrialOutcome
 from raytune_loader.sharding import process_group
@@ -143,7 +149,17 @@ def segment_batches(
     process's whole heap once (hundreds of MB for a process holding torch and a test
     session's modules), which the memory fit reads as a rate of copies per sample
     when its few private-memory readings straddle it. Reference counts still copy
-    the pages of the objects a worker reads: what the fit is for."""
+    the pages of the objects a worker reads: what the fit is for. A Ray Data candidate
+    (:func:`raytune_loader.raydata.segment_loader`) forks nothing: its actors are
+    processes of the cluster, and its executions end with the block."""
+    if config.engine == "raydata":
+        with raydata.segment_loader(dataset, raydata.config_of(config), spec, seed) as loader:
+            ray_batches = _Epochs(loader)
+            try:
+                yield ray_batches
+            finally:
+                ray_batches.close()
+        return
     torch.set_num_threads(spec.compute_threads)
     freeze = gc.get_freeze_count() == 0
     loader = build_dataloader(
@@ -288,6 +304,7 @@ def train_segment(
     with segment_batches(dataset, config, spec, seed) as batches:
         cpus = min(hardware.usable_cpus(), 1 + config.num_workers)
         watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
+        ray_watch = batches.loader.watch if config.engine == "raydata" else None
 
         def fetch() -> tuple[Any, Stamped]:  # the next batch on the device, its stamps
             stamped = next(batches)
@@ -308,6 +325,8 @@ def train_segment(
             first = None if warm_up else first  # trained in the warm-up, or measured
             trainer.sync()
             watcher.window_started()
+            if ray_watch is not None:
+                ray_watch.window_started()
             sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
             window = _Window(trainer.device, config, spec.compute_threads, ceiling)
@@ -337,6 +356,8 @@ def train_segment(
             window.batches[-1] = replace(window.batches[-1], ended=time.monotonic())
             reading = sampler.stop()
             watcher.window_ended()
+            if ray_watch is not None:
+                ray_watch.window_ended()
             epoch_start_s = _epoch_start(batches, fetch, trainer)
         finally:
             if sampler is not None:
@@ -357,6 +378,7 @@ def train_segment(
         epoch_start_s=epoch_start_s,
         **window.wait_figures(figures["wall_s"]),
         **watched_figures(seen, fit),
+        **(ray_watch.figures() if ray_watch is not None else {}),
         watch=seen,
         memory=fit,
     )
@@ -474,19 +496,15 @@ def run_trial(
     job: TrialJob, config: LoaderConfig, report: ReportFn | None = None, slot: int = 0
 ) -> TrialOutcome:
     """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
-    cpus = job.cpus_for(config.num_workers)
+    cpus = job.cpus_reserved(config)
     try:
         subset, sample_bytes = prepare(job, slot, config)
     except DataPipelineError as exc:
         return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
     try:
-        shm = hardware.shm_bytes()  # with several ranks, each checks its share of both
-        host = check_memory(
-            config, sample_bytes, psutil.virtual_memory().available // job.ranks,
-            None if shm is None else shm // job.ranks,
-        )  # fmt: skip
+        host = _check_memory(job, config, sample_bytes)
     except TrialRefusedError as exc:
-        host = bytes_in_flight(config, sample_bytes)[0]
+        host = _in_flight_bytes(config, sample_bytes)[0]
         return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
     trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
 
@@ -519,6 +537,27 @@ def run_trial(
         oom_backoffs=outcome.backoffs,
         ceiling_samples_per_s=job.ceilings.get(outcome.effective_batch_size),
     )
+
+
+def _in_flight_bytes(config: LoaderConfig, sample_bytes: int) -> tuple[int, int]:
+    """(host bytes, /dev/shm bytes) ``config`` holds ahead of the loop: a DataLoader's
+    batches (:func:`raytune_loader.memory.bytes_in_flight`), or a Ray Data candidate's
+    prefetched batches and what its object store holds on this node."""
+    if config.engine == "raydata":
+        return raydata.bytes_in_flight(raydata.config_of(config), sample_bytes)
+    return bytes_in_flight(config, sample_bytes)
+
+
+def _check_memory(job: TrialJob, config: LoaderConfig, sample_bytes: int) -> int:
+    """Refuse ``config`` when what it holds ahead would not fit in this rank's share of
+    RAM and ``/dev/shm``; its host bytes in flight."""
+    free = hardware.shm_bytes()  # with several ranks, each checks its share of both
+    ram = psutil.virtual_memory().available // job.ranks
+    shm = None if free is None else free // job.ranks
+    if config.engine == "raydata":
+        host, store = _in_flight_bytes(config, sample_bytes)
+        return check_bytes(config.label(), host, store, ram, shm, "object store blocks")
+    return check_memory(config, sample_bytes, ram, shm)
 
 
 def measure_ceiling(

@@ -48,18 +48,37 @@ def check_memory(
 ) -> int:
     """Refuse a configuration that would not fit; returns its host bytes in flight."""
     host, shm = bytes_in_flight(config, sample_bytes)
+    return check_bytes(config.label(), host, shm, available_ram, free_shm)
+
+
+def check_bytes(
+    label: str,
+    host: int,
+    shm: int,
+    available_ram: int,
+    free_shm: int | None,
+    holder: str = "batches",
+) -> int:
+    """Refuse a candidate (``label``) that would hold ``host`` bytes in host memory and
+    ``shm`` in ``/dev/shm`` (its ``holder``'s: the batches, or Ray's object store),
+    beyond their shares of what is free; returns ``host``."""
     if host > RAM_SHARE * available_ram:
         raise TrialRefusedError(
             "host_memory",
-            f"{config.label()} would hold {host / 2**20:.0f} MiB of batches in host memory, "
+            f"{label} would hold {host / 2**20:.0f} MiB of batches in host memory, "
             f"more than half of the {available_ram / 2**20:.0f} MiB available",
         )
     if free_shm is not None and shm > SHM_SHARE * free_shm:
+        fix = (
+            "fewer workers or a smaller prefetch_factor"
+            if holder == "batches"
+            else "a smaller object_store_bytes, map_batch_size or prefetch_batches"
+        )
         raise TrialRefusedError(
             "shm",
-            f"{config.label()} would put {shm / 2**20:.0f} MiB of batches in /dev/shm, which has "
+            f"{label} would put {shm / 2**20:.0f} MiB of {holder} in /dev/shm, which has "
             f"{free_shm / 2**20:.0f} MiB free; raise it (docker run --shm-size=8g) or use "
-            "fewer workers or a smaller prefetch_factor",
+            f"{fix}",
         )
     return host
 

@@ -57,6 +57,9 @@ class SearchOptions:
     out: str = "results"
     address: str | None = None
     node_type: str | None = None
+    ray_data: bool | None = None  # Ray Data candidates: None where remote CPUs exist, or forced
+    remote_cpus: float | None = None  # the most CPUs one trial's Ray Data actors may take
+    cpu_node_type: str | None = None  # the custom resource of the nodes the actors run on
     storage: str | None = None
     dashboard_host: str = "127.0.0.1"
     expose_dashboard: bool = False
@@ -86,6 +89,11 @@ class SearchOptions:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        if self.ray_data and self.ranks_per_node != 1:
+            raise ConfigError(
+                "--ray-data measures Ray Data candidates with one rank per trial: drop "
+                "--ranks-per-node or --ray-data"
+            )
         if self.train_step and (self.compile or self.model):
             raise ConfigError(
                 "--train-step builds its own model: drop --model and --compile, or drop "
@@ -113,6 +121,7 @@ class SearchOptions:
                 "--gpus-per-trial": self.gpus_per_trial or 0,
                 "--ranks-per-node": self.ranks_per_node,
                 "--shuffle-buffer": self.shuffle_buffer or 0,
+                "--remote-cpus": self.remote_cpus or 0,
             }),
             ("positive", lambda v: v > 0, {
                 "--trial-timeout": self.trial_timeout_s, "--cpus-per-worker": self.cpus_per_worker,

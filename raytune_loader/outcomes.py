@@ -91,6 +91,12 @@ class SegmentMetrics:
     worker_thread_count: int | None = _figure("worst", None)  # threads of the busiest worker
     worker_busy_threads: float | None = _figure("worst", None)  # busy threads per worker
     worker_cpu_s: float | None = _figure("total", None)  # the workers' CPU seconds
+    # a Ray Data candidate's (raydata.PipelineWatch): what its object store and actors held
+    store_spilled_bytes: int | None = _figure("total", None)  # Ray spilled in the window
+    actor_rss_bytes: int | None = _figure("worst", None)  # an actor's resident memory, at most
+    actor_free_bytes: int | None = _figure("least", None)  # its node's available memory, least
+    actor_uss_ray_bytes: int | None = _figure("worst", None)  # Ray Data's figure: max task USS
+    backpressure_s: float | None = _figure("worst", None)  # the executor held tasks back
     watch: Watch | None = _figure("first", None, flat=False)  # all the watcher read
     memory: MemoryFit | None = _figure("first", None, flat=False)  # its fit
     waits: tuple[float, ...] = _figure("most_waiting", (), flat=False)  # each step's wait

@@ -72,7 +72,11 @@ def run_trial(
     this process."""
     if job.ranks == 1:
         return measure.run_trial(job, config, report, slot)
-    cpus = job.cpus_for(config.num_workers)
+    cpus = job.cpus_reserved(config)
+    if config.engine == "raydata":  # the ranks are not Ray workers: no cluster to run it on
+        return TrialOutcome(config, cpus, 0, failure="raydata_ranks", detail=(
+            f"{config.label()}: a Ray Data candidate is measured with one rank per trial; "
+            "drop --ranks-per-node or --ray-data"))  # fmt: skip
 
     def forward(metrics: dict[str, Any]) -> None:  # rank 0's interim reports, for ASHA
         if report is not None:

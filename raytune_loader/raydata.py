@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raytune_loader import steady
 from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
+from raytune_loader.space import LoaderConfig
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,9 +39,7 @@ if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
     from torch.utils.data import Dataset as TorchDataset
 
-    from raytune_loader.batches import Stamped
     from raytune_loader.job import SegmentSpec
-    from raytune_loader.step import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +115,13 @@ class RayDataConfig:
         """The pipeline variant's ``decode``: the actors' decoder, or ``device``."""
         return "device" if self.crosses == "encoded" else self.decoder
 
+    def candidate(self) -> LoaderConfig:
+        """This pipeline as a candidate of the search (``engine="raydata"``)."""
+        return LoaderConfig.from_raydata(self.values())
+
     def label(self) -> str:
-        """Short form for tables and progress lines."""
-        actors = str(self.max_actors) if self.fixed else f"{self.min_actors}-{self.max_actors}"
-        shown = [f"raydata actors={actors}x{self.cpus_per_actor:g}cpu", f"bs={self.batch_size}"]
-        shown.append(f"map={self.map_batch_size or 'block'}")
-        shown.append(f"prefetch={self.prefetch_batches}")
-        shown.append(self.crosses if self.crosses != "float32" else "")
-        shown.append("tensor-decode" if self.decode == "tensor" else "")
-        if self.object_store_bytes:
-            shown.append(f"store={self.object_store_bytes / 2**20:.0f}MiB")
-        if self.block_bytes:
-            shown.append(f"block={self.block_bytes / 2**20:g}MiB")
-        shown.append("local-output" if self.locality_with_output else "")
-        return " ".join(s for s in shown if s)
+        """Short form for tables and progress lines (the candidate's)."""
+        return self.candidate().label()
 
 
 def _problem(config: RayDataConfig) -> str | None:
@@ -171,6 +162,13 @@ def _problem(config: RayDataConfig) -> str | None:
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def config_of(candidate: LoaderConfig) -> RayDataConfig:
+    """A Ray Data candidate of the search (``engine="raydata"``) as the pipeline it runs."""
+    if candidate.engine != "raydata":
+        raise ConfigError(f"{candidate.label()} is a DataLoader, not a Ray Data candidate")
+    return RayDataConfig.from_dict(candidate.raydata_values())
 
 
 def ray_docs_default(batch_size: int, max_actors: int) -> RayDataConfig:
@@ -259,6 +257,18 @@ def warmup_batches(config: RayDataConfig, spec: SegmentSpec) -> int:
     return spec.warmup_steps + in_flight_batches(config)
 
 
+def bytes_in_flight(config: RayDataConfig, sample_bytes: int) -> tuple[int, int]:
+    """(host bytes, object store bytes) the trial's node holds: the prefetched batches
+    and the one being formatted in the training process; in its object store (in
+    ``/dev/shm``), the execution's budget where one is set, else the blocks of those
+    batches and of each actor's map calls in flight (Ray Data holds them there, zero-copy,
+    until the loop has taken them)."""
+    batch = sample_bytes * config.batch_size
+    host = batch * (config.prefetch_batches + 1)
+    store = config.object_store_bytes or batch * in_flight_batches(config)
+    return host, store
+
+
 # The source as rows -----------------------------------------------------------------------
 
 
@@ -325,8 +335,24 @@ def make_samples(batch: Mapping[str, Any], transfer: str, decode: str) -> dict[s
         np.array(made_list, dtype=object) if decode == "device" else np.stack(made_list)
     )
     made[-1] = time.monotonic()
+    rows = len(made)
     return {"image": images, "label": np.asarray(batch["label"], dtype=np.int64),
-            "_started": np.array(started), "_made": np.array(made)}  # fmt: skip
+            "_started": np.array(started), "_made": np.array(made),
+            "_rss": np.full(rows, _resident()), "_free": np.full(rows, _available())}  # fmt: skip
+
+
+def _resident() -> int:
+    """This process's resident bytes (an actor's, as it hands a map call over)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _available() -> int:
+    """This node's available memory."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 class SampleMaker:
@@ -347,14 +373,15 @@ class SampleMaker:
 # The training process's side ---------------------------------------------------------------
 
 
-def batch_collate(decode: str, stamp: bool = False) -> Any:
+def batch_collate(decode: str, stamp: bool = False, watch: PipelineWatch | None = None) -> Any:
     """``iter_torch_batches``' ``collate_fn`` for a variant: a numpy batch of made
     samples as the DataLoader path's batch, ``[images, labels]`` (images a tensor, or an
     :class:`~raytune_loader.pipeline.EncodedBatch` of the files), zero-copy from the
     object store. With ``stamp``, a :class:`~raytune_loader.batches.Stamped` whose
     ``made - started`` is the actors' own time for its rows (on their hosts' clocks:
-    only the difference means anything)."""
-    return _collate_class()(decode, stamp)
+    only the difference means anything); ``watch`` reads what the actors said of their
+    memory."""
+    return _collate_class()(decode, stamp, watch)
 
 
 @functools.cache
@@ -364,11 +391,14 @@ def _collate_class() -> type:
     from ray.data.collate_fn import NumpyBatchCollateFn
 
     class BatchCollate(NumpyBatchCollateFn):  # type: ignore[misc]
-        def __init__(self, decode: str, stamp: bool) -> None:
+        def __init__(self, decode: str, stamp: bool, watch: PipelineWatch | None) -> None:
             self.decode = decode
             self.stamp = stamp
+            self.watch = watch
 
         def __call__(self, batch: dict[str, np.ndarray]) -> Any:
+            if self.watch is not None:
+                self.watch.saw(batch)
             return _collated(batch, self.decode, self.stamp)
 
     return BatchCollate
@@ -396,7 +426,11 @@ def _collated(batch: dict[str, np.ndarray], decode: str, stamp: bool) -> Any:
 
 
 def iteration_arguments(
-    config: RayDataConfig, *, stamp: bool = False, device: str = "cpu"
+    config: RayDataConfig,
+    *,
+    stamp: bool = False,
+    device: str = "cpu",
+    watch: PipelineWatch | None = None,
 ) -> dict[str, Any]:
     """``iter_torch_batches``' keyword arguments for ``config``: for a plain loop, a
     ``get_dataset_shard(...)`` in Ray Train, and the trial alike. ``device="cpu"``
@@ -405,7 +439,7 @@ def iteration_arguments(
     return {
         "batch_size": config.batch_size,
         "prefetch_batches": config.prefetch_batches,
-        "collate_fn": batch_collate(config.decode, stamp),
+        "collate_fn": batch_collate(config.decode, stamp, watch),
         "drop_last": True,
         "device": device,
     }
@@ -423,14 +457,17 @@ class RayDataLoader:
         self.config = config
         self.stamp = stamp
         self.batch_size = config.batch_size
+        self.watch = PipelineWatch() if stamp else None  # a measured loader's
 
     def __iter__(self) -> Iterator[Any]:
-        arguments = iteration_arguments(self.config, stamp=self.stamp)
+        arguments = iteration_arguments(self.config, stamp=self.stamp, watch=self.watch)
         batches = iter(self.source.iter_torch_batches(**arguments))
         corrupt: str | None = None
         failed = False
         try:
             yield from batches
+            if self.watch is not None:  # the epoch's execution is over: its figures
+                self.watch.executed(self.source)
         except CorruptSampleError as exc:
             # Ray's wrapper is one too; its cause's first line is the actor's, naming the
             # file (Ray Data appends its advice on retries below it)
@@ -451,6 +488,77 @@ class RayDataLoader:
             # raised here, not from the wrapper: its frames hold the execution, whose
             # actors would live as long as the error does
             raise CorruptSampleError(corrupt)
+
+
+class PipelineWatch:
+    """What a measured Ray Data segment shows beyond its rate: the bytes Ray spilled from
+    the object store during the window (the cluster's count, before and after), the
+    largest resident memory an actor reported and the least memory its node had free,
+    and Ray Data's own figures of its last full execution (the largest USS it measured
+    in the actors' map tasks; the time its executor held the actors' tasks back,
+    backpressure)."""
+
+    def __init__(self) -> None:
+        self.actor_rss = 0
+        self.actor_free: int | None = None
+        self._spilled: list[int | None] = []
+        self.stats: dict[str, Any] = {}
+
+    def saw(self, batch: Mapping[str, Any]) -> None:
+        """A batch's rows as the actors made them: what they said of their memory."""
+        if "_rss" in batch and len(batch["_rss"]):
+            self.actor_rss = max(self.actor_rss, int(batch["_rss"].max()))
+            free = int(batch["_free"].min())
+            self.actor_free = free if self.actor_free is None else min(self.actor_free, free)
+
+    def window_started(self) -> None:
+        self._spilled = [spilled_bytes()]
+
+    def window_ended(self) -> None:
+        self._spilled.append(spilled_bytes())
+
+    def executed(self, source: Any) -> None:
+        """An execution read to its end: Ray Data's figures of its map operator."""
+        summary = getattr(source, "get_stats_summary", None)
+        extra = dict(getattr(summary(), "extra_metrics", None) or {}) if summary else {}
+        uss = (extra.get("max_uss_bytes") or {}).get("max")
+        held = [extra.get(k) for k in ("task_submission_backpressure_time",
+                                       "task_output_backpressure_time_s")]  # fmt: skip
+        self.stats = {
+            "actor_uss_ray_bytes": None if uss is None else int(uss),
+            "backpressure_s": sum(float(h) for h in held if h) if extra else None,
+        }
+
+    def figures(self) -> dict[str, Any]:
+        """The segment's figures by :class:`~raytune_loader.outcomes.SegmentMetrics`'
+        names."""
+        start, end = (self._spilled + [None, None])[:2]
+        return {
+            "store_spilled_bytes": None if start is None or end is None else end - start,
+            "actor_rss_bytes": self.actor_rss or None,
+            "actor_free_bytes": self.actor_free,
+            "actor_uss_ray_bytes": self.stats.get("actor_uss_ray_bytes"),
+            "backpressure_s": self.stats.get("backpressure_s"),
+        }
+
+
+def spilled_bytes() -> int | None:
+    """Bytes Ray has spilled from the cluster's object stores since it started (the
+    reading Ray Data's own statistics take, from the GCS); None where it does not say."""
+    import grpc
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+        address = ray.get_runtime_context().gcs_address
+        return int(get_memory_info_reply(get_state_from_address(address)).store_stats
+                   .spilled_bytes_total)  # fmt: skip
+    except (ImportError, AttributeError, ConnectionError, RuntimeError, grpc.RpcError) as exc:
+        log.debug("no spill reading: %s", exc)
+        return None
 
 
 def split_loaders(
@@ -592,29 +700,3 @@ def segment_loader(
         build_dataset(image_rows(dataset), config, seed=seed, samples=samples), config, stamp=True
     )
     yield loader
-
-
-def train_window(loader: RayDataLoader, trainer: Trainer, config: RayDataConfig,
-                 spec: SegmentSpec) -> steady.Steadiness:  # fmt: skip
-    """Train the warm-up and the drain, then ``spec.steps`` measured steps on stamped
-    batches, and the window's steady rate (the rules of :mod:`raytune_loader.steady`):
-    until :func:`raytune_loader.measure.train_segment` reads Ray Data itself."""
-    from raytune_loader.step import batch_samples
-
-    batches = iter(loader)
-    try:
-        for _ in range(warmup_batches(config, spec)):
-            trainer.step(trainer.to_device(next(batches).batch, False, config))  # type: ignore[arg-type]
-        trainer.sync()
-        start = time.monotonic()
-        window: list[steady.Consumed] = []
-        for _ in range(spec.steps):
-            stamped: Stamped = next(batches)
-            on_device = trainer.to_device(stamped.batch, False, config)  # type: ignore[arg-type]
-            trainer.step(on_device)
-            window.append(steady.Consumed.of(stamped, batch_samples(on_device)))
-        trainer.sync()
-        window[-1] = replace(window[-1], ended=time.monotonic())
-        return steady.steadiness(window, start, producers(config))
-    finally:
-        batches.close()  # type: ignore[attr-defined]

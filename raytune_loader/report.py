@@ -30,7 +30,7 @@ from raytune_loader.errors import ConfigError
 from raytune_loader.plots import MEMORY_PLOT, PLOTS, write_memory_plot, write_plots
 from raytune_loader.records import FAILED
 from raytune_loader.results import atomic_write_text, config_from_sections
-from raytune_loader.space import CONFIG_KEYS, LABELS, LoaderConfig, structure
+from raytune_loader.space import CONFIG_KEYS, LABELS, RAYDATA_KEYS, LoaderConfig, structure
 
 ORDERED = ("num_workers", "prefetch_factor", "batch_size")  # integers, ordered for importance
 
@@ -164,15 +164,25 @@ def _intro(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
     ]
 
 
+def shown_keys(engines: Any) -> list[str]:
+    """The configuration's columns for tables whose rows run ``engines``: the Ray Data
+    knobs only where a row is a Ray Data candidate."""
+    if "raydata" in set(engines):
+        return list(CONFIG_KEYS)
+    return [k for k in CONFIG_KEYS if k not in ("engine", *RAYDATA_KEYS)]
+
+
 def _winner(best: dict[str, Any]) -> list[str]:
-    header = ["config", *LABELS.values(), "samples/s"]
+    rows_ = summary_rows(best)
+    keys = shown_keys(r["engine"] for r in rows_)
+    header = ["config", *(LABELS[k] for k in keys), "samples/s"]
     header += ["range", "util", "data wait", "first batch (s)", "tuned speedup", "steady"]
     rows = [
-        [r["config"], *(_cell(r[k]) for k in CONFIG_KEYS), _cell(r["samples_per_s"])]
+        [r["config"], *(_cell(r[k]) for k in keys), _cell(r["samples_per_s"])]
         + [r["samples_per_s_range"] or "-", _cell(r["util"], "pct")]
         + [_cell(r["data_wait_frac"], "pct"), _cell(r["first_batch_s"])]
         + [_cell(r["tuned_speedup"], "x"), _cell(r["steady"])]
-        for r in summary_rows(best)
+        for r in rows_
     ]
     sel, objective = best.get("selection", {}), best["objective"]
     how = (
@@ -188,8 +198,9 @@ def _winner(best: dict[str, Any]) -> list[str]:
     kind = "pct1" if objective == "util" else ""
     for r in sel.get("runners_up", []):
         median, low, high = (_cell(r["objective"].get(k), kind) for k in ("median", "min", "max"))
-        settings = config_from_sections(r["loader"], r.get("pipeline"), r.get("worker_init"))
-        settings = settings.label()
+        settings = config_from_sections(
+            r.get("loader"), r.get("pipeline"), r.get("worker_init"), r.get("raydata")
+        ).label()
         lines.append(f"- {r['name']}: {settings}; {objective} {median} ({low}-{high})")
     return lines
 
@@ -365,7 +376,9 @@ def _importance(trials: pd.DataFrame, objective: str) -> list[str]:
 
 
 def _all_trials(trials: pd.DataFrame) -> list[str]:
-    known = [k for k in CONFIG_KEYS if k in trials]  # older files lack the pipeline's columns
+    engines = trials.get("engine", ())
+    # older files lack the pipeline's columns
+    known = [k for k in shown_keys(engines) if k in trials]
     header = ["#", "trial", "status", "reason", "baseline", *(LABELS[k] for k in known)]
     header += ["effective batch", "OOM back-offs", "samples/s", "first batch (s)", "util"]
     header += ["data wait", "efficiency", "halves"]

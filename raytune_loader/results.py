@@ -18,14 +18,18 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from raytune_loader.errors import ConfigError, OutputError
 from raytune_loader.loader import build_dataloader
+from raytune_loader.raydata import RayDataConfig
 from raytune_loader.space import PIPELINE_KEYS, WORKER_KEYS, LoaderConfig
+
+if TYPE_CHECKING:
+    import ray.data
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = (
@@ -85,10 +89,61 @@ class BestConfig:
     path: Path
     loader: LoaderConfig
     data: dict[str, Any]
+    raydata: RayDataConfig | None = None  # the best verified Ray Data candidate, if any
 
     @property
     def hardware(self) -> dict[str, Any]:
         return self.data["hardware"]
+
+    @property
+    def engine(self) -> str:
+        """What was chosen: ``dataloader`` (:meth:`dataloader`) or ``raydata``
+        (:meth:`raydata_dataset`)."""
+        return str(self.data.get("engine", "dataloader"))
+
+    def raydata_dataset(
+        self, data_root: str | os.PathLike[str] | None = None, *, seed: int = 0
+    ) -> ray.data.Dataset:
+        """The tuned Ray Data pipeline over the search's image folder (under
+        ``data_root`` on this machine, or where the search read it): a Ray Dataset whose
+        actors make each sample as the search measured (one epoch per iteration, each
+        file once, in a new order every epoch). Pass it to Ray Train (``datasets=``) and
+        read each worker's part with :meth:`iteration_arguments`, or iterate it in a
+        plain loop; :meth:`raydata_to_device` finishes a batch."""
+        from raytune_loader import raydata
+
+        config = self._raydata_config()
+        if self.loader.access != "map":
+            raise ConfigError(f"{self.path}: the search read a stream; Ray Data reads folders")
+        return raydata.build_dataset(raydata.image_rows(self.dataset(data_root)), config, seed=seed)
+
+    def iteration_arguments(self, device: str = "cpu") -> dict[str, Any]:
+        """``iter_torch_batches``' keyword arguments for the tuned Ray Data pipeline
+        (``get_dataset_shard("train").iter_torch_batches(**...)`` in Ray Train): the
+        batch size, the prefetch, the collate that gives the DataLoader path's batch;
+        ``device="cpu"`` leaves it on the host for :meth:`raydata_to_device`."""
+        from raytune_loader import raydata
+
+        return raydata.iteration_arguments(self._raydata_config(), device=device)
+
+    def raydata_to_device(self, batch: Any, device: str | torch.device) -> Any:
+        """A batch of :meth:`raydata_dataset` on ``device``, the Ray Data pipeline's
+        device-side stages done (as :meth:`to_device` for the DataLoader)."""
+        from raytune_loader.pipeline import to_device
+
+        config = self._raydata_config()
+        return to_device(
+            batch, torch.device(device), transfer=config.transfer, decode=config.decode,
+            channels_last=bool((self.data.get("job") or {}).get("channels_last")),
+        )  # fmt: skip
+
+    def _raydata_config(self) -> RayDataConfig:
+        if self.raydata is None:
+            raise ConfigError(
+                f"{self.path} has no raydata section: the search offered no Ray Data "
+                "candidate (search again with --ray-data, or on a cluster with CPU nodes)"
+            )
+        return self.raydata
 
     def dataloader(self, dataset: Dataset[Any], **overrides: Any) -> DataLoader[Any] | Any:
         """The tuned loader over ``dataset`` (``overrides`` win, or are refused in one
@@ -183,13 +238,19 @@ _LEGACY = {"cpu": "pil", "main process": "process"}
 
 
 def config_from_sections(
-    loader: dict[str, Any],
+    loader: dict[str, Any] | None,
     pipeline: dict[str, Any] | None = None,
     worker_init: dict[str, Any] | None = None,
+    raydata: dict[str, Any] | None = None,
 ) -> LoaderConfig:
     """The configuration a JSON ``loader``, ``pipeline`` and ``worker_init`` section
     describe (baselines have neither of the last two: the default pipeline, and workers
-    with the libraries' own thread pools; older files lack ``worker_init`` too)."""
+    with the libraries' own thread pools; older files lack ``worker_init`` too), or a
+    Ray Data candidate's ``raydata`` knobs."""
+    if raydata is not None:
+        return RayDataConfig.from_dict(raydata).candidate()
+    if loader is None:
+        raise ConfigError("a section has neither loader nor raydata settings")
     pipeline = pipeline or {}
     chosen = {k: _LEGACY.get(pipeline[k], pipeline[k]) for k in PIPELINE_KEYS if k in pipeline}
     settings = {k: v for k, v in (worker_init or {}).items() if k in WORKER_KEYS}
@@ -226,4 +287,17 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
     except TypeError as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
-    return BestConfig(file, loader, data)
+    return BestConfig(file, loader, data, _raydata(file, data.get("raydata")))
+
+
+def _raydata(file: Path, section: Any) -> RayDataConfig | None:
+    """The ``raydata`` section's pipeline, validated (no Ray imported)."""
+    if section is None:
+        return None
+    config = section.get("config") if isinstance(section, dict) else None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{file}: 'raydata' must hold a 'config' object; re-run the search")
+    try:
+        return RayDataConfig.from_dict(config)
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"{file}: invalid raydata section: {exc}") from None

@@ -222,6 +222,25 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--resources '{\"LABEL\": 1}'), to tune for one node type at a time",
     )
     p.add_argument(
+        "--ray-data",
+        action=argparse.BooleanOptionalAction,
+        help="offer Ray Data candidates (actors on the cluster's CPUs make the batches): by "
+        "default where the cluster has CPUs beyond the trials' nodes (--node-type); "
+        "--ray-data also on one machine, --no-ray-data never",
+    )
+    p.add_argument(
+        "--remote-cpus",
+        type=float,
+        metavar="N",
+        help="the most CPUs one trial's Ray Data actors may take (default: the CPUs beyond "
+        "the trials' nodes, or on one machine those beyond the trial's own)",
+    )
+    p.add_argument(
+        "--cpu-node-type",
+        help="the Ray custom resource of the CPU nodes Ray Data's actors run on (ray start "
+        "--resources '{\"LABEL\": 1}'); default: any node without --node-type's",
+    )
+    p.add_argument(
         "--storage",
         help="where Tune keeps the experiment: a path every node shares, or a bucket "
         "(s3://, gs://); default results/<dataset>/tune",
@@ -268,6 +287,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         verify_top=args.verify_top, verify_repeats=args.verify_repeats,
         memory_share=args.memory_share, out=args.out,
         address=args.address, node_type=args.node_type, storage=args.storage,
+        ray_data=args.ray_data, remote_cpus=args.remote_cpus, cpu_node_type=args.cpu_node_type,
         dashboard_host=args.dashboard_host,
         expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed, cold=args.cold,
         verbose=args.verbose, precision=args.precision, channels_last=args.channels_last,

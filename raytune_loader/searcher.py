@@ -111,8 +111,8 @@ class LoaderSearcher(Searcher):
         remembered by what the model reads of it, as the space has many alike."""
         if self._model is None:
             return None
-        key = (structure(config), config.num_workers,
-               config.batch_size)  # fmt: skip
+        key = (structure(config), config.num_workers, config.batch_size,
+               config.pool_size, config.actor_cpus_each)  # fmt: skip
         if key not in self._predictions:
             found = self._model.predict(config)
             self._predictions[key] = found.samples_per_s if found else None
@@ -143,16 +143,25 @@ class LoaderSearcher(Searcher):
 
     def _structure_bests(self, already: list[LoaderConfig]) -> list[LoaderConfig]:
         """Each structure's predicted best, best first, leaving out the structures the
-        model rules out and configurations already enqueued."""
-        bests = []
+        model rules out and configurations already enqueued; where Ray Data is offered,
+        its predicted best first in any case (its object store's cost was measured
+        elsewhere: its trial measures the model's error on it early)."""
+        bests, raydata = [], []
         for configs in self._space.structures().values():
             scored = [(self._objective(c, p), _preference(c), c) for c in configs
                       if (p := self._predicted(c)) is not None]  # fmt: skip
             if scored:
                 value, _, config = max(scored, key=lambda item: item[:2])
-                if config not in already and not self._ruled_out(config, self._predicted(config)):
+                if config in already:
+                    continue
+                if not self._ruled_out(config, self._predicted(config)):
                     bests.append((value, config))
-        return [config for _, config in sorted(bests, key=lambda item: -item[0])]
+                elif config.engine == "raydata":
+                    raydata.append((value, config))
+        raydata += [(value, config) for value, config in bests if config.engine == "raydata"]
+        first = [max(raydata, key=lambda item: item[0])[1]] if raydata else []
+        rest = [config for _, config in sorted(bests, key=lambda item: -item[0])]
+        return first + [config for config in rest if config not in first]
 
     # -- Tune's interface -----------------------------------------------------------
 
@@ -239,11 +248,18 @@ class LoaderSearcher(Searcher):
 
 def _preference(config: LoaderConfig) -> tuple[Any, ...]:
     """Among configurations the model cannot tell apart (prefetch, persistence, order,
-    start method do not change its pace), the usual choice first."""
+    start method, a Ray Data pool's bounds, map calls, budgets and blocks do not change
+    its pace), the usual choice first (for Ray Data: a fixed pool, map calls of one
+    training batch, two batches prefetched, Ray's budget and blocks)."""
     return (
         config.prefetch_factor == 2,
         config.persistent_workers,
         config.in_order,
         config.multiprocessing_context is None,
         -config.num_workers,
+        config.min_actors is None,
+        config.map_batch_size == config.batch_size,
+        config.prefetch_batches == 2,
+        config.object_store_bytes is None and config.block_bytes is None,
+        -config.pool_size,
     )

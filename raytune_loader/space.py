@@ -1,10 +1,13 @@
-"""The search space: candidate DataLoader configurations and what each one costs.
+"""The search space: candidate input pipelines and what each one costs.
 
-A :class:`LoaderConfig` is one candidate. :class:`SearchSpace` turns the user's
-bounds into an Optuna define-by-run function that only proposes combinations
-PyTorch accepts (``prefetch_factor`` and ``persistent_workers`` only with
-workers, ``pin_memory`` only with CUDA), and into the two baselines every search
-measures first. :func:`reserved_cpus` is the one formula for a trial's Ray
+A :class:`LoaderConfig` is one candidate: a DataLoader (``engine="dataloader"``), or a
+Ray Data pipeline whose actors make the batches on the cluster's CPUs
+(``engine="raydata"``, :mod:`raytune_loader.raydata` runs it); the fields of the other
+engine are inert (:data:`RULES`). :class:`SearchSpace` turns the user's bounds into an
+Optuna define-by-run function that only proposes combinations PyTorch and Ray accept
+(``prefetch_factor`` and ``persistent_workers`` only with workers, ``pin_memory`` only
+with CUDA, actors only where the cluster has CPUs for them), and into the baselines
+every search measures first. :func:`reserved_cpus` is the one formula for a trial's Ray
 reservation.
 """
 
@@ -30,14 +33,25 @@ BATCHINGS = ("loader", "workers")  # a stream's batches made by the DataLoader, 
 # dataset's own pipeline in each worker (webdataset's .batched(); DataLoader batch_size=None)
 START_METHODS = (None, "forkserver", "spawn")  # None: the platform's default (fork on Linux)
 WORKER_THREADS = (None, 1)  # each worker's BLAS/OpenMP/torch threads: the libraries' own, or 1
+ENGINES = ("dataloader", "raydata")  # who makes the batches: a DataLoader, or Ray Data's actors
+RAY_DOCS = "ray-docs-default"  # the Ray Data baseline: the pipeline as Ray's docs write it
+ACTOR_CPUS = (1.0, 2.0)  # CPUs per actor the space offers (the remote CPUs allowing)
+PREFETCH_BATCHES = (1, 2, 4, 8)  # iter_torch_batches(prefetch_batches=)
+MIN_ACTORS = (None, 1)  # a fixed pool of max_actors, or Ray's autoscaling pool from one actor
+OBJECT_STORE_BUDGETS = (None, 2**30)  # the execution's object store budget: Ray's share, 1 GiB
+BLOCK_SIZES = (None, 2**23)  # target_max_block_size: Ray's 128 MiB, or 8 MiB
 
 
 def _knob(default: Any, label: str, role: str = "loader", shown_as: str | None = None) -> Any:
     """A field of :class:`LoaderConfig`: a DataLoader argument (``role="loader"``), a
-    stage of the pipeline around it (``"pipeline"``), or a setting each worker process
+    stage of the pipeline around it (``"pipeline"``), a setting each worker process
     applies when it starts (``"worker"``: the tuned loader's ``worker_init_fn`` sets it,
     in every dataset's search, where the pipeline section is only written for the
-    datasets whose pipeline is searched); ``label`` heads its column in tables;
+    datasets whose pipeline is searched), the engine that makes the batches
+    (``"engine"``), or a knob of a Ray Data pipeline (``"raydata"``: the fields of
+    :class:`raytune_loader.raydata.RayDataConfig` of the same name, ``max_actors`` its
+    pool at its largest, ``min_actors`` ``None`` for a fixed pool); ``label`` heads its
+    column in tables;
     ``shown_as`` also lists a DataLoader argument in the JSON's ``pipeline`` section
     under that name. Every list of keys below is derived from these."""
     return field(default=default, metadata={"label": label, "role": role, "shown_as": shown_as})
@@ -54,7 +68,11 @@ class LoaderConfig:
     then ``uint8``: the images reach float32 there). ``worker_threads`` is not a
     DataLoader argument either: ``None`` leaves the thread pools of BLAS, OpenMP and
     torch in each worker process at the libraries' defaults, ``1`` holds each to one
-    thread (:func:`raytune_loader.loader.build_dataloader` applies it in the workers)."""
+    thread (:func:`raytune_loader.loader.build_dataloader` applies it in the workers).
+    With ``engine="raydata"`` the batches are made by Ray Data actors running the same
+    worker side (``transfer`` and ``decode`` say which; ``decode="device"``: the encoded
+    files cross the object store), the DataLoader's arguments are inert and the Ray
+    Data knobs apply; ``None`` in one of them is Ray's default."""
 
     batch_size: int = field(metadata={"label": "batch", "role": "loader", "shown_as": None})
     num_workers: int = _knob(0, "workers")
@@ -69,6 +87,15 @@ class LoaderConfig:
     access: str = _knob("map", "access", role="pipeline")
     batching: str = _knob("loader", "batching", role="pipeline")
     worker_threads: int | None = _knob(None, "worker threads", role="worker")
+    engine: str = _knob("dataloader", "engine", role="engine")
+    max_actors: int | None = _knob(None, "actors", role="raydata")
+    min_actors: int | None = _knob(None, "min actors", role="raydata")
+    cpus_per_actor: float | None = _knob(None, "CPUs per actor", role="raydata")
+    map_batch_size: int | None = _knob(None, "map batch", role="raydata")
+    prefetch_batches: int | None = _knob(None, "prefetch batches", role="raydata")
+    object_store_bytes: int | None = _knob(None, "object store budget", role="raydata")
+    block_bytes: int | None = _knob(None, "block bytes", role="raydata")
+    locality_with_output: bool = _knob(False, "locality with output", role="raydata")
 
     def __post_init__(self) -> None:
         values = asdict(self)
@@ -79,6 +106,11 @@ class LoaderConfig:
         for rule in RULES:
             if not rule.when(values) and values[rule.name] != rule.inert:
                 raise ConfigError(rule.says)
+        if self.min_actors is not None and self.min_actors >= self.pool_size:
+            raise ConfigError(
+                f"min_actors ({self.min_actors}) must be below max_actors ({self.pool_size}) "
+                "for an autoscaling pool; leave it null for a fixed pool"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], batch_size: int | None = None) -> LoaderConfig:
@@ -95,13 +127,18 @@ class LoaderConfig:
         merged = {**_DEFAULTS, "batch_size": batch_size, **values}
         if merged["batch_size"] is None:
             raise ConfigError("loader config has no batch_size")
-        if not isinstance(merged["num_workers"], int) or merged["num_workers"] < 0:
-            raise ConfigError(f"num_workers must be an integer >= 0, got {merged['num_workers']!r}")
+        engine, workers = merged["engine"], merged["num_workers"]
+        if engine not in ENGINES:
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if engine == "dataloader" and (not isinstance(workers, int) or workers < 0):
+            raise ConfigError(f"num_workers must be an integer >= 0, got {workers!r}")
         for rule in RULES:
             if not rule.when(merged):
                 merged[rule.name] = rule.inert
             elif merged[rule.name] is None and rule.default is not None:
                 merged[rule.name] = rule.default
+        if merged["min_actors"] is not None and merged["min_actors"] == merged["max_actors"]:
+            merged["min_actors"] = None  # a pool from n to n actors is a fixed pool of n
         return cls(**merged)
 
     @classmethod
@@ -133,12 +170,69 @@ class LoaderConfig:
         (trials.csv's columns)."""
         return {k: getattr(self, k) for k in CONFIG_KEYS}
 
+    def raydata_values(self) -> dict[str, Any]:
+        """A Ray Data candidate's knobs by :class:`~raytune_loader.raydata.RayDataConfig`'s
+        names (its ``from_dict`` takes them): the pool, what crosses the object store and
+        where the actors decode, Ray's defaults where a knob is ``None``."""
+        values = {k: getattr(self, k) for k in RAYDATA_KEYS}
+        values.update(
+            batch_size=self.batch_size,
+            max_actors=self.pool_size,
+            min_actors=self.min_actors or self.pool_size,
+            cpus_per_actor=self.actor_cpus_each,
+            prefetch_batches=1 if self.prefetch_batches is None else self.prefetch_batches,
+            crosses="encoded" if self.decode == "device" else self.transfer,
+            decoder="pil" if self.decode == "device" else self.decode,
+        )
+        return values
+
+    @classmethod
+    def from_raydata(cls, values: Mapping[str, Any]) -> LoaderConfig:
+        """The candidate a Ray Data section (:meth:`raydata_values`'s keys) describes."""
+        known = {*RAYDATA_KEYS, "batch_size", "crosses", "decoder"}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(
+                f"unknown Ray Data keys {sorted(unknown)}; expected some of {sorted(known)}"
+            )
+        knobs = {k: v for k, v in values.items() if k in RAYDATA_KEYS}
+        crosses, decoder = values.get("crosses", "float32"), values.get("decoder", "pil")
+        if crosses == "encoded" and decoder != "pil":
+            raise ConfigError("crosses=encoded decodes on the device: leave decoder at pil")
+        stages = (
+            {"decode": "device", "transfer": "uint8"}
+            if crosses == "encoded"
+            else {"decode": decoder, "transfer": crosses}
+        )
+        if "batch_size" not in values:
+            raise ConfigError("the Ray Data section has no batch_size")
+        return cls.from_dict({**knobs, **stages, "engine": "raydata"}, values["batch_size"])
+
+    @property
+    def pool_size(self) -> int:
+        """Ray Data actors at most (the pool at its largest); 0 for a DataLoader."""
+        if self.engine != "raydata":
+            return 0
+        return 1 if self.max_actors is None else self.max_actors
+
+    @property
+    def actor_cpus_each(self) -> float:
+        return 1.0 if self.cpus_per_actor is None else float(self.cpus_per_actor)
+
+    @property
+    def actor_cpus(self) -> float:
+        """CPUs a Ray Data candidate's actors reserve (beyond the trial's own); 0 for a
+        DataLoader."""
+        return self.pool_size * self.actor_cpus_each
+
     def with_batch_size(self, batch_size: int) -> LoaderConfig:
         return LoaderConfig(**{**asdict(self), "batch_size": batch_size})
 
     def label(self) -> str:
         """Short human-readable form for tables and progress lines: the fields that
         apply (:data:`RULES`), the pipeline's choices as words."""
+        if self.engine == "raydata":
+            return self._raydata_label()
         values = asdict(self)
         shown = [f"workers={self.num_workers}"]
         if applies("prefetch_factor", values):
@@ -158,11 +252,28 @@ class LoaderConfig:
         shown += [f"worker-threads={self.worker_threads}" if self.worker_threads else ""]
         return " ".join(word for word in shown if word)
 
+    def _raydata_label(self) -> str:
+        low = self.min_actors
+        actors = f"{low}-{self.pool_size}" if low else str(self.pool_size)
+        shown = [f"raydata actors={actors}x{self.actor_cpus_each:g}cpu", f"bs={self.batch_size}"]
+        shown.append(f"map={self.map_batch_size or 'block'}")
+        shown.append(f"prefetch={1 if self.prefetch_batches is None else self.prefetch_batches}")
+        crosses = "encoded" if self.decode == "device" else self.transfer
+        shown.append(crosses if crosses != "float32" else "")
+        shown.append("tensor-decode" if self.decode == "tensor" else "")
+        if self.object_store_bytes:
+            shown.append(f"store={self.object_store_bytes / 2**20:.0f}MiB")
+        if self.block_bytes:
+            shown.append(f"block={self.block_bytes / 2**20:g}MiB")
+        shown.append("local-output" if self.locality_with_output else "")
+        return " ".join(s for s in shown if s)
+
 
 CONFIG_KEYS = tuple(f.name for f in fields(LoaderConfig))
 LOADER_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "loader")
 PIPELINE_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "pipeline")
 WORKER_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "worker")
+RAYDATA_KEYS = tuple(f.name for f in fields(LoaderConfig) if f.metadata["role"] == "raydata")
 LABELS = {f.name: f.metadata["label"] for f in fields(LoaderConfig)}
 SHOWN_IN_PIPELINE = {f.name: f.metadata["shown_as"] for f in fields(LoaderConfig)
                      if f.metadata["shown_as"]}  # fmt: skip
@@ -181,7 +292,7 @@ class Structure:
 
     decode: str
     transfer: str
-    kind: str  # process, thread or none
+    kind: str  # process, thread, none, or raydata (Ray Data's actors)
     access: str
     batching: str
 
@@ -195,12 +306,14 @@ class Structure:
     @property
     def receiving(self) -> str:
         """The key of what the training process receives a batch from: kind/transfer
-        (the loop itself, without workers, counts as a process)."""
+        (the loop itself, without workers, counts as a process; Ray Data's actors
+        through the object store, ``raydata``)."""
         return f"{'process' if self.kind == 'none' else self.kind}/{self.transfer}"
 
     def words(self) -> str:
         """For tables: ``tensor, uint8, threads``."""
-        kind = {"none": "no workers", "process": "processes", "thread": "threads"}[self.kind]
+        kind = {"none": "no workers", "process": "processes", "thread": "threads",
+                "raydata": "Ray Data actors"}[self.kind]  # fmt: skip
         read = ", stream" + (" batched in workers" if self.batching == "workers" else "")
         return f"{self.decode}, {self.transfer}, {kind}" + (read if self.access == "stream" else "")
 
@@ -208,6 +321,8 @@ class Structure:
 def structure(config: LoaderConfig) -> Structure:
     """``config``'s structure."""
     kind = config.workers if applies("workers", asdict(config)) else "none"
+    if config.engine == "raydata":
+        kind = "raydata"
     return Structure(config.decode, config.transfer, kind, config.access, config.batching)
 
 
@@ -232,11 +347,47 @@ def _processes(values: Mapping[str, Any]) -> bool:
     return values["num_workers"] > 0 and values["workers"] == "process"
 
 
+def _dataloader(values: Mapping[str, Any]) -> bool:
+    return values["engine"] == "dataloader"
+
+
+def _raydata(values: Mapping[str, Any]) -> bool:
+    return values["engine"] == "raydata"
+
+
+def _autoscaling(values: Mapping[str, Any]) -> bool:
+    return values["engine"] == "raydata" and (values["max_actors"] or 1) > 1
+
+
+def _raydata_rule(name: str, inert: Any = None, default: Any = None) -> Rule:
+    return Rule(name, _raydata, inert, f"{name} is a Ray Data knob: it needs engine raydata",
+                default)  # fmt: skip
+
+
 # PyTorch's rules for a candidate and the pipeline's, each written once: the constructor
 # refuses what breaks one, from_dict normalises by them, the space's define-by-run
 # suggests a field only where its rule applies, and label() shows only those fields.
 # In order: a rule reads only the fields of the rules before it.
 RULES = (
+    Rule(
+        "num_workers",
+        _dataloader,
+        0,
+        "a Ray Data candidate's batches are made by its actors: num_workers 0 (max_actors "
+        "sets the actors)",
+    ),  # fmt: skip
+    Rule(
+        "pin_memory",
+        _dataloader,
+        False,
+        "pin_memory is a DataLoader argument: engine raydata leaves it false",
+    ),  # fmt: skip
+    Rule(
+        "access",
+        _dataloader,
+        "map",
+        "a Ray Data candidate reads the image files as rows: access map",
+    ),  # fmt: skip
     Rule("workers", _workers, "process", "thread workers need num_workers > 0"),
     Rule("prefetch_factor", _workers, None, "prefetch_factor needs num_workers > 0", default=2),
     Rule(
@@ -274,8 +425,23 @@ RULES = (
         "loader",
         "batching in the workers is a choice of streams (access stream)",
     ),  # fmt: skip
+    _raydata_rule("max_actors", default=1),
+    Rule(
+        "min_actors",
+        _autoscaling,
+        None,
+        "min_actors makes an autoscaling pool: it needs engine raydata and max_actors > 1 "
+        "(null: a fixed pool of max_actors)",
+    ),  # fmt: skip
+    _raydata_rule("cpus_per_actor", default=1.0),
+    _raydata_rule("map_batch_size"),
+    _raydata_rule("prefetch_batches", default=1),
+    _raydata_rule("object_store_bytes"),
+    _raydata_rule("block_bytes"),
+    _raydata_rule("locality_with_output", inert=False),
 )
 _RULES = {rule.name: rule for rule in RULES}
+_COUNTED = ("num_workers", "max_actors")  # suggested as integers in a range
 _DEFAULTS = {f.name: f.default for f in fields(LoaderConfig) if f.name != "batch_size"}
 
 
@@ -308,6 +474,11 @@ def _flag(value: Any) -> str | None:
     return None if isinstance(value, bool) else "true or false"
 
 
+def _positive(value: Any) -> str | None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return None if number and 0 < value < float("inf") else "a number > 0 or null"
+
+
 # Each field's own values (its rule in RULES says when it applies).
 _VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "batch_size": _integer(1, "a positive integer"),
@@ -325,6 +496,15 @@ _VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "access": _one_of(ACCESSES),
     "batching": _one_of(BATCHINGS),
     "worker_threads": _optional(_integer(1, "a positive integer or null")),
+    "engine": _one_of(ENGINES),
+    "max_actors": _optional(_integer(1, "a positive integer or null")),
+    "min_actors": _optional(_integer(1, "a positive integer or null")),
+    "cpus_per_actor": _optional(_positive),
+    "map_batch_size": _optional(_integer(1, "a positive integer or null (whole blocks)")),
+    "prefetch_batches": _optional(_integer(0, "an integer >= 0 or null")),
+    "object_store_bytes": _optional(_integer(1, "a positive integer or null (Ray's share)")),
+    "block_bytes": _optional(_integer(1, "a positive integer or null (Ray's 128 MiB)")),
+    "locality_with_output": _flag,
 }
 
 
@@ -352,6 +532,8 @@ class SearchSpace:
     accesses: tuple[str, ...] = ("map",)  # how the source may be read: by index, as a stream
     batchings: tuple[str, ...] = ("loader",)  # where a stream's batches may be made
     stream_workers: int | None = None  # the most workers a rank's stream keeps busy
+    raydata_cpus: float = 0.0  # CPUs a Ray Data candidate's actors may take (0: none offered)
+    locality_works: bool = False  # Ray honours locality_with_output (2.60 does not)
 
     def __post_init__(self) -> None:
         if "device" in self.decodes and not self.cuda:
@@ -360,6 +542,30 @@ class SearchSpace:
             raise ConfigError(f"--max-workers must be >= 0, got {self.max_workers}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise ConfigError(f"batch sizes must be positive integers, got {self.batch_sizes}")
+        if self.raydata_cpus < 0:
+            raise ConfigError(f"--remote-cpus must be >= 0, got {self.raydata_cpus:g}")
+
+    @property
+    def raydata(self) -> bool:
+        """Whether Ray Data candidates are offered: their actors have a CPU to take."""
+        return self.raydata_cpus >= 1
+
+    @property
+    def actor_cpu_choices(self) -> tuple[float, ...]:
+        """CPUs per actor the space offers: those of :data:`ACTOR_CPUS` the actors' CPUs
+        hold."""
+        return tuple(c for c in ACTOR_CPUS if c <= self.raydata_cpus)
+
+    def most_actors(self, cpus_per_actor: float) -> int:
+        """The largest pool of actors of ``cpus_per_actor`` the actors' CPUs hold."""
+        return max(1, int(self.raydata_cpus / cpus_per_actor + 1e-9))
+
+    @property
+    def map_batch_sizes(self) -> tuple[int | None, ...]:
+        """Rows of one map call: whole blocks (Ray's default), a quarter of the training
+        batch, or one training batch (larger calls only lengthen what each actor holds)."""
+        batch = self.baseline_batch_size
+        return tuple(dict.fromkeys((None, max(1, batch // 4), batch)))
 
     def constants(self) -> dict[str, Any]:
         """Values the space fixes rather than searches (a single batch size, a stream)."""
@@ -378,7 +584,7 @@ class SearchSpace:
         for name, choices in self._searched(values):
             if not choices or not applies(name, values):
                 continue
-            if name == "num_workers":
+            if name in _COUNTED:
                 values[name] = trial.suggest_int(name, choices[0], choices[-1])
             else:
                 values[name] = trial.suggest_categorical(name, choices)
@@ -387,6 +593,9 @@ class SearchSpace:
     def _searched(self, values: dict[str, Any]) -> Iterator[tuple[str, list[Any] | None]]:
         """The fields this space searches, in the order they are suggested (a field after
         those its rule reads), each with its choices (None: not searched here)."""
+        yield "engine", list(ENGINES) if self.raydata else None
+        if values["engine"] == "raydata":  # the actors read the files by index
+            values["access"] = "map"
         yield "access", list(self.accesses) if len(self.accesses) > 1 else None
         most = self.max_workers  # a stream's workers share its shards: no more than them
         if values["access"] == "stream" and self.stream_workers is not None:
@@ -403,6 +612,15 @@ class SearchSpace:
         yield "pin_memory", [True, False] if self.cuda else None
         yield "batch_size", list(self.batch_sizes) if len(self.batch_sizes) > 1 else None
         yield "transfer", list(TRANSFERS) if self.pipeline else None
+        yield "cpus_per_actor", list(self.actor_cpu_choices)
+        cpus = values["cpus_per_actor"] or 1.0
+        yield "max_actors", list(range(1, self.most_actors(cpus) + 1))
+        yield "min_actors", list(MIN_ACTORS)
+        yield "map_batch_size", list(self.map_batch_sizes)
+        yield "prefetch_batches", list(PREFETCH_BATCHES)
+        yield "object_store_bytes", list(OBJECT_STORE_BUDGETS)
+        yield "block_bytes", list(BLOCK_SIZES)
+        yield "locality_with_output", [False, True] if self.locality_works else None
 
     @property
     def baseline_access(self) -> str:
@@ -429,7 +647,20 @@ class SearchSpace:
         share = self._rule_of_thumb(min(self.usable_cpus // self.ranks, 8, self._stream_bound))
         if ranks and share != found[HEURISTIC]:  # a node of 8+ CPUs a rank: the same loader
             found[RANK_SHARE] = share
+        if self.raydata:
+            found[RAY_DOCS] = self.ray_docs_default
         return found
+
+    @property
+    def ray_docs_default(self) -> LoaderConfig:
+        """The Ray Data baseline: the pipeline as Ray's documentation writes it (a
+        callable class in ``map_batches``: an autoscaling pool from one actor, here up to
+        what a trial may take, one CPU each, whole blocks; ``prefetch_batches=1``; the
+        ``DataContext``'s defaults; float32 images decoded with PIL), the field defaults
+        of every Ray Data knob (:func:`raytune_loader.raydata.ray_docs_default` is the
+        same pipeline, checked against the installed Ray)."""
+        values = {"engine": "raydata", "max_actors": self.most_actors(1.0), "min_actors": 1}
+        return LoaderConfig.from_dict(values, batch_size=self.baseline_batch_size)
 
     def _rule_of_thumb(self, workers: int) -> LoaderConfig:
         return LoaderConfig.from_dict(

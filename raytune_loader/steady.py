@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from raytune_loader import raydata
 from raytune_loader.space import LoaderConfig
 
 if TYPE_CHECKING:  # the stamps' type only: this module stays free of torch
@@ -50,14 +51,20 @@ def in_flight(config: LoaderConfig) -> int:
     """Batches ``config``'s loader can hold at once besides the one the loop trains on:
     ``prefetch_factor`` ready per worker plus the one each worker is making (process
     workers; torchdata's thread mapper and the stream threads hold the same), and one
-    more each in the pin-memory and prefetch threads. None without workers."""
+    more each in the pin-memory and prefetch threads. None without workers. A Ray Data
+    candidate's: :func:`raytune_loader.raydata.in_flight_batches`."""
+    if config.engine == "raydata":
+        return raydata.in_flight_batches(raydata.config_of(config))
     if config.num_workers == 0:
         return 0
     return config.num_workers * ((config.prefetch_factor or 2) + 1) + 2
 
 
 def producers(config: LoaderConfig) -> int:
-    """How many makers of batches run at once: the workers, or the loop itself."""
+    """How many makers of batches run at once: the workers (a Ray Data candidate's
+    actors), or the loop itself."""
+    if config.engine == "raydata":
+        return raydata.producers(raydata.config_of(config))
     return max(1, config.num_workers)
 
 

@@ -126,7 +126,7 @@ def _node() -> dict[str, Any]:
 def trial_fn(config: dict[str, Any], job: TrialJob) -> None:
     """Tune function trainable: one candidate configuration, one short training segment."""
     loader_config = LoaderConfig.from_trial_config(config)
-    cpus = job.cpus_for(loader_config.num_workers)
+    cpus = job.cpus_reserved(loader_config)
     # in every report, early stops included
     node = {**_node(), "cpus_reserved": cpus, **({"ranks": job.ranks} if job.ranks > 1 else {})}
 

@@ -6,17 +6,21 @@ Tune runs and the Ray tasks of the ceiling and verification) is
 :mod:`raytune_loader.searcher`. The search is that searcher with ASHA on the
 reporting interval and one Ray bundle per trial of
 ``min(1 + cpus_per_worker x num_workers, node CPUs)`` CPUs plus the fractional
-GPU. Tune's results become :class:`~raytune_loader.records.TrialRecord`s here.
+GPU; a Ray Data candidate's trial holds a placement group of that bundle and one per
+actor (:func:`raytune_loader.raydata.placement_bundles`), which Tune's group gives the
+trial's Ray Data actors (it captures the trial's child tasks). Tune's results become
+:class:`~raytune_loader.records.TrialRecord`s here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from raytune_loader import raydata
 from raytune_loader.costmodel import CostModel
 from raytune_loader.errors import ConfigError, DataPipelineError, RaytuneLoaderError, last_line
 from raytune_loader.job import TrialJob
@@ -69,6 +74,8 @@ class RayCluster:
     nodes: int
     joined: bool  # an existing cluster (--address), not a local instance of our own
     node_type: str | None = None
+    remote_cpus: float = 0.0  # CPUs of the nodes beyond the trials' (Ray Data's actors')
+    cpu_node_type: str | None = None  # the custom resource that pins the actors there
 
     def bundle(self, cpus: float, gpus: float) -> dict[str, float]:
         """One Ray bundle: the CPUs, the GPU fraction, and a sliver of the node-type label."""
@@ -78,6 +85,15 @@ class RayCluster:
         if self.node_type:
             bundle[self.node_type] = NODE_TYPE_SHARE
         return bundle
+
+    def bundles(self, job: TrialJob, config: LoaderConfig, gpus: float) -> list[dict[str, float]]:
+        """A measurement's bundles: its own (the training process's CPUs, its workers',
+        the GPU), then a Ray Data candidate's actors', on the CPU nodes when they are
+        pinned (``--cpu-node-type``)."""
+        head = self.bundle(job.cpus_for(config.num_workers), gpus)
+        if config.engine != "raydata":
+            return [head]
+        return raydata.placement_bundles(head, raydata.config_of(config), pin=self.cpu_node_type)
 
 
 @dataclass(frozen=True)
@@ -115,8 +131,11 @@ def start_ray(
     num_cpus: int,
     verbose: bool,
     node_type: str | None = None,
+    cpu_node_type: str | None = None,
 ) -> RayCluster:
-    """Start a local Ray instance (dashboard on ``dashboard_host``) or join ``address``."""
+    """Start a local Ray instance (dashboard on ``dashboard_host``) or join ``address``;
+    the CPUs beyond the trials' nodes are those of the nodes without ``node_type`` (with
+    ``cpu_node_type``, those carrying it)."""
     kwargs: dict[str, Any] = {
         "logging_level": logging.INFO if verbose else logging.WARNING,
         "log_to_driver": verbose,
@@ -164,6 +183,8 @@ def start_ray(
         nodes=len(eligible),
         joined=bool(address),
         node_type=node_type,
+        remote_cpus=raydata.remote_cpus(alive, node_type, pin=cpu_node_type),
+        cpu_node_type=cpu_node_type,
     )
 
 
@@ -192,12 +213,18 @@ class _ProgressCallback(tune.Callback):
 
 
 def trainable(job: TrialJob, gpus_per_trial: float, cluster: RayCluster) -> Any:
-    """The Tune trainable: :func:`trial_fn` with the job and a bundle per configuration."""
+    """The Tune trainable: :func:`trial_fn` with the job and a bundle per configuration
+    (a Ray Data candidate's: a placement group with its actors' bundles, packed)."""
 
-    def resources(config: dict[str, Any]) -> dict[str, float]:
-        workers = config.get("num_workers", 0)
-        cpus = job.cpus_for(workers)
-        return cluster.bundle(cpus, gpus_per_trial)
+    def resources(config: dict[str, Any]) -> dict[str, float] | tune.PlacementGroupFactory:
+        if config.get("engine") != "raydata":
+            workers = config.get("num_workers", 0)
+            cpus = job.cpus_for(workers)
+            return cluster.bundle(cpus, gpus_per_trial)
+        candidate = LoaderConfig.from_trial_config(config)
+        return tune.PlacementGroupFactory(
+            cluster.bundles(job, candidate, gpus_per_trial), strategy="PACK"
+        )
 
     return tune.with_resources(tune.with_parameters(trial_fn, job=job), resources=resources)
 
@@ -393,18 +420,53 @@ class RayMeasurer:
     gpus: float  # the GPU (fraction) each task reserves
     node_id: str | None = None
 
-    def _remote(self, task: Task, job: TrialJob, cpus: float) -> Any:
-        """``task``'s remote function with the bundle of ``cpus`` and the GPUs; in a
-        worker of its own where CUDA will start on a node of several GPUs."""
+    def _remote(
+        self, task: Task, job: TrialJob, cpus: float, placed: dict[str, Any] | None = None
+    ) -> Any:
+        """``task``'s remote function with the bundle of ``cpus`` and the GPUs (or the
+        ``placed`` options of a placement group's first bundle); in a worker of its own
+        where CUDA will start on a node of several GPUs."""
         cuda = self.gpus if job.device.startswith("cuda") else 0.0
         remote = task.on(cuda, self.cluster.max_node_gpus)
-        return remote.options(**_task_options(self.cluster.bundle(cpus, self.gpus), self.node_id))
+        options = placed or _task_options(self.cluster.bundle(cpus, self.gpus), self.node_id)
+        return remote.options(**options)
+
+    @contextlib.contextmanager
+    def _placed(self, job: TrialJob, config: LoaderConfig) -> Iterator[dict[str, Any] | None]:
+        """For a Ray Data candidate, the options that run a measurement in the first
+        bundle of a placement group of its own, with its actors' bundles (as a trial's);
+        the group is removed when the block ends, and its actors with it. None for a
+        DataLoader."""
+        if config.engine != "raydata":
+            yield None
+            return
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = placement_group(self.cluster.bundles(job, config, self.gpus), strategy="PACK")
+        try:
+            limit = job.segment.give_up_s
+            if not group.wait(timeout_seconds=limit):
+                raise DataPipelineError(
+                    "resources",
+                    f"{config.label()}: the cluster gave its actors' {config.actor_cpus:g} "
+                    f"CPUs no room within {limit:.0f}s; free them or lower --remote-cpus",
+                )
+            head = self.cluster.bundle(job.cpus_for(config.num_workers), self.gpus)
+            strategy = PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+            )
+            yield {**_task_options(head, None), "scheduling_strategy": strategy}
+        finally:
+            remove_placement_group(group)
 
     def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
-        cpus = job.cpus_for(config.num_workers)
-        ref = self._remote(MEASURE, job, cpus).remote(job, config, slot)
+        cpus = job.cpus_reserved(config)
         try:
-            return self._result(ref, job, "the measurement")
+            with self._placed(job, config) as placed:
+                own = job.cpus_for(config.num_workers)
+                ref = self._remote(MEASURE, job, own, placed).remote(job, config, slot)
+                return self._result(ref, job, "the measurement")
         except DataPipelineError as exc:  # past its time, a module missing, a GPU not its own
             return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
         except (ray.exceptions.RayError, RaytuneLoaderError) as exc:  # it raised, or died
@@ -423,8 +485,10 @@ class RayMeasurer:
         return self._result(ref, job, "the profile")  # type: ignore[no-any-return]
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
-        ref = self._remote(INPUT, job, job.cpus_for(config.num_workers)).remote(job, config)
-        return self._result(ref, job, "the input pipeline")
+        with self._placed(job, config) as placed:
+            own = job.cpus_for(config.num_workers)
+            ref = self._remote(INPUT, job, own, placed).remote(job, config)
+            return self._result(ref, job, "the input pipeline")
 
     def _result(self, ref: Any, job: TrialJob, what: str) -> Any:
         limit = job.segment.give_up_s

@@ -39,6 +39,7 @@ from raytune_loader.space import LoaderConfig, SearchSpace
 
 log = logging.getLogger(__name__)
 CEILING = "ceiling"  # the ceiling's place in a verification round
+TOP_RAYDATA = "top-raydata"  # the best tuned Ray Data candidate, where no top one is
 MeasuredFn = Callable[[int, int, str, int, TrialOutcome], None]
 
 
@@ -106,9 +107,11 @@ def measure_ceilings(
 def verification_configs(
     records: Sequence[TrialRecord], space: SearchSpace, top: int, objective: str
 ) -> dict[str, LoaderConfig]:
-    """Both baselines, then the ``top`` best distinct configurations of the search
+    """The baselines, then the ``top`` best distinct configurations of the search
     (trusted trials first: a steady window and a figure within bounds; then finished
-    trials before those ASHA stopped)."""
+    trials before those ASHA stopped); where the space offers Ray Data and none of them
+    is a tuned Ray Data candidate, the best one as well (``top-raydata``), so that the
+    tuned pipeline is verified beside Ray's documented one and the DataLoaders."""
     named: dict[str, LoaderConfig] = dict(space.baselines())
     baselines = len(named)
     ranked = sorted(
@@ -121,6 +124,13 @@ def verification_configs(
             break
         if record.config not in named.values():
             named[f"top-{len(named) - baselines + 1}"] = record.config  # type: ignore[assignment]
+    tuned = list(named.values())[baselines:]
+    if space.raydata and top and not any(c.engine == "raydata" for c in tuned):
+        kept = set(named.values())
+        best = next((r.config for r in ranked if r.config and r.config.engine == "raydata"
+                     and r.config not in kept), None)  # fmt: skip
+        if best is not None:
+            named[TOP_RAYDATA] = best
     return named
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from raytune_loader.costmodel import CostModel, median_error, what_if
 from raytune_loader.profile import Profile
-from raytune_loader.space import LoaderConfig
+from raytune_loader.space import LoaderConfig, SearchSpace
 
 
 def _model(per_core: float, cores: int = 4, ceiling: float = 400.0, cuda: bool = False,
@@ -72,3 +75,71 @@ def test_what_if_says_when_cpus_not_settings_are_the_limit() -> None:
 def test_median_error() -> None:
     assert median_error([(110, 100), (90, 100), (100, 100)]) == pytest.approx(0.1)
     assert median_error([]) is None
+
+
+# -- Ray Data ------------------------------------------------------------------------------
+
+
+def _actors(count: int, **fields: object) -> LoaderConfig:
+    return LoaderConfig.from_dict({"engine": "raydata", "max_actors": count, **fields}, 32)
+
+
+def test_the_object_store_term_is_the_overhead_experiment_s_fit() -> None:
+    """The constants are the line through what experiments/raydata_overhead.py measured
+    for uint8 and float32 images: the actor's time beyond its worker side, the training
+    process's CPU time, per sample."""
+    import json
+
+    from conftest import REPO
+    from raytune_loader.costmodel import IMAGE_VALUES, OBJECT_STORE, PerByte
+
+    measured = json.loads((REPO / "results/benchmarks/raydata_overhead.json").read_text())
+    sizes = {"raydata uint8": IMAGE_VALUES, "raydata float32": 4 * IMAGE_VALUES}
+    variants = {"raydata uint8": "uint8/tensor", "raydata float32": "float32/tensor"}
+    put = PerByte.fit([(size, (measured["maker_ms_per_sample"][name]
+                               - measured["worker_side_cpu_ms_per_sample"][variants[name]]) / 1e3)
+                       for name, size in sizes.items()])  # fmt: skip
+    receive = PerByte.fit([(size, measured["training_process_cpu_ms_per_sample"][name] / 1e3)
+                           for name, size in sizes.items()])  # fmt: skip
+    for fitted, used in ((put, OBJECT_STORE.put), (receive, OBJECT_STORE.receive)):
+        assert used.per_sample_s == pytest.approx(fitted.per_sample_s, rel=0.01)
+        assert used.per_byte_s == pytest.approx(fitted.per_byte_s, rel=0.01)
+    assert PerByte.fit([(1, 3.0), (3, 7.0), (2, 5.0)]) == PerByte(1.0, 2.0)
+
+
+def test_remote_actors_add_speed_until_the_training_process_is_the_limit() -> None:
+    """50 samples/s a core against a 400 samples/s step: each remote actor adds 50 less
+    what putting a sample in the store costs, until the training process (the step and
+    taking batches out of the store) sets the pace; that many actors' CPUs, with the
+    margin, bound what the space offers."""
+    from raytune_loader.costmodel import OBJECT_STORE, crossing_bytes
+
+    model = _model(per_core=50.0, cores=1)
+    one = model.predict(_actors(1))
+    assert one is not None and one.bound == "actors" and one.cpus == 2.0
+    per_actor = 1 / (1 / 50.0 + OBJECT_STORE.put.seconds(crossing_bytes(_actors(1))))
+    assert one.samples_per_s == pytest.approx(per_actor)
+    speeds = [model.predict(_actors(n)).samples_per_s for n in (1, 2, 4, 8, 16)]  # type: ignore[union-attr]
+    assert speeds[:3] == pytest.approx([per_actor, 2 * per_actor, 4 * per_actor])
+    step = 1 / (1 / 400.0 + OBJECT_STORE.receive.seconds(crossing_bytes(_actors(1))))
+    assert speeds[-1] == pytest.approx(step) and model.predict(_actors(16)).bound == "step"  # type: ignore[union-attr]
+    needed = model.actors_needed(_actors(1))
+    assert needed == pytest.approx(step / per_actor)
+    space = SearchSpace(1, (32,), False, 1, raydata_cpus=64.0)
+    assert model.remote_cpus(space) == math.ceil(needed * 1.25)  # type: ignore[operator]
+    assert model.predict(_actors(2, cpus_per_actor=0.5)).samples_per_s == pytest.approx(  # type: ignore[union-attr]
+        per_actor
+    )  # two actors on half a core each make what one on a core does
+
+
+def test_actors_on_the_trial_s_node_share_its_cores() -> None:
+    """With --ray-data on one machine the actors take the cores the step runs on."""
+    remote, local = _model(per_core=100.0, cores=2), replace(_model(100.0, 2), remote_actors=False)
+    assert local.predict(_actors(4)).samples_per_s < remote.predict(_actors(4)).samples_per_s  # type: ignore[union-attr]
+    assert local.predict(_actors(4)).bound == "cores"  # type: ignore[union-attr]
+
+
+def test_a_ray_data_winner_s_what_if_grows_its_pool() -> None:
+    found = what_if(_model(per_core=50.0, cores=1), _actors(1), [1, 2, 4])
+    assert [f["actors"] for f in found] == [1, 2, 4] and all(f["estimate"] for f in found)
+    assert found[0]["samples_per_s"] < found[1]["samples_per_s"] < found[2]["samples_per_s"]

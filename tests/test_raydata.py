@@ -95,6 +95,56 @@ def test_the_label_says_the_pool_and_what_differs_from_the_defaults() -> None:
     assert tuned.label() == ("raydata actors=1-4x2cpu bs=32 map=64 prefetch=8 encoded store=512MiB")
 
 
+def test_a_search_candidate_is_the_pipeline_it_runs_and_back() -> None:
+    """The search's candidates (``engine="raydata"``) and the pipeline phase 1 runs are
+    one configuration in two types: each converts to the other unchanged."""
+    from raytune_loader.space import LoaderConfig
+
+    for config in (RayDataConfig(32), RayDataConfig(64, 2, 6, 0.5, 32, 4, "encoded"),
+                   RayDataConfig(16, 3, 3, 2.0, crosses="uint8", decoder="tensor",
+                                 object_store_bytes=2**30, block_bytes=2**23)):  # fmt: skip
+        assert raydata.config_of(config.candidate()) == config
+    with pytest.raises(ConfigError, match="is a DataLoader, not a Ray Data candidate"):
+        raydata.config_of(LoaderConfig(8, 2))
+
+
+def test_what_a_ray_data_trial_holds_on_its_node() -> None:
+    """Host memory: the prefetched batches and the one being formatted; the object store
+    on the trial's node: the budget where one is set, else every batch in flight."""
+    config = RayDataConfig(32, 2, 2, map_batch_size=32, prefetch_batches=3)
+    sample = 3 * 224 * 224
+    batch = 32 * sample
+    assert raydata.bytes_in_flight(config, sample) == (4 * batch, batch * (3 + 1 + 2 * 2))
+    budgeted = replace(config, object_store_bytes=2**28)
+    assert raydata.bytes_in_flight(budgeted, sample) == (4 * batch, 2**28)
+
+
+def test_the_pipeline_watch_keeps_the_largest_actor_and_the_least_free_memory() -> None:
+    """What the actors said of themselves in their rows, and Ray Data's figures of an
+    execution; no spill reading without Ray (none is started)."""
+    import numpy as np
+
+    watch = raydata.PipelineWatch()
+    for rss, free in ((100, 900), (300, 700), (200, 800)):
+        watch.saw({"_rss": np.full(4, rss), "_free": np.full(4, free)})
+    watch.window_started()
+    watch.window_ended()
+
+    class Ran:
+        def get_stats_summary(self) -> Any:
+            class Summary:
+                extra_metrics = {"max_uss_bytes": {"max": 250.0},
+                                 "task_submission_backpressure_time": 1.5,
+                                 "task_output_backpressure_time_s": 0.5}  # fmt: skip
+
+            return Summary()
+
+    watch.executed(Ran())
+    assert watch.figures() == {"store_spilled_bytes": None, "actor_rss_bytes": 300,
+                               "actor_free_bytes": 700, "actor_uss_ray_bytes": 250,
+                               "backpressure_s": 2.0}  # fmt: skip
+
+
 def test_the_configuration_and_the_reservation_need_neither_ray_nor_torch() -> None:
     """A best_config.json reader or the search's space can hold Ray Data candidates
     without importing Ray Data (a process that never builds one pays nothing)."""
@@ -453,14 +503,15 @@ def test_two_split_parts_read_disjoint_samples_that_cover_the_data(
 
 
 @pytest.mark.slow
-def test_the_steady_window_over_the_pipeline_gives_a_rate_within_its_actor_s_bound(
+def test_the_training_segment_s_steady_window_over_the_pipeline_stays_within_its_actor(
     two_nodes: TwoNodes, tiny_imagenet: Path
 ) -> None:
-    """The segment as a trial reads it (warm-up, drain, window over stamped batches) with
-    a step that takes no time: the loop is served as fast as the one actor makes
-    batches, which cannot beat one core's worker side of the variant (a deep prefetch
-    would show a stock's speed if the stamps or the drain were wrong)."""
-    from raytune_loader.measure import worker_side_rate
+    """The segment every candidate trains (``measure.train_segment``: warm-up, drain,
+    window over stamped batches) with a step that takes no time: the loop is served as
+    fast as the one actor makes batches, which cannot beat one core's worker side of
+    the variant (a deep prefetch would show a stock's speed if the stamps or the drain
+    were wrong); the actors said their memory, and Ray Data its own figures."""
+    from raytune_loader.measure import train_segment, worker_side_rate
     from raytune_loader.step import Trainer
 
     spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
@@ -468,11 +519,13 @@ def test_the_steady_window_over_the_pipeline_gives_a_rate_within_its_actor_s_bou
     subset = Subset(build_dataset(spec, config.transfer, config.decode), list(range(64)))
     segment = SegmentSpec(warmup_steps=1, steps=24, compute_threads=1)
     trainer = Trainer(lambda batch: None, torch.device("cpu"), name="no step")
-    with raydata.segment_loader(subset, config, segment, seed=0) as loader:
-        held = raydata.train_window(loader, trainer, config, segment)
+    held = train_segment(subset, trainer, config.candidate(), segment)
     one_core = worker_side_rate(subset, samples=64)
-    assert held.whole.samples == 24 * 8 and held.whole.produced_s and held.ratio is not None
-    assert 0 < held.whole.samples_per_s <= 1.25 * one_core, (held, one_core)
+    assert held.samples == 24 * 8 and held.steady_ratio is not None
+    assert 0 < held.samples_per_s <= 1.25 * one_core, (held, one_core)
+    assert held.actor_rss_bytes and held.actor_rss_bytes > 50 * 2**20  # torch is loaded
+    assert held.actor_free_bytes and held.actor_uss_ray_bytes and held.store_spilled_bytes == 0
+    assert held.backpressure_s is not None and held.epoch_start_s is not None
     assert two_nodes.no_makers_within(30)
 
 

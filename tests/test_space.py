@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from raytune_loader.space import (
     PIPELINE_KEYS,
     PYTORCH_DEFAULT,
     RANK_SHARE,
+    RAYDATA_KEYS,
     WORKER_KEYS,
     WORKER_THREADS,
     LoaderConfig,
@@ -277,9 +279,11 @@ def test_every_proposal_replays_as_the_point_optuna_suggested(cuda: bool) -> Non
 
 def test_every_field_is_a_dataloader_argument_a_pipeline_stage_or_a_worker_setting() -> None:
     """The lists of keys come from the fields: a new field lands in exactly one of
-    them, and the JSON's pipeline section shows every stage."""
+    them (or is the engine, or a Ray Data knob), and the JSON's pipeline section shows
+    every stage."""
     names = [f.name for f in fields(LoaderConfig)]
-    assert sorted(LOADER_KEYS + PIPELINE_KEYS + WORKER_KEYS) == sorted(names)
+    everything = LOADER_KEYS + PIPELINE_KEYS + WORKER_KEYS + ("engine",) + RAYDATA_KEYS
+    assert sorted(everything) == sorted(names)
     assert sorted(names) == sorted(CONFIG_KEYS)
     assert set(WORKER_KEYS) == set(LoaderConfig(8).worker_init())
     assert set(LOADER_KEYS) == set(LoaderConfig(8).kwargs())
@@ -326,7 +330,90 @@ def test_each_rule_is_the_constructor_s_from_dict_s_and_the_space_s() -> None:
         for rule in RULES:
             if not applies(rule.name, values):
                 assert values[rule.name] == rule.inert, (rule.name, config)
-    for rule in RULES:
-        clashing = {"num_workers": 0, "decode": "device", "access": "map", rule.name: "x"}
+    for rule in RULES:  # under the engine where it does not apply
+        base = {"num_workers": 0, "decode": "device", "access": "map", "max_actors": None}
+        engine = "raydata" if rule.when({**base, "engine": "dataloader"}) else "dataloader"
+        clashing = {**base, "engine": engine, rule.name: "x"}
         normalised = LoaderConfig.from_dict({k: v for k, v in clashing.items()}, batch_size=8)
         assert getattr(normalised, rule.name) == rule.inert
+
+
+# -- the Ray Data kind of candidate --------------------------------------------------------
+
+
+def test_a_ray_data_candidate_s_dataloader_fields_are_inert_and_its_knobs_round_trip() -> None:
+    """One type for both engines: the other engine's fields take their inert values
+    (from_dict) or are refused in one line (the constructor); the Ray Data knobs read
+    back as the pipeline phase 1 runs, and back again."""
+    config = LoaderConfig.from_dict(
+        {"engine": "raydata", "num_workers": 4, "prefetch_factor": 4, "pin_memory": True,
+         "max_actors": 3, "min_actors": 1, "map_batch_size": 16, "decode": "tensor",
+         "transfer": "uint8"}, batch_size=32,
+    )  # fmt: skip
+    assert (config.num_workers, config.prefetch_factor, config.pin_memory) == (0, None, False)
+    assert (config.cpus_per_actor, config.prefetch_batches) == (1.0, 1)  # Ray's defaults
+    assert config.actor_cpus == 3.0 and config.label().startswith("raydata actors=1-3x1cpu")
+    assert config.raydata_values() == {
+        "batch_size": 32, "min_actors": 1, "max_actors": 3, "cpus_per_actor": 1.0,
+        "map_batch_size": 16, "prefetch_batches": 1, "crosses": "uint8", "decoder": "tensor",
+        "object_store_bytes": None, "block_bytes": None, "locality_with_output": False,
+    }  # fmt: skip
+    assert LoaderConfig.from_raydata(config.raydata_values()) == config
+    fixed = LoaderConfig.from_dict({"engine": "raydata", "max_actors": 2, "min_actors": 2}, 8)
+    assert fixed.min_actors is None  # a pool from 2 to 2 actors is a fixed pool of 2
+    for values, says in [
+        ({"engine": "raydata", "num_workers": 2}, "made by its actors: num_workers 0"),
+        ({"max_actors": 2}, "max_actors is a Ray Data knob: it needs engine raydata"),
+        ({"engine": "raydata", "max_actors": 1, "min_actors": 1}, "max_actors > 1"),
+        ({"engine": "raydata", "max_actors": 2, "min_actors": 3}, "must be below max_actors"),
+        ({"engine": "raydata", "cpus_per_actor": 0.0}, "cpus_per_actor must be a number > 0"),
+        ({"engine": "spark"}, "engine must be one of dataloader, raydata"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)) as refused:
+            LoaderConfig(8, **values)
+        assert "\n" not in str(refused.value)
+    assert LoaderConfig(8).actor_cpus == 0.0 and LoaderConfig(8).engine == "dataloader"
+
+
+def test_ray_data_is_offered_only_with_cpus_for_its_actors_and_fits_them() -> None:
+    """No Ray Data without CPUs for an actor; with 3, every candidate's actors fit in
+    them, fixed and autoscaling pools, one and two CPUs an actor; the baseline is Ray's
+    documented pipeline, and the DataLoader part of the space is what it was."""
+    from raytune_loader import raydata
+    from raytune_loader.space import RAY_DOCS
+
+    plain = SearchSpace(2, (8,), False, 2, pipeline=True, decodes=("pil", "tensor"))
+    offered = replace(plain, raydata_cpus=3.0)
+    assert not plain.raydata and RAY_DOCS not in plain.baselines()
+    assert {c.engine for c in plain.grid()} == {"dataloader"}
+    assert not replace(plain, raydata_cpus=0.5).raydata  # not a CPU for an actor
+    grid = offered.grid()
+    rays = [c for c in grid if c.engine == "raydata"]
+    assert [c for c in grid if c.engine == "dataloader"] == plain.grid()
+    assert max(c.actor_cpus for c in rays) == 3.0 and all(c.actor_cpus <= 3 for c in rays)
+    assert {c.pool_size for c in rays if c.cpus_per_actor == 2.0} == {1}
+    assert {(c.pool_size, c.min_actors) for c in rays} >= {(3, None), (3, 1), (1, None)}
+    assert {c.map_batch_size for c in rays} == {None, 2, 8}
+    kinds = {k.kind for k in offered.structures()}
+    assert kinds == {"none", "process", "raydata"}
+    docs = offered.baselines()[RAY_DOCS]
+    assert docs == raydata.ray_docs_default(8, max_actors=3).candidate()
+    assert offered.as_point(docs)["engine"] == "raydata" and docs in grid
+
+
+def test_optuna_proposes_only_ray_data_candidates_that_fit_and_replays_them() -> None:
+    import optuna
+
+    space = SearchSpace(2, (8, 16), False, 2, pipeline=True, decodes=("pil", "tensor"),
+                        raydata_cpus=2.0)  # fmt: skip
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    engines = set()
+    for _ in range(120):
+        trial = study.ask()
+        space.define_by_run(trial)
+        config = LoaderConfig.from_trial_config(trial.params)
+        engines.add(config.engine)
+        assert config.actor_cpus <= 2.0 and space.as_point(config) == trial.params
+        study.tell(trial, 0.0)
+    assert engines == {"dataloader", "raydata"}

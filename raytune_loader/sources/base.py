@@ -101,6 +101,7 @@ class Source:
     summary = ""  # one line for --help and for the unknown-dataset error
     streams = False  # builds an IterableDataset: no sampler, no subset of indices
     cached = True  # a measurement process may keep the built dataset for the next trial
+    ray_data = False  # Ray Data's actors can read it as (file, class) rows (raydata.image_rows)
 
     def matches(self, name: str) -> bool:
         return name in self.names

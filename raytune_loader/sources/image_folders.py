@@ -62,6 +62,8 @@ def is_jpeg(path: str) -> bool:
 class ImageFolders(Source):
     """One ImageFolder layout: under the data root itself or its ``subfolder``."""
 
+    ray_data = True
+
     def __init__(self, name: str, summary: str, subfolder: str = "") -> None:
         self.names = (name,)
         self.summary = summary
