@@ -91,3 +91,35 @@ def test_where_the_gpu_runs_pipeline_stages_the_objective_counts_training_only()
         _objective(SearchOptions(), replace(space, pipeline=True), cpu_job, progress).objective
         == "util"
     )
+
+
+class _Cluster:
+    def __init__(self, remote: float, node_cpus: float = 2.0) -> None:
+        self.remote_cpus, self.node_cpus = remote, node_cpus
+
+
+@pytest.mark.parametrize(
+    ("asked", "remote", "cap", "ranks", "offered"),
+    [
+        (None, 0.0, None, 1, 0.0),  # one machine: only when asked
+        (True, 0.0, None, 1, 1.0),  # asked: the CPU beside the trial's own
+        (None, 6.0, None, 1, 6.0),  # a cluster with CPU nodes: all of them
+        (None, 6.0, 4.0, 1, 4.0),  # --remote-cpus caps a trial's actors
+        (False, 6.0, None, 1, 0.0),  # --no-ray-data
+        (None, 6.0, None, 2, 0.0),  # several ranks: not offered
+        (True, 0.0, 0.5, 1, 0.0),  # not a CPU for an actor
+    ],
+)
+def test_ray_data_is_offered_where_the_cluster_has_cpus_for_its_actors_or_when_asked(
+    asked: bool | None, remote: float, cap: float | None, ranks: int, offered: float
+) -> None:
+    from dataclasses import replace
+
+    from raytune_loader.api import raydata_cpus
+
+    opts = SearchOptions(ray_data=asked, remote_cpus=cap)
+    job = replace(job_from_options(opts, "small-cnn", device="cpu", node_cpus=2.0), ranks=ranks)
+    said = _Recorder()
+    assert raydata_cpus(opts, _Cluster(remote), job, said) == offered
+    if asked and not offered:
+        assert said.warnings and "\n" not in said.warnings[0]

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from raytune_loader.bestconfig import _baselines, _limit, metrics_of
+from raytune_loader.bestconfig import SearchContext, _baselines, _limit, best_config, metrics_of
 from raytune_loader.console import limit_line
+from raytune_loader.datasets import DatasetSpec
+from raytune_loader.job import SegmentSpec, TrialJob
 from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
+from raytune_loader.options import SearchOptions
 from raytune_loader.selection import Candidate, fitting
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig, SearchSpace
+from raytune_loader.space import (
+    HEURISTIC,
+    PYTORCH_DEFAULT,
+    RAY_DOCS,
+    LoaderConfig,
+    SearchSpace,
+)
 
 
 def _run(config: LoaderConfig, speed: float, ceiling: float | None = None, **extra) -> TrialOutcome:
@@ -85,3 +96,57 @@ def test_the_limit_is_the_input_when_it_alone_barely_outruns_training(
     assert limit["bound"] == bound and limit["headroom"] == pytest.approx(headroom)
     assert (limit["trained_samples_per_s"], limit["per_core_samples_per_s"]) == (300, 180.0)
     assert _limit(candidate, None) == {}
+
+
+def _raydata_candidates() -> list[Candidate]:
+    """A tuned DataLoader, Ray's documented pipeline and a tuned Ray Data pipeline,
+    verified: the tuned Ray Data one the fastest, or the DataLoader."""
+    from raytune_loader import raydata
+
+    loader = LoaderConfig(32, 2, 2, False, True)
+    docs = raydata.ray_docs_default(32, max_actors=4).candidate()
+    tuned = raydata.RayDataConfig(32, 4, 4, map_batch_size=32, prefetch_batches=2,
+                                  crosses="uint8").candidate()  # fmt: skip
+    return [
+        Candidate(PYTORCH_DEFAULT, LoaderConfig(32), (_run(LoaderConfig(32), 100),) * 2),
+        Candidate(HEURISTIC, loader, (replace(_run(loader, 300), cpus_reserved=3.0),) * 2),
+        Candidate(RAY_DOCS, docs, (replace(_run(docs, 150), cpus_reserved=5.0),) * 2),
+        Candidate("top-1", tuned, (replace(_run(tuned, 600), cpus_reserved=5.0),) * 2),
+    ]
+
+
+def _context(space: SearchSpace) -> SearchContext:
+    job = TrialJob(DatasetSpec("synthetic-imagenet", "/nowhere"), "small-cnn", SegmentSpec())
+    options = SearchOptions(objective="samples_per_s")
+    return SearchContext(options, space, job, 0.0, 0.0, 1, False, "tpe", "asha")
+
+
+def test_a_ray_data_winner_is_the_engine_and_loader_stays_the_best_dataloader() -> None:
+    """.dataloader() still builds the best verified DataLoader; the raydata section has
+    the winner's pipeline, its figures, what it reserved and its speed over both."""
+    space = SearchSpace(2, (32,), False, 2, raydata_cpus=4.0)
+    best = best_config(_context(space), _raydata_candidates(), [])
+    assert best["engine"] == "raydata" and best["selection"]["chosen"] == "top-1"
+    assert best["loader"] == LoaderConfig(32, 2, 2, False, True).kwargs()
+    section = best["raydata"]
+    assert section["chosen"] and section["name"] == "top-1"
+    assert section["config"]["max_actors"] == 4 and section["config"]["crosses"] == "uint8"
+    assert section["speedup_vs_dataloader"] == pytest.approx(2.0)
+    assert section["reserved"] == {"trial_cpus": 1.0, "actor_cpus": 4.0, "offered_cpus": 4.0}
+    assert best["speedup"]["vs_ray_docs_default"] == pytest.approx(4.0)
+    assert best["baselines"][RAY_DOCS]["raydata"]["min_actors"] == 1
+    runner = next(r for r in best["selection"]["runners_up"] if r["name"] == RAY_DOCS)
+    assert runner["engine"] == "raydata" and "loader" not in runner
+    assert best["search"]["space"]["raydata_cpus"] == 4.0
+
+
+def test_a_dataloader_winner_keeps_ray_data_as_the_runner_up() -> None:
+    candidates = _raydata_candidates()
+    slow = replace(candidates[3], outcomes=(_run(candidates[3].config, 200),) * 2)
+    best = best_config(_context(SearchSpace(2, (32,), False, 2, raydata_cpus=4.0)),
+                       [*candidates[:3], slow], [])  # fmt: skip
+    assert best["engine"] == "dataloader" and best["selection"]["chosen"] == HEURISTIC
+    assert not best["raydata"]["chosen"] and best["raydata"]["name"] == "top-1"
+    assert best["raydata"]["speedup_vs_dataloader"] == pytest.approx(200 / 300)
+    plain = best_config(_context(SearchSpace(2, (32,), False, 2)), candidates[:2], [])
+    assert "raydata" not in plain and plain["engine"] == "dataloader"

@@ -345,3 +345,32 @@ def test_the_memory_projection_lands_within_2x_of_a_run_ten_times_longer() -> No
     before = min(followed, key=lambda p: abs(p[0] - fit.worker_reads))[1]
     measured = before - followed[-1][1]
     assert 0.5 < projected / measured < 2.0, (projected, measured)
+
+
+def _raydata_run(**figures) -> TrialOutcome:
+    from raytune_loader import raydata
+
+    config = raydata.RayDataConfig(16, 4, 4, map_batch_size=16).candidate()
+    return _run(config, **figures)
+
+
+def test_ray_data_findings_say_what_spilled_what_the_actors_held_and_what_held_them_back() -> None:
+    """Each Ray Data finding past its threshold, with its figure and fix; none on a
+    quiet pipeline (nothing spilled, actors well within their node, no backpressure)."""
+    quiet = _raydata_run(store_spilled_bytes=0, actor_rss_bytes=GIB // 2,
+                         actor_free_bytes=16 * GIB, backpressure_s=0.0)  # fmt: skip
+    assert findings.raydata_findings(_candidate(quiet.config, quiet, quiet)) == []
+    loud = _raydata_run(store_spilled_bytes=3 * GIB, actor_rss_bytes=2 * GIB,
+                        actor_free_bytes=10 * GIB, actor_uss_ray_bytes=GIB,
+                        backpressure_s=3.0)  # fmt: skip
+    loud = replace(loud, metrics=replace(loud.metrics, data_wait_frac=0.4))  # type: ignore[arg-type]
+    found = {f.kind: f for f in findings.raydata_findings(_candidate(loud.config, loud, loud))}
+    assert set(found) == {"spilled", "actor_memory", "backpressure"}
+    assert "3.0 GiB" in found["spilled"].figure and "object_store_bytes" in found["spilled"].fix
+    assert "4 actors would hold 8.0 GiB" in found["actor_memory"].figure
+    assert "Ray Data's own figure for its tasks: 1.0 GiB" in found["actor_memory"].figure
+    assert "3.0 s" in found["backpressure"].figure and "40%" in found["backpressure"].figure
+    assert found["backpressure"].values["window_s"] == 6.0
+    winner = _candidate(loud.config, loud, loud)
+    assert {f.kind for f in findings.findings(winner, [], [], Rules())} >= set(found)
+    assert findings.raydata_findings(_candidate(PROCESSES, _run(PROCESSES))) == []

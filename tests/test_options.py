@@ -27,3 +27,17 @@ def test_impossible_values_name_their_flag(options: SearchOptions, message: str)
     with pytest.raises(ConfigError) as raised:
         options.for_device(cuda=False).validate()
     assert message in str(raised.value)
+
+
+def test_ray_data_flags_reach_the_options_and_need_one_rank() -> None:
+    from raytune_loader.search import get_args_parser, options_from_args
+
+    args = get_args_parser().parse_args(["--ray-data", "--remote-cpus", "6",
+                                         "--cpu-node-type", "cpu"])  # fmt: skip
+    opts = options_from_args(args)
+    assert (opts.ray_data, opts.remote_cpus, opts.cpu_node_type) == (True, 6.0, "cpu")
+    assert options_from_args(get_args_parser().parse_args(["--no-ray-data"])).ray_data is False
+    with pytest.raises(ConfigError, match="--ray-data measures Ray Data candidates with one rank"):
+        SearchOptions(ray_data=True, ranks_per_node=2).validate()
+    with pytest.raises(ConfigError, match="--remote-cpus must be 0 or more"):
+        SearchOptions(remote_cpus=-1).validate()

@@ -117,3 +117,57 @@ def test_every_field_of_a_configuration_survives_the_json(tmp_path: Path) -> Non
     best.update(schema_version=1, loader=tuned.kwargs(), pipeline=tuned.pipeline())
     path.write_text(json.dumps(best))
     assert load_best_config(path).loader == tuned
+
+
+RAYDATA = {"batch_size": 8, "min_actors": 1, "max_actors": 3, "cpus_per_actor": 1.0,
+           "map_batch_size": 8, "prefetch_batches": 2, "crosses": "uint8", "decoder": "tensor",
+           "object_store_bytes": None, "block_bytes": None,
+           "locality_with_output": False}  # fmt: skip
+
+
+def test_a_raydata_section_reads_back_without_ray_and_gives_its_iteration_arguments(
+    tmp_path: Path,
+) -> None:
+    """The chosen Ray Data pipeline is read and checked without importing Ray; its
+    iteration arguments are the trial's, on the host; a file without one says how to get
+    one."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "best_config.json"
+    section = {"chosen": True, "config": RAYDATA}
+    path.write_text(json.dumps(_best(engine="raydata", raydata=section)))
+    code = (f"import sys; from raytune_loader import load_best_config; "
+            f"b = load_best_config({str(path)!r}); "
+            "print(b.engine, b.raydata.max_actors, b.raydata.decode, "
+            "'ray' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["raydata", "3", "tensor", "False"]
+    arguments = load_best_config(path).iteration_arguments()
+    assert (arguments["batch_size"], arguments["prefetch_batches"]) == (8, 2)
+    assert (arguments["device"], arguments["drop_last"]) == ("cpu", True)
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(_best()))
+    assert load_best_config(plain).raydata is None and load_best_config(plain).engine == (
+        "dataloader"
+    )
+    with pytest.raises(ConfigError, match="no raydata section.*--ray-data"):
+        load_best_config(plain).iteration_arguments()
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ({"config": {**RAYDATA, "max_actors": 0}}, "invalid raydata section: max_actors must be"),
+        ({"config": {**RAYDATA, "num_workers": 2}}, "unknown Ray Data keys ['num_workers']"),
+        ({"chosen": True}, "'raydata' must hold a 'config' object"),
+    ],
+)
+def test_a_broken_raydata_section_is_refused_in_one_line(
+    tmp_path: Path, section: dict, says: str
+) -> None:
+    path = tmp_path / "best_config.json"
+    path.write_text(json.dumps(_best(raydata=section)))
+    with pytest.raises(ConfigError) as refused:
+        load_best_config(path)
+    assert says in str(refused.value) and "\n" not in str(refused.value)

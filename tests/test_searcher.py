@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from raytune_loader.searcher import LoaderSearcher
-from raytune_loader.space import SearchSpace
+from raytune_loader.space import LoaderConfig, SearchSpace
 
 
 def _searcher(space: SearchSpace, **kwargs) -> LoaderSearcher:
@@ -121,3 +121,25 @@ def test_the_other_methods_ignore_the_model(method: str) -> None:
     configs = [searcher.suggest(f"t{i}") for i in range(5)]
     assert all("predicted_samples_per_s" not in c for c in configs) and searcher.skipped == 0
     assert searcher.summary() == {"method": method}
+
+
+def test_where_ray_data_is_offered_its_predicted_best_runs_first_even_when_ruled_out() -> None:
+    """On one machine the model puts a single local actor far below the DataLoaders: the
+    rule would skip it, but one tuned Ray Data trial measures the model's error on it,
+    first after the baselines."""
+    from raytune_loader.costmodel import CostModel
+    from raytune_loader.profile import Profile
+
+    space = SearchSpace(max_workers=4, batch_sizes=(32,), cuda=False, usable_cpus=4,
+                        raydata_cpus=1.0)  # fmt: skip
+    profile = Profile(32, 4, per_core={"pil/float32": 100.0},
+                      receive_s={"process/float32": 0.004})  # fmt: skip
+    model = CostModel(profile, {32: 400.0}, remote_actors=False)
+    searcher = LoaderSearcher(space, "samples_per_s", seed=0, method="model", model=model)
+    baselines = len(space.baselines())
+    first = [searcher.suggest(f"t{i}") for i in range(baselines + 1)]
+    assert [c.get("engine") for c in first[:baselines]].count("raydata") == 1  # Ray's docs
+    tuned = LoaderConfig.from_trial_config(first[baselines])
+    assert tuned.engine == "raydata" and tuned != space.ray_docs_default
+    best = max(first, key=lambda c: c["predicted_samples_per_s"])
+    assert best["predicted_samples_per_s"] > 2 * first[baselines]["predicted_samples_per_s"]

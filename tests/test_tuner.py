@@ -301,3 +301,22 @@ def test_our_ray_keeps_the_measuring_worker_while_trials_hold_every_cpu(
     finally:
         tuner.stop_ray()
     assert ray_processes() <= before
+
+
+def test_a_ray_data_trial_asks_tune_for_its_bundle_and_its_actors_packed() -> None:
+    """Its own bundle first (Tune runs the trainable there), then one per actor of the
+    pool at its largest, pinned to the CPU nodes when they are named."""
+    from dataclasses import replace
+
+    from raytune_loader.raydata import PIN_SHARE, RayDataConfig
+
+    cluster = replace(_cluster("gpu-node"), cpu_node_type="cpu-node", remote_cpus=8.0)
+    candidate = RayDataConfig(8, 1, 3, cpus_per_actor=2.0).candidate()
+    asked = wrap_function(tuner.trainable(JOB, 0.5, cluster)).default_resource_request(
+        {**candidate.values(), "predicted_samples_per_s": 1.0}
+    )
+    assert asked.strategy == "PACK"
+    assert asked.bundles == [
+        {"CPU": 1.0, "GPU": 0.5, "gpu-node": tuner.NODE_TYPE_SHARE},
+        *[{"CPU": 2.0, "cpu-node": PIN_SHARE}] * 3,
+    ]

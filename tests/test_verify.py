@@ -152,3 +152,27 @@ def test_verification_runs_as_many_rounds_as_the_evidence_needs(
     verified = verify(JOB, configs, 5, Scripted(speeds), objective="samples_per_s")
     assert verified.rounds == rounds
     assert all(len(c.outcomes) == rounds for c in verified.candidates)
+
+
+def test_the_best_tuned_ray_data_trial_is_verified_beside_ray_s_documented_pipeline() -> None:
+    """Where Ray Data is offered and the top trials are DataLoaders, the best tuned Ray
+    Data trial is verified too, beside the baselines (Ray's documented one among them)."""
+    from raytune_loader import raydata
+
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
+                        raydata_cpus=2.0)  # fmt: skip
+    fast = LoaderConfig(8, 2, 4, False, True)
+    tuned = raydata.RayDataConfig(8, 2, 2, map_batch_size=8).candidate()
+    slower = raydata.RayDataConfig(8, 1, 1).candidate()
+    records = [
+        record("t1", "ok", config=fast, util=0.9),
+        record("t2", "ok", config=space.baselines()["ray-docs-default"], util=0.5),
+        record("t3", "ok", config=slower, util=0.4),
+        record("t4", "ok", config=tuned, util=0.6),
+    ]
+    configs = verification_configs(records, space, top=1, objective="util")
+    assert list(configs) == ["pytorch-default", "heuristic", "ray-docs-default", "top-1",
+                             "top-raydata"]  # fmt: skip
+    assert (configs["top-1"], configs["top-raydata"]) == (fast, tuned)
+    plain = replace(space, raydata_cpus=0.0)
+    assert "top-raydata" not in verification_configs(records[:1], plain, 1, "util")
