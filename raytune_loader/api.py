@@ -237,6 +237,8 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
             )
         cuda = job.device == "cuda"
         remote = raydata_cpus(opts, cluster, replace(job, node_cpus=cluster.node_cpus), progress)
+        if remote:
+            tuner.check_cpu_nodes(cluster)
         space = search_space(opts, node_cpus, cuda, progress, job=job, raydata_cpus=remote)
         opts = _objective(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)

@@ -226,10 +226,17 @@ def remote_cpus(
     ``pin``, only those carrying it), from ``ray.nodes()``' resources: what Ray Data
     candidates may take. None without a resource that tells the trials' nodes apart:
     on one machine nothing is remote."""
+    return float(sum(n.get("CPU", 0.0) for n in nodes if is_remote(n, trial_resource, pin)))
+
+
+def is_remote(
+    resources: Mapping[str, float], trial_resource: str | None, pin: str | None = None
+) -> bool:
+    """Whether a node (its ``ray.nodes()`` resources) is beyond the trials': without
+    ``trial_resource`` (and with ``pin``, when given); none is without the resource."""
     if not trial_resource:
-        return 0.0
-    others = [n for n in nodes if n.get(trial_resource, 0) <= 0 and (not pin or n.get(pin, 0) > 0)]
-    return float(sum(n.get("CPU", 0.0) for n in others))
+        return False
+    return resources.get(trial_resource, 0) <= 0 and (not pin or resources.get(pin, 0) > 0)
 
 
 # What the measurement holds ----------------------------------------------------------------

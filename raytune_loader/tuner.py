@@ -188,6 +188,46 @@ def start_ray(
     )
 
 
+# What Ray Data's actors import where they run: the worker side of every pipeline variant
+ACTOR_MODULES = ("torch", "torchvision", "PIL", "numpy", "raytune_loader.transforms",
+                 "raytune_loader.raydata", "ray.data")  # fmt: skip
+
+
+def check_cpu_nodes(cluster: RayCluster, timeout_s: float = 120.0) -> None:
+    """Each live node Ray Data's actors may run on (beyond the trials' nodes) imports
+    what they run: a ConfigError in one line naming the first that cannot, before any
+    trial (an actor that cannot start would only fail its trials later)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def first_missing(modules: tuple[str, ...]) -> str | None:  # pickled by value: it runs
+        import importlib  # where this package itself may be missing
+
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                return f"{name} ({exc})"
+        return None
+
+    probe = ray.remote(num_cpus=0)(first_missing)
+    kind, pin = cluster.node_type, cluster.cpu_node_type
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in alive if raydata.is_remote(n["Resources"], kind, pin)]
+    for node in nodes:
+        where = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        try:
+            missing = ray.get(probe.options(scheduling_strategy=where).remote(ACTOR_MODULES),
+                              timeout=timeout_s)  # fmt: skip
+        except (ray.exceptions.RayError, ImportError) as exc:
+            missing = last_line(exc)
+        if missing:
+            raise ConfigError(
+                f"the CPU node {node['NodeManagerAddress']} (node {node['NodeID'][:12]}) cannot "
+                f"run Ray Data's actors: {missing}; install raytune_loader and its "
+                "dependencies there, or leave it out (--cpu-node-type, --no-ray-data)"
+            )
+
+
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()

@@ -5,8 +5,11 @@ every sample of an epoch once, the split parts, a steady rate and Ctrl-C (slow t
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import hashlib
 import inspect
+import json
 import os
 import signal
 import socket
@@ -361,6 +364,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``values``, for the processes started meanwhile."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class TwoNodes:
     """A head node for the trials (2 CPUs, ``TRAINER``) and a CPU-only node (2 CPUs,
     ``CPU_NODE``), with the dashboard on a free port for the state API."""
@@ -369,15 +387,21 @@ class TwoNodes:
         from ray.cluster_utils import Cluster
 
         store = 200 * 2**20
-        self.cluster = Cluster(
-            initialize_head=True,
-            head_node_args={"num_cpus": 2, "resources": {TRAINER: 1}, "include_dashboard": True,
-                            "dashboard_port": _free_port(), "object_store_memory": store,
-                            "_system_config": {"worker_niceness": 0}},
-        )  # fmt: skip
-        self.cpu_node = self.cluster.add_node(
-            num_cpus=2, resources={CPU_NODE: 1}, object_store_memory=store
-        )
+        port = _free_port()
+        # its workers ask this cluster's state API, not whichever /tmp/ray names last
+        # (Ray Train's placement-group cleaner asks it whether its controller lives)
+        api = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
+        with _environment(api):
+            self.cluster = Cluster(
+                initialize_head=True,
+                head_node_args={"num_cpus": 2, "resources": {TRAINER: 1},
+                                "include_dashboard": True, "dashboard_port": port,
+                                "object_store_memory": store,
+                                "_system_config": {"worker_niceness": 0}},
+            )  # fmt: skip
+            self.cpu_node = self.cluster.add_node(
+                num_cpus=2, resources={CPU_NODE: 1}, object_store_memory=store
+            )
         self.cluster.wait_for_nodes()
 
     def makers(self) -> list[Any]:
@@ -613,3 +637,168 @@ def test_a_file_that_does_not_decode_fails_the_epoch_naming_it_and_ends_its_acto
     said, ended = ray.get(trial.remote([*rows[:15], (str(bad), 0)], config), timeout=240)
     assert said.startswith(f"corrupt sample {bad}: ") and "\n" not in said
     assert ended
+
+
+# -- the search with Ray Data candidates, on the cluster (slow) ------------------------------
+
+
+def _searching(two_nodes: TwoNodes, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """The real command line, joined to the cluster: trials on the trainer node (its
+    resource), Ray Data's actors on the CPU node (its resource)."""
+    from conftest import TINY_SEARCH, run_cli
+
+    return run_cli(
+        *TINY_SEARCH, "--num-samples", "5", "--address", two_nodes.cluster.address,
+        "--node-type", TRAINER, "--cpu-node-type", CPU_NODE, "--out", str(out / "results"),
+        *extra, cwd=out, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_search_on_the_cluster_verifies_tuned_ray_data_beside_ray_s_docs_and_writes_it(
+    two_nodes: TwoNodes, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """``python -m raytune_loader.search`` on a cluster with a CPU-only node offers Ray
+    Data candidates: each Ray Data trial's actors run in the placement group Tune made
+    for it (its bundles on the CPU node: Tune's group captures the trial's actors), the
+    best tuned one is verified beside Ray's documented pipeline and the DataLoader
+    baselines, and best_config.json has it, read back by load_best_config; no actor
+    and no placement group outlives the search."""
+    import ray
+
+    from raytune_loader import load_best_config
+
+    actor_nodes: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:  # where the pipeline's actors run, while the search runs
+        while not done.wait(0.5):
+            actor_nodes.update(actor.node_id for actor in two_nodes.makers())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = _searching(two_nodes, tmp_path, "--data-root", str(tiny_imagenet))
+    finally:
+        done.set()
+        watcher.join()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Ray Data candidates: actors on up to" in result.stdout
+    folder = tmp_path / "results" / "synthetic-imagenet"
+    best = json.loads((folder / "best_config.json").read_text())
+    section = best["raydata"]
+    assert section["name"] != "ray-docs-default" and section["metrics"]["samples_per_s"]
+    assert len(section["metrics"]["samples_per_s"]["values"]) == 2  # verified, two rounds
+    docs = best["baselines"]["ray-docs-default"]
+    assert docs["raydata"]["min_actors"] == 1 and docs["metrics"]["samples_per_s"]["median"] > 0
+    assert best["speedup"]["vs_ray_docs_default"] and best["search"]["space"]["raydata_cpus"] >= 1
+    assert load_best_config(folder / "best_config.json").raydata == RayDataConfig.from_dict(
+        section["config"]
+    )
+    rows = list(csv.DictReader((folder / "trials.csv").open()))
+    ran = [r for r in rows if r["engine"] == "raydata" and r["status"] == "ok"]
+    assert ran and all(
+        float(r["cpus_reserved"]) == 1 + int(r["max_actors"]) * float(r["cpus_per_actor"])
+        for r in ran
+    )
+    assert all(r["actor_rss_bytes"] and r["backpressure_s"] for r in ran)
+    assert actor_nodes == {two_nodes.cpu_node.node_id}
+    assert two_nodes.no_makers_within(30)
+    groups = ray.util.placement_group_table().values()
+    assert all(group["state"] == "REMOVED" for group in groups), groups
+
+
+@pytest.mark.slow
+def test_a_cpu_node_that_cannot_import_the_pipeline_is_named_in_one_line_before_any_trial(
+    two_nodes: TwoNodes, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """A third node for the actors whose Python lacks torchvision: the search stops
+    before its first trial, exit status 2, one line naming that node."""
+    broken = tmp_path / "site" / "torchvision"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'torchvision'\")\n"
+    )
+    node = two_nodes.cluster.add_node(
+        num_cpus=1, resources={CPU_NODE: 1}, object_store_memory=100 * 2**20,
+        env_vars={"PYTHONPATH": str(broken.parent)},
+    )  # fmt: skip
+    try:
+        two_nodes.cluster.wait_for_nodes()
+        result = _searching(two_nodes, tmp_path, "--data-root", str(tiny_imagenet))
+    finally:
+        two_nodes.cluster.remove_node(node)
+    said = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert said[-1].startswith("error: the CPU node ") and node.node_id[:12] in said[-1]
+    assert "torchvision" in said[-1] and not (tmp_path / "results" / "synthetic-imagenet" /
+                                               "trials.csv").exists()  # fmt: skip
+
+
+def _train_on_parts(config: dict[str, Any]) -> None:
+    """A Ray Train worker: the tuned Ray Data pipeline's part for this rank, as the docs
+    show it (get_dataset_shard, iteration_arguments, raydata_to_device), two epochs,
+    each file's digest written down."""
+    import ray.train
+
+    from raytune_loader import load_best_config
+
+    tuned = load_best_config(config["path"])
+    shard = ray.train.get_dataset_shard("train")
+    rank = ray.train.get_context().get_world_rank()
+    model = torch.nn.Linear(3, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: dict[int, list[str]] = {}
+    for epoch in range(2):
+        seen[epoch] = []
+        for batch in shard.iter_torch_batches(**tuned.iteration_arguments()):
+            seen[epoch] += _digests(batch)
+            images, labels = tuned.raydata_to_device(batch, "cpu")
+            loss = torch.nn.functional.cross_entropy(model(images.mean(dim=(2, 3))), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    Path(config["out"], f"rank{rank}.json").write_text(json.dumps(seen))
+
+
+@pytest.mark.slow
+def test_ray_train_s_two_workers_each_read_a_disjoint_part_that_covers_the_data_every_epoch(
+    two_nodes: TwoNodes, tiny_imagenet: Path, rows: list[tuple[str, int]], tmp_path: Path
+) -> None:
+    """best_config.json's raydata section in Ray Train's TorchTrainer with two workers:
+    ``datasets={"train": tuned.raydata_dataset()}``, each worker reading its shard with
+    the tuned iteration arguments (the encoded files cross, so each is known by its
+    digest): in each epoch the two parts are disjoint and together every file once."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from raytune_loader import load_best_config
+
+    section = RayDataConfig(8, 1, 1, map_batch_size=8, prefetch_batches=2, crosses="encoded")
+    spec = {"name": "synthetic-imagenet", "data_root": str(tiny_imagenet), "download": False,
+            "synthetic_images": 96, "image_column": "image", "label_column": "label",
+            "shuffle_buffer": None}  # fmt: skip
+    best = {"schema_version": 1, "dataset": "synthetic-imagenet", "model": "small-cnn",
+            "objective": "util", "engine": "raydata", "loader": {"batch_size": 8},
+            "metrics": {}, "baselines": {}, "speedup": {}, "hardware": {},
+            "search": {"dataset_spec": spec},
+            "raydata": {"chosen": True, "config": section.values()}}  # fmt: skip
+    path = tmp_path / "best_config.json"
+    path.write_text(json.dumps({**best, "created": "now"}))
+    tuned = load_best_config(path)
+    trainer = TorchTrainer(
+        _train_on_parts,
+        train_loop_config={"path": str(path), "out": str(tmp_path)},
+        scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(storage_path=str(tmp_path / "ray"), name="raydata"),
+        datasets={"train": tuned.raydata_dataset()},
+    )
+    trainer.fit()
+    parts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for epoch in ("0", "1"):
+        zero, one = (part[epoch] for part in parts)
+        assert len(zero) == len(one) == len(rows) // 2
+        assert not set(zero) & set(one)
+        assert sorted(zero + one) == _file_digests(rows)
+    assert parts[0]["0"] != parts[0]["1"]  # another order, or another part, each epoch
+    assert two_nodes.no_makers_within(30)
