@@ -17,17 +17,21 @@ Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
 as its margin.
 
+prefetch, persistent workers, the order and the start method do not change the steady
+pace in this model; the search tunes them around the structures the model ranks. With
+several ranks each has its share of the cores, and the node's rate is ranks x one
+rank's.
+
 A Ray Data candidate's actors run the same worker side as a worker, plus what putting
-a sample into Ray's object store costs them; the training process pays what taking it
-out costs (:data:`OBJECT_STORE`: a cost per sample and one per byte, measured by
-``experiments/raydata_overhead.py``). Its parts are the training process (step,
-receive, finish), the actors together, and on a CPU the trial's cores, which the
-actors share only when they run on the trial's node. :meth:`CostModel.remote_cpus`
-is how many actors' CPUs keep the training process at its own pace: past that, more
-remote CPUs cannot raise the rate. prefetch, persistent workers, the order and the start method do
-not change the steady pace in this model; the search tunes them around the
-structures the model ranks. With several ranks each has its share of the cores,
-and the node's rate is ranks x one rank's.
+a sample into Ray's object store costs them (:data:`OBJECT_STORE`: a cost per sample
+and one per byte, measured on one node by ``experiments/raydata_overhead.py``); the
+training process pays what taking it out costs: as the profile timed it on the trials'
+node from an actor on another node (the transfer, formatting and Ray Data's executor
+included), or where it could not, :data:`OBJECT_STORE`'s. Its parts are the training
+process (step, receive, finish), the actors together, and on a CPU the trial's cores,
+which the actors share only when they run on the trial's node.
+:meth:`CostModel.remote_cpus` is how many actors' CPUs keep the training process at its
+own pace: past that, more remote CPUs cannot raise the rate.
 """
 
 from __future__ import annotations
@@ -150,11 +154,16 @@ class CostModel:
         self, config: LoaderConfig, main: float, making: float, cores: float
     ) -> Prediction:
         """A Ray Data candidate: the training process (``main``: step and finish, plus
-        taking the batch out of the object store), its actors together (each
+        taking the batch out of the object store: the profile's time where it measured
+        it on the trials' node, else :data:`OBJECT_STORE`'s), its actors together (each
         ``making`` a batch plus putting it in the store, at its share of a core), and on
         a CPU the trial's cores (the actors' too where they run there)."""
         batch, crossing = config.batch_size, crossing_bytes(config)
-        main += batch * self.store.receive.seconds(crossing)
+        measured = self.profile.receive_s.get(structure(config).receiving)
+        if measured is not None:  # timed where the trials run, from a remote actor
+            main += measured * batch / self.profile.batch_size
+        else:
+            main += batch * self.store.receive.seconds(crossing)
         actor = making + batch * self.store.put.seconds(crossing)
         pace = config.pool_size * min(1.0, config.actor_cpus_each)
         parts = {"step": main, "actors": actor / pace}

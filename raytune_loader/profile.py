@@ -8,7 +8,10 @@ stages (normalizing a uint8 batch, decoding JPEGs on the device). :func:`profile
 measures each of those once, per structure of the space (decoder x transfer, and
 worker kind for what the training process receives), in one measurement process,
 so :mod:`raytune_loader.costmodel` can predict every candidate of the space from
-them. On a CPU it runs the step's thread count, as a trial does.
+them. On a CPU it runs the step's thread count, as a trial does. Where the space offers
+Ray Data and the profile runs beside an actor's bundle (the search's), it times what
+taking batches out of the object store costs the training process's node, from an
+actor on another node (:func:`raytune_loader.raydata.receive_seconds`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from raytune_loader import datasets
+from raytune_loader import datasets, raydata
 from raytune_loader.job import TrialJob
 from raytune_loader.loader import build_dataloader
 from raytune_loader.measure import job_trainer, prepare, worker_side_rate
@@ -69,6 +72,8 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     torch.set_num_threads(job.segment.compute_threads)
     per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
     trainer: Trainer | None = None
+    rays = any(c.engine == "raydata" for c in structures)
+    beside_an_actor = rays and raydata.in_placement_group()  # the search's: an actor's too
     try:
         for config in structures:
             config = config.with_batch_size(batch)
@@ -85,6 +90,8 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             if kind not in receive_s and config.num_workers > 0:
                 samples = _samples(dataset, batch, config)
                 receive_s[kind], hand_over_s[kind] = _receive_cost(samples, config)
+            elif kind not in receive_s and config.engine == "raydata" and beside_an_actor:
+                receive_s[kind] = raydata.receive_seconds(raydata.config_of(receiver(config)))
     finally:
         torch.set_num_threads(threads)
     return Profile(
@@ -97,6 +104,16 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         finish_s=finish_s,
         seconds=time.perf_counter() - started,
     )
+
+
+def receiver(config: LoaderConfig) -> LoaderConfig:
+    """The Ray Data candidate the profile reads to time receiving ``config``'s batches:
+    one actor of one CPU, map calls of a training batch, two batches prefetched, Ray's
+    budget and blocks (what crosses, and the batch, are ``config``'s)."""
+    values = {"engine": "raydata", "max_actors": 1, "cpus_per_actor": 1.0, "prefetch_batches": 2,
+              "map_batch_size": config.batch_size, "transfer": config.transfer,
+              "decode": config.decode}  # fmt: skip
+    return LoaderConfig.from_dict(values, batch_size=config.batch_size)
 
 
 def _collate(config: LoaderConfig) -> Any:

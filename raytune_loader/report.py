@@ -289,12 +289,15 @@ def _how_proposed(best: dict[str, Any]) -> list[str]:
     ]
     what_if = best.get("what_if")
     if what_if and what_if.get("nodes"):
-        rows = [[str(n["cores"]), str(n["workers_per_rank"]), _cell(n["samples_per_s"]),
-                 n["bound"]] for n in what_if["nodes"]]  # fmt: skip
-        lines += ["", f"What if the node were bigger ({what_if['note']}; the ceiling is "
+        pools = "actors" in what_if["nodes"][0]  # a Ray Data winner: bigger pools of actors
+        keys = ("actors", "remote_cpus") if pools else ("cores", "workers_per_rank")
+        rows = [[_cell(n[keys[0]]), _cell(n[keys[1]]), _cell(n["samples_per_s"]), n["bound"]]
+                for n in what_if["nodes"]]  # fmt: skip
+        bigger = "the pool of actors were bigger" if pools else "the node were bigger"
+        lines += ["", f"What if {bigger} ({what_if['note']}; the ceiling is "
                   f"{_cell(what_if.get('ceiling_samples_per_s'))} samples/s):", ""]  # fmt: skip
-        lines += _table(["usable CPUs", "workers per rank", "samples/s (estimate)",
-                         "what sets the pace"], rows)  # fmt: skip
+        head = ["actors", "remote CPUs"] if pools else ["usable CPUs", "workers per rank"]
+        lines += _table([*head, "samples/s (estimate)", "what sets the pace"], rows)
     return lines
 
 

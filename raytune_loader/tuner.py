@@ -34,7 +34,7 @@ from raytune_loader.costmodel import CostModel
 from raytune_loader.errors import ConfigError, DataPipelineError, RaytuneLoaderError, last_line
 from raytune_loader.job import TrialJob
 from raytune_loader.measure import CEILING_WINDOWS, InputRate, TrialOutcome
-from raytune_loader.profile import Profile
+from raytune_loader.profile import Profile, receiver
 from raytune_loader.records import TrialRecord, record_from_report
 from raytune_loader.searcher import LoaderSearcher
 from raytune_loader.space import LoaderConfig, SearchSpace
@@ -86,11 +86,13 @@ class RayCluster:
             bundle[self.node_type] = NODE_TYPE_SHARE
         return bundle
 
-    def bundles(self, job: TrialJob, config: LoaderConfig, gpus: float) -> list[dict[str, float]]:
+    def bundles(
+        self, job: TrialJob, config: LoaderConfig, gpus: float, own: float | None = None
+    ) -> list[dict[str, float]]:
         """A measurement's bundles: its own (the training process's CPUs, its workers',
-        the GPU), then a Ray Data candidate's actors', on the CPU nodes when they are
-        pinned (``--cpu-node-type``)."""
-        head = self.bundle(job.cpus_for(config.num_workers), gpus)
+        or ``own``; the GPU), then a Ray Data candidate's actors', on the CPU nodes when
+        they are pinned (``--cpu-node-type``)."""
+        head = self.bundle(job.cpus_for(config.num_workers) if own is None else own, gpus)
         if config.engine != "raydata":
             return [head]
         return raydata.placement_bundles(head, raydata.config_of(config), pin=self.cpu_node_type)
@@ -472,18 +474,21 @@ class RayMeasurer:
         return remote.options(**options)
 
     @contextlib.contextmanager
-    def _placed(self, job: TrialJob, config: LoaderConfig) -> Iterator[dict[str, Any] | None]:
-        """For a Ray Data candidate, the options that run a measurement in the first
-        bundle of a placement group of its own, with its actors' bundles (as a trial's);
-        the group is removed when the block ends, and its actors with it. None for a
-        DataLoader."""
-        if config.engine != "raydata":
+    def _placed(
+        self, job: TrialJob, config: LoaderConfig | None, own: float | None = None
+    ) -> Iterator[dict[str, Any] | None]:
+        """For a Ray Data candidate, the options that run a measurement (of ``own`` CPUs,
+        by default the candidate's) in the first bundle of a placement group of its own,
+        with its actors' bundles (as a trial's); the group is removed when the block
+        ends, and its actors with it. None for a DataLoader, or no candidate."""
+        if config is None or config.engine != "raydata":
             yield None
             return
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        group = placement_group(self.cluster.bundles(job, config, self.gpus), strategy="PACK")
+        bundles = self.cluster.bundles(job, config, self.gpus, own)
+        group = placement_group(bundles, strategy="PACK")
         try:
             limit = job.segment.give_up_s
             if not group.wait(timeout_seconds=limit):
@@ -492,7 +497,7 @@ class RayMeasurer:
                     f"{config.label()}: the cluster gave its actors' {config.actor_cpus:g} "
                     f"CPUs no room within {limit:.0f}s; free them or lower --remote-cpus",
                 )
-            head = self.cluster.bundle(job.cpus_for(config.num_workers), self.gpus)
+            head = bundles[0]
             strategy = PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
             )
@@ -520,9 +525,15 @@ class RayMeasurer:
         return self._result(ref, job, "the ceiling")
 
     def profile(self, job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
+        """The profile in a task of its own bundle; beside an actor's on another node,
+        where the space offers Ray Data and the cluster has CPUs beyond the trials'
+        nodes (the profile times receiving from it)."""
         cpus = job.cpus_for(1)  # the training process and one worker
-        ref = self._remote(PROFILE, job, cpus).remote(job, structures, cores)
-        return self._result(ref, job, "the profile")  # type: ignore[no-any-return]
+        rays = [c for c in structures if c.engine == "raydata"]
+        probe = receiver(rays[0]) if rays and self.cluster.remote_cpus else None
+        with self._placed(job, probe, own=cpus) as placed:
+            ref = self._remote(PROFILE, job, cpus, placed).remote(job, structures, cores)
+            return self._result(ref, job, "the profile")  # type: ignore[no-any-return]
 
     def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
         with self._placed(job, config) as placed:

@@ -143,3 +143,21 @@ def test_a_ray_data_winner_s_what_if_grows_its_pool() -> None:
     found = what_if(_model(per_core=50.0, cores=1), _actors(1), [1, 2, 4])
     assert [f["actors"] for f in found] == [1, 2, 4] and all(f["estimate"] for f in found)
     assert found[0]["samples_per_s"] < found[1]["samples_per_s"] < found[2]["samples_per_s"]
+
+
+def test_receiving_as_the_profile_timed_it_on_the_trials_node_replaces_the_one_node_figure() -> (
+    None
+):
+    """Where the profile timed taking batches out of the store on the trials' node (from
+    an actor on another node: the transfer and Ray Data's executor included), the model
+    charges the training process that, scaled to the batch, not the one-node constant."""
+    base = _model(per_core=1e6, cores=1)  # free decoding: the training process is the limit
+    timed = replace(base, profile=replace(base.profile, receive_s={
+        **base.profile.receive_s, "raydata/float32": 0.032}))  # 1 ms a sample  # fmt: skip
+    slow = timed.predict(_actors(4))
+    assert slow is not None and slow.bound == "step"
+    assert slow.samples_per_s == pytest.approx(1 / (1 / 400.0 + 1e-3))
+    assert timed.predict(_actors(4, batch_size=64)).samples_per_s == pytest.approx(  # type: ignore[union-attr]
+        1 / (1 / 420.0 + 1e-3)
+    )
+    assert base.predict(_actors(4)).samples_per_s > slow.samples_per_s  # type: ignore[union-attr]

@@ -209,3 +209,45 @@ def test_an_interrupted_search_s_trials_never_break_the_report(tmp_path: Path) -
     assert text.count("| interrupted |") == 2
     assert "the ceiling measured too low" in text
     assert {p.name for p in (folder / "plots").iterdir()} == set(plots.PLOTS)
+
+
+def test_a_ray_data_winner_s_report_shows_its_pipeline_its_baseline_and_bigger_pools(
+    tmp_path: Path,
+) -> None:
+    """The tuned row is the Ray Data pipeline (its knobs' columns appear only then), Ray's
+    documented one is a row of its own, the runner-up DataLoader is listed by its
+    settings, and the what-if grows the pool of actors."""
+    from raytune_loader import raydata
+
+    tuned = raydata.RayDataConfig(32, 2, 2, map_batch_size=32, crosses="uint8").values()
+    docs = raydata.ray_docs_default(32, max_actors=2).values()
+    best = {
+        **_best(),
+        "engine": "raydata",
+        "raydata": {
+            "chosen": True,
+            "name": "top-1",
+            "config": tuned,
+            "metrics": _metrics(300.0, 0.9, 0.75),
+        },
+        "what_if": {
+            "note": "estimates",
+            "ceiling_samples_per_s": 400.0,
+            "nodes": [
+                {"actors": 2, "remote_cpus": 2.0, "samples_per_s": 300.0, "bound": "actors"},
+                {"actors": 4, "remote_cpus": 4.0, "samples_per_s": 390.0, "bound": "step"},
+            ],
+        },
+    }
+    best["baselines"]["ray-docs-default"] = {"raydata": docs, "metrics": _metrics(150, 0.4, 0.4)}
+    best["search"] = {**best["search"], "method": "model", "model": {"profile": {}}}  # fmt: skip
+    rows = console.summary_rows(best)
+    assert [(r["config"], r["engine"]) for r in rows] == [
+        ("tuned", "raydata"), ("pytorch-default", "dataloader"), ("heuristic", "dataloader"),
+        ("ray-docs-default", "raydata")]  # fmt: skip
+    assert rows[0]["max_actors"] == 2 and rows[3]["min_actors"] == 1
+    text = report.write_report(_write(tmp_path / "r", best, TRIALS)).read_text()
+    assert "| actors |" in text and "| ray-docs-default |" in text
+    assert "What if the pool of actors were bigger" in text and "| 4 | 4 | 390 | step |" in text
+    plain = report.write_report(_write(tmp_path / "p", _best(), TRIALS)).read_text()
+    assert "| actors |" not in plain  # a DataLoader search's tables as they were
