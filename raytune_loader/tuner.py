@@ -501,7 +501,14 @@ class RayMeasurer:
             strategy = PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
             )
-            yield {**_task_options(head, None), "scheduling_strategy": strategy}
+            try:
+                yield {**_task_options(head, None), "scheduling_strategy": strategy}
+            except DataPipelineError as exc:
+                if ray.util.placement_group_table(group).get("state") != "RESCHEDULING":
+                    raise
+                raise DataPipelineError(  # its actors cannot come back: say why it stalled
+                    exc.reason, f"{exc}: a node holding its actors' bundles left the cluster"
+                ) from None
         finally:
             remove_placement_group(group)
 

@@ -802,3 +802,49 @@ def test_ray_train_s_two_workers_each_read_a_disjoint_part_that_covers_the_data_
         assert sorted(zero + one) == _file_digests(rows)
     assert parts[0]["0"] != parts[0]["1"]  # another order, or another part, each epoch
     assert two_nodes.no_makers_within(30)
+
+
+@pytest.mark.slow
+def test_a_cpu_node_lost_during_a_measurement_fails_it_in_one_line_and_the_next_runs(
+    two_nodes: TwoNodes, tiny_imagenet: Path
+) -> None:
+    """The node holding a Ray Data candidate's actor leaves mid-measurement: its actor's
+    bundle has nowhere to go, the measurement ends within its time limit as a one-line
+    failure (a trial's process ends the same way: Tune records the error), the
+    measurement after it runs, and no actor is left."""
+    from raytune_loader.job import TrialJob
+    from raytune_loader.space import LoaderConfig
+    from raytune_loader.tuner import RayCluster, RayMeasurer
+
+    lost = "raydata_lost_node"
+    node = two_nodes.cluster.add_node(num_cpus=1, resources={lost: 1},
+                                      object_store_memory=100 * 2**20)  # fmt: skip
+    two_nodes.cluster.wait_for_nodes()
+    cluster = RayCluster(None, 2.0, 0.0, 0.0, 1, True, TRAINER, remote_cpus=1.0,
+                         cpu_node_type=lost)  # fmt: skip
+    spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet), synthetic_images=96)
+    long = SegmentSpec(warmup_steps=1, steps=2000, report_every=2000, time_limit_s=15.0)
+    job = TrialJob(spec, "small-cnn", long, node_cpus=2.0, samples_per_trial=64)
+
+    def leave() -> None:  # once the actor runs there
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            actor.node_id == node.node_id for actor in two_nodes.makers()
+        ):
+            time.sleep(0.5)
+        two_nodes.cluster.remove_node(node)
+
+    leaving = threading.Thread(target=leave, daemon=True)
+    leaving.start()
+    measurer = RayMeasurer(cluster, 0.0)
+    started = time.monotonic()
+    outcome = measurer.measure(job, RayDataConfig(8, map_batch_size=8).candidate())
+    took = time.monotonic() - started
+    leaving.join()
+    assert outcome.failure == "timeout" and "\n" not in (outcome.detail or ""), outcome
+    assert (outcome.detail or "").endswith("a node holding its actors' bundles left the cluster")
+    assert took < long.give_up_s + 30
+    short = replace(job, segment=replace(long, steps=6, report_every=3))
+    after = measurer.measure(short, LoaderConfig(8))
+    assert after.failure is None and after.metrics is not None
+    assert two_nodes.no_makers_within(30)
