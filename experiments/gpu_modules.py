@@ -37,6 +37,7 @@ NOT_NEEDED = {
     "huggingface_hub": "the Hugging Face source only",
     "pyarrow": "the Parquet and Hugging Face sources only",
     "webdataset": "the WebDataset source only",
+    "grpc": "the Ray Data engine's spill reading only (installed with ray)",
 }
 
 
