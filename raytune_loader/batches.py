@@ -113,18 +113,48 @@ def timed(dataset: Dataset[Any]) -> Dataset[Any]:
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def _training_rank() -> int | None:
+    """This process's rank in its process group, None outside one."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def seed_as_lightning(worker_id: int, rank: int | None) -> None:
+    """Lightning's worker seeding (each worker of each rank its own random streams),
+    where ``seed_everything(workers=True)`` asked for it (``PL_SEED_WORKERS``). Lightning
+    adds it only to a loader whose ``worker_init_fn`` is None, and the tuned one has
+    ours, so ours runs it in its place; without it worker k of every rank would draw the
+    same augmentations."""
+    if os.environ.get("PL_SEED_WORKERS", "0") in ("", "0"):
+        return
+    try:
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+    except ImportError:
+        try:
+            from lightning_fabric.utilities.seed import pl_worker_init_function
+        except ImportError:
+            return  # PL_SEED_WORKERS without Lightning: nothing asked for its seeding
+    pl_worker_init_function(worker_id, rank=rank)
+
+
 class WorkerThreads:
     """The tuned ``worker_init_fn`` of ``worker_threads``: in each worker process, the
     thread pools of the BLAS and OpenMP libraries loaded there (through threadpoolctl)
     and torch's intra-op pool held to ``threads``, and the variables those libraries
     read when they load set, for one a transform imports later; then the user's own
-    ``worker_init_fn``, if any. A worker otherwise keeps what it inherited: a pool per
-    library the size of the node (or of Ray's reservation), one per worker, all
-    competing for the same cores. Picklable, so spawn and forkserver workers get it."""
+    ``worker_init_fn``, if any, or else Lightning's rank-aware seeding where
+    ``seed_everything(workers=True)`` asked for it (:func:`seed_as_lightning`). A worker
+    otherwise keeps what it inherited: a pool per library the size of the node (or of
+    Ray's reservation), one per worker, all competing for the same cores. Picklable,
+    so spawn and forkserver workers get it."""
 
-    def __init__(self, threads: int, then: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, threads: int, then: Callable[[int], None] | None = None, rank: int | None = None
+    ) -> None:
         self.threads = threads
         self.then = then
+        self.rank = _training_rank() if rank is None else rank
 
     def __call__(self, worker_id: int) -> None:
         from threadpoolctl import threadpool_limits
@@ -135,6 +165,8 @@ class WorkerThreads:
         torch.set_num_threads(self.threads)
         if self.then is not None:
             self.then(worker_id)
+        else:
+            seed_as_lightning(worker_id, self.rank)
 
     def __repr__(self) -> str:
         return f"WorkerThreads({self.threads}, then={self.then!r})"

@@ -511,8 +511,8 @@ class StreamWorkerInit:
     def __call__(self, worker_id: int) -> None:
         carry(self.rank, self.world)
         if self.threads is not None:
-            WorkerThreads(self.threads)(worker_id)
-        if self.then is not None:
+            WorkerThreads(self.threads, self.then, self.rank)(worker_id)
+        elif self.then is not None:
             self.then(worker_id)
 
 

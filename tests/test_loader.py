@@ -90,3 +90,39 @@ def test_worker_threads_holds_each_worker_s_pools_and_keeps_the_user_s_init() ->
     assert build_dataloader(_Pools(), default).worker_init_fn is None  # the libraries' own
     again = pickle.loads(pickle.dumps(WorkerThreads(1, _mine)))  # spawn and forkserver
     assert (again.threads, again.then) == (1, _mine)
+
+
+class _Draws(Dataset):
+    """A sample is a draw from the worker's torch, random and numpy streams."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import random
+
+        import numpy as np
+
+        return torch.tensor([torch.rand(()).item(), random.random(), np.random.rand()])
+
+
+def test_worker_threads_seeds_workers_as_lightning_where_it_asked_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lightning's seed_everything(workers=True) adds its rank-aware seeding only to a
+    loader without worker_init_fn; the tuned loader has one, so it runs Lightning's: each
+    worker draws what Lightning's own seeding gives it, not torch's default."""
+    from functools import partial
+
+    from lightning.fabric.utilities.seed import pl_worker_init_function, seed_everything
+
+    monkeypatch.setenv("PL_SEED_WORKERS", "0")  # seed_everything sets it; undone after
+    config = LoaderConfig(batch_size=1, num_workers=2, prefetch_factor=1, worker_threads=1)
+
+    def draws(workers: bool, **kwargs: object) -> torch.Tensor:
+        seed_everything(7, workers=workers, verbose=False)
+        return torch.cat(list(build_dataloader(_Draws(), config, **kwargs)))
+
+    lightning = draws(True, worker_init_fn=partial(pl_worker_init_function, rank=0))
+    assert torch.equal(draws(True), lightning)
+    assert not torch.equal(draws(False), lightning)  # not asked: torch's own seeding
