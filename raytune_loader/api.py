@@ -114,12 +114,12 @@ def raydata_cpus(opts: SearchOptions, cluster: Any, job: TrialJob, progress: Pro
     offered (``--no-ray-data``, a source its actors cannot read, several ranks)."""
     if opts.ray_data is False or (opts.ray_data is None and not cluster.remote_cpus):
         return 0.0
-    source = job.dataset.source
-    if not source.ray_data or job.ranks > 1:
-        why = "several ranks per trial" if job.ranks > 1 else f"{job.dataset.name}'s files"
+    if job.ranks > 1 or not job.dataset.source.ray_data_reads(job.dataset):
+        why = "several ranks per trial" if job.ranks > 1 else job.dataset.name
         if opts.ray_data:
             progress.warn(f"Ray Data candidates are not offered with {why}: its actors read "
-                          "image folders, for one rank per trial")  # fmt: skip
+                          "image folders, webdataset shards, hf tables and map-style datasets "
+                          "of your own, for one rank per trial")  # fmt: skip
         return 0.0
     cpus = cluster.remote_cpus or max(0.0, cluster.node_cpus - job.cpus_for(0))
     if opts.remote_cpus is not None:

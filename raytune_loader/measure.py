@@ -452,7 +452,11 @@ def prepare(
     the bytes of one of its samples."""
     config = config or LoaderConfig(batch_size=1)
     accesses = job.dataset.source.accesses(job.dataset)
-    if config.access not in accesses:  # the ceiling's one batch, from a stream-only source
+    if config.engine == "raydata" and config.access not in accesses:
+        # a Ray Data candidate on a stream-only source: its actors read the stream's shards
+        config = LoaderConfig(config.batch_size, transfer=config.transfer,
+                              decode=config.decode, access=accesses[0])  # fmt: skip
+    elif config.access not in accesses:  # the ceiling's one batch, from a stream-only source
         config = replace(config, access=accesses[0], batching="loader")
     if config.access == "stream":
         stream = streams.stream_for_trial(job, config, slot)

@@ -6,14 +6,17 @@ valid by construction: the actors (a fixed count or a min-max pool), the CPUs ea
 reserves, the rows of one map call, ``prefetch_batches``, what crosses the object
 store (``float32`` or ``uint8`` images, or the ``encoded`` files for a device-side
 decode), the object store budget, the block size and ``locality_with_output``.
-:func:`build_dataset` reads the image-folder sources as a Ray Dataset whose
-``map_batches`` actors read each file and run :func:`raytune_loader.transforms.worker_image`,
-the worker side a DataLoader worker runs for the same variant; :class:`RayDataLoader`
-iterates it (or one ``streaming_split`` part per rank) as the DataLoader path yields
-batches, each wrapped as a :class:`~raytune_loader.batches.Stamped` from the actors' own
-times when measured. :func:`placement_bundles` is the reservation: the placement-group
-bundles a trial holds for its actors beside its own. :func:`ray_docs_default` is the
-pipeline as Ray's documentation writes it, the Ray Data baseline.
+:func:`build_dataset` reads a source as a Ray Dataset (:func:`rows_of`: an image
+folder's files, webdataset or Parquet shards through Ray's own readers, or any map-style
+dataset by index) whose ``map_batches`` actors make each row into the worker side a
+DataLoader worker runs for the same variant
+(:func:`raytune_loader.transforms.worker_image`, or the source's own decoder);
+:class:`RayDataLoader` iterates it (or one ``streaming_split`` part per rank) as the
+DataLoader path yields batches, each wrapped as a
+:class:`~raytune_loader.batches.Stamped` from the actors' own times when measured.
+:func:`placement_bundles` is the reservation: the placement-group bundles a trial holds
+for its actors beside its own. :func:`ray_docs_default` is the pipeline as Ray's
+documentation writes it, the Ray Data baseline.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset as TorchDataset
 
     from raytune_loader.job import SegmentSpec
+    from raytune_loader.sources.base import RayRead
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,10 @@ CROSSES = ("float32", "uint8", "encoded")  # what an actor puts in the object st
 CPU_DECODERS = ("pil", "tensor")  # where an actor decodes: PIL, or to tensors (decoders.py)
 PIN_SHARE = 0.001  # a sliver of a custom resource pins a bundle to the nodes that carry it
 TASKS_PER_ACTOR = 2  # Ray Data's map tasks in flight per actor (max_concurrency 1 x factor 2)
+# Ray's read tasks of shards take no CPU of their own: they hand the files' bytes to the
+# actors, which decode (the trial reserves CPUs for its actors alone, and a read task
+# that waited for one would wait for ever beside a full pool)
+READ_CPUS = 0.0
 
 
 @dataclass(frozen=True)
@@ -299,6 +307,53 @@ def image_rows(dataset: TorchDataset[Any]) -> list[tuple[str, int]]:
     return [(str(samples[i][0]), int(samples[i][1])) for i in chosen]
 
 
+@dataclass(frozen=True)
+class ByIndex:
+    """A map-style dataset read by index: the rows are its indices, and each actor holds
+    the dataset (pickled once, into the actor) and calls ``dataset[i]``, as a DataLoader
+    worker does, so its samples are the worker side of the variant it was built with."""
+
+    dataset: TorchDataset[Any]
+
+
+def rows_of(dataset: TorchDataset[Any]) -> Sequence[tuple[str, int]] | ByIndex | RayRead:
+    """What the actors read of a measurement's dataset: an image folder's (file, class)
+    rows (:func:`image_rows`, the trial's subset); a stream's shards through Ray's own
+    reader (:meth:`~raytune_loader.sources.base.ShardStream.ray_read`: webdataset tar
+    shards, Parquet files); a table's Parquet files (``--dataset hf``, the whole table:
+    ``read_parquet`` reads files, not rows by index); otherwise the map-style dataset by
+    index (:class:`ByIndex`). A stream of the user's cannot be read: a DatasetError."""
+    from torch.utils.data import IterableDataset, Subset
+
+    from raytune_loader.sources.base import ShardStream
+
+    base = dataset
+    while isinstance(base, Subset):
+        base = base.dataset
+    if getattr(base, "samples", None):
+        return image_rows(dataset)
+    if isinstance(base, ShardStream):
+        read = base.ray_read()
+        if read is None:
+            raise DatasetError(
+                "Ray Data has no reader of these shards (save_to_disk's Arrow files as a "
+                "stream): read them map-style, or pass --no-ray-data"
+            )
+        return read
+    ray_read = getattr(base, "ray_read", None)
+    read = ray_read() if callable(ray_read) else None
+    if read is not None:
+        return read
+    if isinstance(base, IterableDataset) or not hasattr(base, "__len__"):
+        raise DatasetError(
+            f"{type(base).__name__} is a stream: Ray Data's actors read a map-style dataset "
+            "by index (a Hugging Face streaming dataset from the Hub is one such stream); "
+            "return a map-style dataset (save it locally, or read its Parquet files with "
+            "--dataset hf), or pass --no-ray-data"
+        )
+    return ByIndex(dataset)
+
+
 def epoch_order(count: int, samples: int | None, seed: int) -> list[int]:
     """Indices of ``count`` rows for one epoch of ``samples`` (default: each row once):
     seeded permutations, one after another, cut to length (a segment reads its subset
@@ -317,35 +372,89 @@ def epoch_order(count: int, samples: int | None, seed: int) -> list[int]:
 
 # The actors' side -------------------------------------------------------------------------
 
+RowDecoder = Callable[[dict[str, Any]], tuple[Any, int]]  # a row's columns -> (sample, class)
 
-def make_samples(batch: Mapping[str, Any], transfer: str, decode: str) -> dict[str, Any]:
-    """A map call's rows (``path``, ``label``) made into samples as a DataLoader worker
-    makes them: each file read and passed through
-    :func:`~raytune_loader.transforms.worker_image` for the variant, with when each
-    row's making started and ended (the stacking counted in the last row's). Images
-    cross as one (N, 3, 224, 224) array; encoded files as bytes."""
+
+def make_samples(
+    batch: Mapping[str, Any], transfer: str, decode: str, decoded: RowDecoder | None = None
+) -> dict[str, Any]:
+    """A map call's rows made into samples as a DataLoader worker makes them: each row
+    (a dict of its columns) through ``decoded``, the source's decoder of the variant
+    (default: rows ``path``, ``label`` of image files, each file read and passed through
+    :func:`~raytune_loader.transforms.worker_image`), with when each row's making started
+    and ended (the stacking counted in the last row's). Images cross as one
+    (N, 3, 224, 224) array; encoded files as bytes."""
     import numpy as np
 
-    from raytune_loader.transforms import worker_image
-
+    decoded = decoded or FileImage(transfer, decode)
     made_list: list[Any] = []
+    labels: list[int] = []
     started, made = [], []
-    for path in batch["path"]:
+    for index in range(len(next(iter(batch.values())))):
         started.append(time.monotonic())
-        try:
-            sample = worker_image(Path(str(path)).read_bytes(), transfer, decode)
-        except CorruptSampleError as exc:
-            raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
-        made_list.append(sample.numpy().tobytes() if decode == "device" else sample.numpy())
+        sample, label = decoded(_row(batch, index))
+        made_list.append(sample.numpy().tobytes() if decode == "device" else _array(sample))
+        labels.append(int(label))
         made.append(time.monotonic())
     images: np.ndarray = (
         np.array(made_list, dtype=object) if decode == "device" else np.stack(made_list)
     )
     made[-1] = time.monotonic()
     rows = len(made)
-    return {"image": images, "label": np.asarray(batch["label"], dtype=np.int64),
+    return {"image": images, "label": np.asarray(labels, dtype=np.int64),
             "_started": np.array(started), "_made": np.array(made),
             "_rss": np.full(rows, _resident()), "_free": np.full(rows, _available())}  # fmt: skip
+
+
+def _row(batch: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """One row of a numpy batch as the sources' decoders read a sample: Python scalars,
+    without the cells a reader left empty (a webdataset sample without that member)."""
+    import numpy as np
+
+    row: dict[str, Any] = {}
+    for name, values in batch.items():
+        value = values[index]
+        if isinstance(value, np.generic):
+            value = value.item()
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        row[name] = value
+    return row
+
+
+def _array(sample: Any) -> Any:
+    import numpy as np
+
+    return sample.numpy() if hasattr(sample, "numpy") else np.asarray(sample)
+
+
+@dataclass(frozen=True)
+class FileImage:
+    """An image-folder row (``path``, ``label``) as the variant's sample: the file read
+    and passed through :func:`~raytune_loader.transforms.worker_image`."""
+
+    transfer: str
+    decode: str
+
+    def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
+        from raytune_loader.transforms import worker_image
+
+        path = str(row["path"])
+        try:
+            return worker_image(Path(path).read_bytes(), self.transfer, self.decode), row["label"]
+        except CorruptSampleError as exc:
+            raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """A :class:`ByIndex` row (``index``) as the dataset's own sample."""
+
+    dataset: TorchDataset[Any]
+
+    def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
+        sample, label = self.dataset[int(row["index"])][:2]
+        return sample, label
 
 
 def _resident() -> int:
@@ -367,14 +476,16 @@ class SampleMaker:
     variant's :func:`make_samples`, with torch's threads held to the actor's CPUs (one,
     as in a DataLoader worker, for one CPU)."""
 
-    def __init__(self, transfer: str, decode: str, threads: int) -> None:
+    def __init__(
+        self, transfer: str, decode: str, threads: int, decoded: RowDecoder | None = None
+    ) -> None:
         import torch
 
         torch.set_num_threads(threads)
-        self.transfer, self.decode = transfer, decode
+        self.transfer, self.decode, self.decoded = transfer, decode, decoded
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        return make_samples(batch, self.transfer, self.decode)
+        return make_samples(batch, self.transfer, self.decode, self.decoded)
 
 
 # The training process's side ---------------------------------------------------------------
@@ -628,27 +739,22 @@ def data_context(config: RayDataConfig) -> ray.data.DataContext:
 
 
 def build_dataset(
-    rows: Sequence[tuple[str, int]],
+    rows: Sequence[tuple[str, int]] | ByIndex | RayRead,
     config: RayDataConfig,
     *,
     seed: int = 0,
     samples: int | None = None,
     placement_group: PlacementGroup | None = None,
 ) -> ray.data.Dataset:
-    """The Ray Dataset of ``rows`` (file, class) for ``config``: an epoch of ``samples``
-    rows (:func:`epoch_order`; default each once), blocks in a new random order every
-    epoch, made into samples by :class:`SampleMaker` actors. The actors take the
+    """The Ray Dataset of ``rows`` (:func:`rows_of`) for ``config``: an epoch of
+    ``samples`` rows (default each once), in a new order every epoch, made into samples
+    by :class:`SampleMaker` actors. The actors (and the read tasks of shards) take the
     bundles of ``placement_group`` (default: the one this process runs in, a Tune
     trial's, whose head bundle it fills: so the actors land in the others), or, outside
     any, Ray's own scheduling."""
     import ray
-    from ray.data import ActorPoolStrategy, DataContext, RandomSeedConfig
+    from ray.data import ActorPoolStrategy, DataContext
 
-    if not rows:
-        raise DatasetError("no images to read: the Ray Data candidate has an empty dataset")
-    order = epoch_order(len(rows), samples, seed)
-    items = [{"path": rows[i][0], "label": rows[i][1]} for i in order]
-    blocks = math.ceil(len(items) / config.map_batch_size) if config.map_batch_size else None
     pool = (
         ActorPoolStrategy(size=config.max_actors)
         if config.fixed
@@ -657,29 +763,97 @@ def build_dataset(
     group = placement_group or ray.util.get_current_placement_group()
     placement = _placement(group)
     log.debug(
-        "%s: %d rows; actors in %s", config.label(), len(items),
+        "%s: %s; actors in %s", config.label(), type(rows).__name__,
         f"placement group {group.id.hex()}" if group else "Ray's own scheduling",
     )  # fmt: skip
-    with DataContext.current(data_context(config)):
-        dataset = ray.data.from_items(items, override_num_blocks=blocks)
-        dataset = dataset.randomize_block_order(
-            seed=RandomSeedConfig(seed=seed, reseed_after_execution=True)
-        )
-        with warnings.catch_warnings():
-            # Ray 2.60 deprecates the remote args that carry a placement group (removed in
-            # 2.64) and offers none in their place; tests/test_raydata.py checks the
-            # actors still land in the bundles
-            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-            return dataset.map_batches(
-                SampleMaker,
-                fn_constructor_kwargs={"transfer": config.transfer, "decode": config.decode,
-                                       "threads": max(1, int(config.cpus_per_actor))},
-                batch_size=config.map_batch_size,
-                compute=pool,
-                num_cpus=config.cpus_per_actor,
-                udf_modifying_row_count=False,
-                **placement,
-            )  # fmt: skip
+    with DataContext.current(data_context(config)), warnings.catch_warnings():
+        # Ray 2.60 deprecates the remote args that carry a placement group (removed in
+        # 2.64) and offers none in their place; tests/test_raydata.py checks the actors
+        # still land in the bundles
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        dataset, decoded = _read(rows, config, seed, samples, placement)
+        return dataset.map_batches(
+            SampleMaker,
+            fn_constructor_kwargs={"transfer": config.transfer, "decode": config.decode,
+                                   "threads": max(1, int(config.cpus_per_actor)),
+                                   "decoded": decoded},
+            batch_size=config.map_batch_size,
+            compute=pool,
+            num_cpus=config.cpus_per_actor,
+            udf_modifying_row_count=False,
+            **placement,
+        )  # fmt: skip
+
+
+def _read(
+    rows: Sequence[tuple[str, int]] | ByIndex | RayRead,
+    config: RayDataConfig,
+    seed: int,
+    samples: int | None,
+    placement: dict[str, Any],
+) -> tuple[ray.data.Dataset, RowDecoder | None]:
+    """The rows as a Ray Dataset, and the decoder the actors pass each through (None: an
+    image folder's files). Rows listed here (files, indices) take one epoch's seeded
+    order (:func:`epoch_order`), their blocks a new order every epoch; shards are read
+    by Ray's reader, in a new seeded file order every epoch."""
+    import ray
+    from ray.data import RandomSeedConfig
+
+    if isinstance(rows, ByIndex):
+        count, decoded = len(rows.dataset), Indexed(rows.dataset)  # type: ignore[arg-type]
+    elif isinstance(rows, (list, tuple)):
+        count, decoded = len(rows), None
+    else:
+        return _read_shards(rows, seed, samples, placement), rows.decoded
+    if count == 0:
+        raise DatasetError("no samples to read: the Ray Data candidate has an empty dataset")
+    order = epoch_order(count, samples, seed)
+    if decoded is None:
+        items = [{"path": rows[i][0], "label": rows[i][1]} for i in order]  # type: ignore[index]
+    else:
+        items = [{"index": i} for i in order]
+    blocks = math.ceil(len(items) / config.map_batch_size) if config.map_batch_size else None
+    dataset = ray.data.from_items(items, override_num_blocks=blocks)
+    seeded = RandomSeedConfig(seed=seed, reseed_after_execution=True)
+    return dataset.randomize_block_order(seed=seeded), decoded
+
+
+def _read_shards(
+    read: RayRead, seed: int, samples: int | None, placement: dict[str, Any]
+) -> ray.data.Dataset:
+    """A stream's shards through Ray's own reader (:attr:`RayRead.reader`), the members
+    or columns left undecoded for the source's decoder in the actors, rows in file
+    order. An epoch reads each file once, in a seeded order drawn anew every epoch
+    (``FileShuffleConfig``: shuffling blocks would hold every file's bytes before the
+    first decode); ``samples`` reads the files pass after pass (:func:`shard_passes`),
+    cut to length."""
+    import ray
+    from ray.data import FileShuffleConfig
+
+    if read.rows < 1:
+        raise DatasetError("no samples to read: the Ray Data candidate's shards are empty")
+    common: dict[str, Any] = {"num_cpus": READ_CPUS, "ray_remote_args": placement or None}
+    if samples is None:
+        paths = list(read.paths)
+        common["shuffle"] = FileShuffleConfig(seed=seed, reseed_after_execution=True)
+    else:
+        paths = shard_passes(read.paths, math.ceil(samples / read.rows), seed)
+    if read.reader == "webdataset":
+        dataset = ray.data.read_webdataset(paths, decoder=None, **common)
+    elif read.reader == "parquet":
+        columns = list(read.columns) or None
+        dataset = ray.data.read_parquet(paths, columns=columns, include_paths=True, **common)
+    else:
+        raise DatasetError(f"Ray Data has no reader {read.reader!r}: use webdataset or parquet")
+    return dataset if samples is None else dataset.limit(samples)
+
+
+def shard_passes(paths: Sequence[str], passes: int, seed: int) -> list[str]:
+    """``paths`` listed ``passes`` times, each pass in its own seeded order (as
+    :func:`epoch_order` lists rows): a segment longer than the shards reads every file
+    once before any twice, but where Ray's read tasks finish out of order, at the edges
+    of a pass."""
+    return [paths[i] for i in epoch_order(len(paths), passes * len(paths), seed)]
 
 
 def _placement(group: PlacementGroup | None) -> dict[str, Any]:
@@ -704,7 +878,7 @@ def segment_loader(
     torch.set_num_threads(spec.compute_threads)
     samples = config.batch_size * (warmup_batches(config, spec) + spec.steps)
     loader = RayDataLoader(
-        build_dataset(image_rows(dataset), config, seed=seed, samples=samples), config, stamp=True
+        build_dataset(rows_of(dataset), config, seed=seed, samples=samples), config, stamp=True
     )
     yield loader
 

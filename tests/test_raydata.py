@@ -351,6 +351,257 @@ def test_an_epoch_reads_each_row_once_and_a_longer_one_reshuffles() -> None:
     assert longer[10:20] != once
 
 
+# -- other sources: shards through Ray's own readers, a map-style dataset by index -----------
+
+
+@pytest.fixture
+def local_ray() -> Iterator[None]:
+    """A one-node Ray of two CPUs for one test's reads, shut down after it (per test: the
+    slow tier's cluster of this module connects this process to another Ray)."""
+    import ray
+
+    from conftest import ray_processes, ray_processes_left
+
+    before = ray_processes()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+    assert not ray_processes_left(before)
+
+
+def _folder_samples(tiny_imagenet: Path) -> dict[str, tuple[int, int]]:
+    """Each JPEG file of tiny_imagenet by its bytes' digest: (its index in the image
+    folder dataset, its class), as write_shards and _write_parquet label them."""
+    dataset = build_dataset(DatasetSpec("synthetic-imagenet", str(tiny_imagenet)))
+    return {hashlib.sha1(Path(path).read_bytes()).hexdigest(): (index, label)
+            for index, (path, label) in enumerate(dataset.samples)}  # type: ignore[attr-defined]  # fmt: skip
+
+
+def _encoded_epochs(rows: Any, epochs: int = 2, **build: Any) -> list[list[tuple[str, int]]]:
+    """Each epoch's (file digest, class), in order, of the encoded files the actors hand
+    over: one execution of the pipeline an epoch."""
+    config = RayDataConfig(8, crosses="encoded", map_batch_size=8)
+    loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, **build), config)
+    read = []
+    for _ in range(epochs):
+        read.append([(hashlib.sha1(file.numpy().tobytes()).hexdigest(), int(label))
+                     for images, labels in loader
+                     for file, label in zip(images.files(), labels, strict=True)])  # fmt: skip
+    return read
+
+
+def _same_as_the_folder(
+    read: Any, folder: dict[str, tuple[int, int]], tiny_imagenet: Path, transfer: str, decode: str
+) -> None:
+    """Rows as Ray's reader hands them (undecoded), each made by the actors' code with
+    ``read``'s decoder, are the image folder's DataLoader sample of the same file, bit for
+    bit with the same random draws, with the same class."""
+    workers = build_dataset(DatasetSpec("synthetic-imagenet", str(tiny_imagenet)), transfer, decode)
+    raw = raydata._read_shards(read, seed=0, samples=None, placement={})
+    batch = next(iter(raw.iter_batches(batch_size=3, batch_format="numpy")))
+    for row in range(3):
+        one = {name: values[row : row + 1] for name, values in batch.items()}
+        torch.manual_seed(row)
+        made = raydata.make_samples(one, transfer, decode, read.decoded)
+        image = one["jpg"][0] if "jpg" in one else one["image"][0]["bytes"]
+        index, label = folder[hashlib.sha1(image).hexdigest()]
+        torch.manual_seed(row)
+        expected, expected_label = workers[index]
+        assert made["label"].tolist() == [label] == [expected_label]
+        assert made["image"].dtype == expected.numpy().dtype
+        assert torch.equal(torch.from_numpy(made["image"][0]), expected)
+
+
+def test_a_segment_longer_than_the_shards_lists_them_pass_after_pass() -> None:
+    paths = [f"shard-{i}.tar" for i in range(5)]
+    listed = raydata.shard_passes(paths, 3, seed=1)
+    passes = [listed[i : i + 5] for i in range(0, 15, 5)]
+    assert len(listed) == 15 and all(sorted(p) == paths for p in passes)
+    assert passes[0] != passes[1] and listed == raydata.shard_passes(paths, 3, seed=1)
+
+
+def test_webdataset_shards_are_read_by_ray_s_reader_every_sample_once_an_epoch(
+    local_ray: None, tiny_shards: Path, tiny_imagenet: Path
+) -> None:
+    """The trial's stream over the shards becomes ``read_webdataset`` of its shards: an
+    epoch is every sample once with its class, the next another order; a segment longer
+    than the shards is cut to length; a row is the DataLoader path's sample."""
+    from raytune_loader.sources import webdataset_shards
+    from raytune_loader.sources.base import StreamVariant
+
+    spec = DatasetSpec("webdataset", str(tiny_shards))
+    source = webdataset_shards.SOURCE
+    read = raydata.rows_of(source.build_stream(spec, [], StreamVariant("uint8", "device")))
+    assert (read.reader, read.rows, len(read.paths)) == ("webdataset", 96, 4)  # type: ignore[union-attr]
+    folder = _folder_samples(tiny_imagenet)
+    everything = sorted((digest, label) for digest, (_, label) in folder.items())
+    first, second = _encoded_epochs(read, seed=5)
+    assert sorted(first) == sorted(second) == everything and first != second
+    (segment,) = _encoded_epochs(read, epochs=1, seed=5, samples=120)  # 96 and a part
+    assert len(segment) == 120 and set(segment) <= set(everything)
+    assert max(segment.count(row) for row in segment) == 2
+    variant = StreamVariant("float32", "tensor")
+    _same_as_the_folder(raydata.rows_of(source.build_stream(spec, [], variant)), folder,
+                        tiny_imagenet, "float32", "tensor")  # fmt: skip
+
+
+def _write_parquet(images: Path, out: Path, files: int) -> None:
+    """The image folder as Parquet files of HF's Image storage ({bytes, path}) and
+    integer classes, in order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    classes = sorted(p.name for p in images.iterdir() if p.is_dir())
+    paths = sorted(images.rglob("*.JPEG"))
+    out.mkdir(parents=True)
+    for part in range(files):
+        chosen = paths[part::files]
+        pq.write_table(pa.table({
+            "image": [{"bytes": f.read_bytes(), "path": f.name} for f in chosen],
+            "label": [classes.index(f.parent.name) for f in chosen],
+        }), out / f"part-{part}.parquet")  # fmt: skip
+
+
+def test_hf_parquet_files_are_read_by_read_parquet_every_row_once_an_epoch(
+    local_ray: None, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--dataset hf`` on Parquet files: the map-style table a trial builds and its
+    stream both say ``read_parquet`` of its files; an epoch is every row once with its
+    class; a row is the DataLoader path's sample of the same image."""
+    from raytune_loader.sources import hf_tables
+    from raytune_loader.sources.base import StreamVariant
+
+    _write_parquet(tiny_imagenet / "train", tmp_path / "parquet", 3)
+    monkeypatch.setattr(hf_tables._datasets().config, "HF_DATASETS_CACHE", str(tmp_path / "c"))
+    spec = DatasetSpec("hf", str(tmp_path / "parquet"))
+    table = hf_tables.SOURCE.build(spec, "uint8", "device")  # the encoded files cross
+    read = raydata.rows_of(Subset(table, [4, 1]))  # the whole table: read_parquet reads files
+    stream = raydata.rows_of(hf_tables.SOURCE.build_stream(spec, [], StreamVariant()))
+    for each in (read, stream):
+        assert (each.reader, each.rows, each.columns) == ("parquet", 96, ("image", "label"))  # type: ignore[union-attr]
+        assert each.paths == tuple(
+            str(tmp_path / "parquet" / f"part-{i}.parquet") for i in range(3)
+        )  # type: ignore[union-attr]
+    folder = _folder_samples(tiny_imagenet)
+    (epoch,) = _encoded_epochs(read, epochs=1, seed=2)
+    assert sorted(epoch) == sorted((digest, label) for digest, (_, label) in folder.items())
+    decoded = raydata.rows_of(hf_tables.SOURCE.build(spec, "uint8", "pil"))
+    _same_as_the_folder(decoded, folder, tiny_imagenet, "uint8", "pil")
+
+
+def test_a_map_style_dataset_of_the_user_s_is_read_by_index_each_sample_once(
+    local_ray: None,
+) -> None:
+    """A dataset that is neither files nor shards: the rows are its indices, each actor
+    holds it and calls ``dataset[i]``; the trial's subset is read, each sample once an
+    epoch with its label, and another order the next."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8, generator=generator)
+    dataset = Subset(TensorDataset(images, torch.arange(40) % 7), list(range(3, 27)))
+    rows = raydata.rows_of(dataset)
+    assert isinstance(rows, raydata.ByIndex) and rows.dataset is dataset
+    config = RayDataConfig(8, crosses="uint8")
+    loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=1), config)
+    epochs = [[(bytes(image.numpy()), int(label)) for batch in loader
+               for image, label in zip(*batch, strict=True)] for _ in range(2)]  # fmt: skip
+    expected = sorted((bytes(images[i].numpy()), i % 7) for i in range(3, 27))
+    assert sorted(epochs[0]) == sorted(epochs[1]) == expected and epochs[0] != epochs[1]
+
+
+def test_what_ray_data_cannot_read_is_refused_in_one_line_saying_what_to_do() -> None:
+    from torch.utils.data import IterableDataset
+
+    from raytune_loader.sources import hf_tables
+    from raytune_loader.sources.base import ShardStream
+
+    class HubStream(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Iterator[Any]:
+            yield from ()
+
+    arrow = ShardStream(["train/data-00000.arrow"], [4], hf_tables._TableShards(("i", "l")), str)
+    for dataset, says in ((HubStream(), "HubStream is a stream: Ray Data's actors read a "
+                           "map-style dataset by index (a Hugging Face streaming dataset"),
+                          (arrow, "Ray Data has no reader of these shards")):  # fmt: skip
+        with pytest.raises(DatasetError) as refused:
+            raydata.rows_of(dataset)
+        assert says in str(refused.value) and "--no-ray-data" in str(refused.value)
+        assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "offered"),
+    [
+        ("webdataset", 1.0),
+        ("hf", 1.0),
+        ("datasets_for_tests:fast", 1.0),
+        ("datasets_for_tests:stream_that_repeats", 0.0),
+    ],  # fmt: skip
+)
+def test_ray_data_is_offered_for_shards_tables_and_map_style_datasets_not_user_streams(
+    dataset: str, offered: float
+) -> None:
+    from raytune_loader.api import raydata_cpus
+    from raytune_loader.job import job_from_options
+    from raytune_loader.options import SearchOptions
+
+    class Said:
+        warnings: list[str] = []
+
+        def stage(self, text: str) -> None: ...
+
+        def warn(self, text: str) -> None:
+            self.warnings.append(text)
+
+    class OneNode:
+        remote_cpus, node_cpus = 0.0, 2.0
+
+    opts = SearchOptions(ray_data=True)
+    job = replace(job_from_options(opts, "small-cnn", device="cpu", node_cpus=2.0),
+                  dataset=DatasetSpec(dataset, "/nowhere"))  # fmt: skip
+    said = Said()
+    assert raydata_cpus(opts, OneNode(), job, said) == offered  # type: ignore[arg-type]
+    if not offered:
+        assert (
+            said.warnings
+            and "not offered with datasets_for_tests:stream_that_repeats" in (said.warnings[0])
+        )
+
+
+@pytest.mark.slow
+def test_a_search_with_ray_data_on_webdataset_shards_measures_ray_data_trials(
+    tiny_shards: Path, tmp_path: Path
+) -> None:
+    """``--ray-data`` on one machine and ``--dataset webdataset``: Ray's documented
+    pipeline and tuned Ray Data candidates run as trials over the shards (read by
+    ``read_webdataset``) beside the DataLoader's stream, with a rate; no Ray daemon is
+    left."""
+    from conftest import TINY_SEARCH, ray_processes, run_cli
+
+    before = ray_processes()
+    args = [a for a in TINY_SEARCH if a not in ("--dataset", "synthetic-imagenet",
+                                                "--synthetic-images", "96")]  # fmt: skip
+    result = run_cli(
+        *args, "--dataset", "webdataset", "--data-root", str(tiny_shards), "--ray-data",
+        "--num-samples", "4", "--verify-repeats", "1", "--samples-per-trial", "48",
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Ray Data candidates: actors on up to" in result.stdout
+    folder = tmp_path / "out" / "webdataset"
+    rows = list(csv.DictReader((folder / "trials.csv").open()))
+    measured = [r for r in rows if r["engine"] == "raydata" and r["samples_per_s"]]
+    assert {r["baseline"] for r in measured} >= {"ray-docs-default", ""}, rows  # and a tuned one
+    assert all(float(r["samples_per_s"]) > 0 for r in measured)
+    docs = json.loads((folder / "best_config.json").read_text())["baselines"]["ray-docs-default"]
+    assert docs["metrics"]["samples_per_s"]["median"] > 0  # verified beside the DataLoader's
+    assert any(r["engine"] == "dataloader" and r["access"] == "stream" for r in rows)
+    assert ray_processes() <= before
+
+
 # -- on a real cluster (slow) ---------------------------------------------------------------
 
 TRAINER = "raydata_trainer"  # the custom resource that pins the trial's process

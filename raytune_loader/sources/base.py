@@ -101,10 +101,15 @@ class Source:
     summary = ""  # one line for --help and for the unknown-dataset error
     streams = False  # builds an IterableDataset: no sampler, no subset of indices
     cached = True  # a measurement process may keep the built dataset for the next trial
-    ray_data = False  # Ray Data's actors can read it as (file, class) rows (raydata.image_rows)
+    ray_data = False  # Ray Data's actors can read it (raydata.rows_of): see ray_data_reads
 
     def matches(self, name: str) -> bool:
         return name in self.names
+
+    def ray_data_reads(self, spec: Spec) -> bool:
+        """Whether a Ray Data candidate can read this dataset (:mod:`raytune_loader.raydata`:
+        image files, shards through Ray's own readers, or a map-style dataset by index)."""
+        return self.ray_data
 
     def root(self, spec: Spec) -> Path | None:
         """Where the data is on this machine."""
@@ -189,6 +194,21 @@ class Source:
             )
 
 
+@dataclass(frozen=True)
+class RayRead:
+    """How Ray Data reads a source's files with its own reader (``read_webdataset`` or
+    ``read_parquet``, :mod:`raytune_loader.raydata`): the files, the rows they hold in all,
+    the columns to read, and the source's own decoder of one row (a dict of its columns)
+    into the pipeline variant's ``(sample, class)``, so the actors make what a DataLoader
+    worker makes. Plain data: the sources do not import Ray."""
+
+    reader: str  # "webdataset" or "parquet"
+    paths: tuple[str, ...]
+    rows: int
+    decoded: Callable[[dict[str, Any]], tuple[Any, int]]
+    columns: tuple[str, ...] = ()  # all of them when empty
+
+
 class ShardReader(Protocol):
     """How a source reads its shards (picklable: worker processes get it)."""
 
@@ -197,6 +217,9 @@ class ShardReader(Protocol):
 
     def read(self, path: str, start: int, stop: int) -> Iterator[Any]:
         """The shard's raw samples ``start`` to ``stop`` (excluded), not decoded."""
+
+    def ray_reader(self, paths: Sequence[str]) -> str | None:
+        """Ray Data's reader of these shards (:attr:`RayRead.reader`), or None: none."""
 
 
 def _shared(values: int) -> torch.Tensor:
@@ -253,6 +276,15 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
     @property
     def batched_in_workers(self) -> bool:
         return self.batch_size is not None
+
+    def ray_read(self) -> RayRead | None:
+        """These shards as Ray Data reads them (each sample once an epoch), with this
+        stream's decoder; None where Ray has no reader for them."""
+        reader = self.reader.ray_reader(self.shards)
+        if reader is None:
+            return None
+        columns = tuple(getattr(self.reader, "columns", ()))
+        return RayRead(reader, self.shards, sum(self.sizes), self.decode, columns)
 
     def for_loader(
         self,

@@ -77,6 +77,11 @@ class Factory(Source):
     def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("stream",) if _streams(self, spec) else ("map",)
 
+    def ray_data_reads(self, spec: Spec) -> bool:
+        # map-style: Ray Data's actors hold the dataset and read it by index; a stream of
+        # the user's splits by get_worker_info, which Ray Data's actors do not set
+        return not _streams(self, spec)
+
     def thread_workers(self, spec: Spec) -> bool:
         # a stream of the user's splits by get_worker_info, which threads do not set
         return self.pipeline_searched(spec) and not _streams(self, spec)

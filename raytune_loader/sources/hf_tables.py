@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Dataset, IterableDataset
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sources.base import ShardInfo, ShardStream, Source, Spec, StreamVariant, prewarm
+from raytune_loader.sources.base import (
+    RayRead,
+    ShardInfo,
+    ShardStream,
+    Source,
+    Spec,
+    StreamVariant,
+    prewarm,
+)
 from raytune_loader.transforms import worker_image
 
 if TYPE_CHECKING:
@@ -112,6 +120,7 @@ def _saved_split(root: Path) -> Path | None:
 class HuggingFaceTables(Source):
     names = ("hf",)
     summary = "a Hugging Face datasets folder (save_to_disk) or Parquet files under --data-root"
+    ray_data = True  # Parquet through ray.data.read_parquet, save_to_disk's rows by index
 
     def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("map", "stream")
@@ -393,6 +402,16 @@ class _Rows(Dataset):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return len(self.table)
 
+    def ray_read(self) -> RayRead | None:
+        """The whole table as Ray Data reads it: its Parquet files with ``read_parquet``
+        (each row once an epoch); None for ``save_to_disk``'s Arrow files, which Ray
+        Data's actors read by index instead."""
+        if not self.files or not all(p.endswith(".parquet") for p in self.files):
+            return None
+        columns = (self.decoded.image_column, self.decoded.label_column)
+        named = _Named(self.decoded, self.decoded.folder)
+        return RayRead("parquet", self.files, len(self.table), named, columns)
+
     def __getitem__(self, index: int) -> tuple[Any, int]:
         try:
             return self.decoded(self.table[index])
@@ -430,6 +449,10 @@ class _TableShards:
 
     def count(self, path: str) -> int:
         return _row_count(path)
+
+    def ray_reader(self, paths: Sequence[str]) -> str | None:
+        """``read_parquet`` for Parquet files; Ray has no reader of HF's Arrow files."""
+        return "parquet" if all(p.endswith(".parquet") for p in paths) else None
 
     def read(self, path: str, start: int, stop: int) -> Iterator[dict[str, Any]]:
         offset = _skipped(path, start)
@@ -470,10 +493,20 @@ class _Named:
         try:
             return self.decoded(row)
         except CorruptSampleError as exc:
-            cell = row.get(self.decoded.image_column)
-            path = cell.get("path") if isinstance(cell, dict) else None
-            which = f"image {path}" if path else f"{row['__url__']}, row {row['__row__']}"
-            raise CorruptSampleError(f"corrupt sample in {self.root} ({which}): {exc}") from None
+            raise CorruptSampleError(
+                f"corrupt sample in {self.root} ({_which(row, self.decoded)}): {exc}"
+            ) from None
+
+
+def _which(row: dict[str, Any], decoded: _Decoded) -> str:
+    """A failed row's image, or its file (and row, where the reader says it: Ray Data's
+    ``read_parquet`` gives the file alone, as ``path``)."""
+    cell = row.get(decoded.image_column)
+    image = cell.get("path") if isinstance(cell, dict) else None
+    if image:
+        return f"image {image}"
+    url = row.get("__url__", row.get("path", "?"))
+    return f"{url}, row {row['__row__']}" if "__row__" in row else str(url)
 
 
 SOURCE = HuggingFaceTables()

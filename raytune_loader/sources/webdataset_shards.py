@@ -22,7 +22,7 @@ import glob
 import os
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ class WebDatasetShards(Source):
     names = ("webdataset",)
     summary = "tar shards under --data-root, or a brace pattern shards-{0000..0127}.tar"
     cached = False
+    ray_data = True  # the trial's shards through ray.data.read_webdataset (ShardStream.ray_read)
 
     def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("stream",)
@@ -148,6 +149,9 @@ class _TarShards:
                 return
             yield sample
 
+    def ray_reader(self, paths: Sequence[str]) -> str | None:
+        return "webdataset"  # ray.data.read_webdataset groups members by webdataset's rule
+
 
 def _keyed(path: str, *, read: bool, first: int = 0) -> Iterator[dict[str, Any]]:
     """The shard's samples from the ``first``-th on (their data read with ``read``)."""
@@ -210,6 +214,7 @@ class _Decoded:
     decode: str
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
+        sample = {name.lower(): value for name, value in sample.items()}  # Ray keeps the case
         key = next((k for k in IMAGE_KEYS if k in sample), None)
         where = f"{sample.get('__url__', '?')}: sample {sample.get('__key__', '?')}"
         if key is None or LABEL_KEY not in sample:
