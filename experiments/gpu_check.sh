@@ -10,7 +10,7 @@
 # returns what ran) and stages.txt (each stage's time against its limit). The stages
 # work in a scratch folder (--work, default a new one under /tmp).
 #
-# The next device run is two calls:
+# The next device run is two calls, and Ray Data a third on a loan of its own:
 #
 #   1. bash experiments/gpu_check.sh --out "$OUT/gpu"
 #      the first call: the search (resnet50 as people train it on such a card: bf16,
@@ -31,11 +31,20 @@
 #      their ceiling and the rule of thumb per rank (ranks_one_gpu). It keeps room to
 #      rerun the bench (--stages second,bench). Its archive holds the first call's files
 #      too: unpack it into results/gpu/.
+#   3. Ray Data, a call of its own (two full calls leave no device time for it in one loan
+#      of 15 minutes: on the loan after them, or as the only call of one):
+#      bash experiments/gpu_check.sh --stages raydata --out "$OUT/gpu"
+#      a search on a Ray cluster of two nodes on the machine (raydata_scaling): the
+#      trial's node held to 4 CPUs with the GPU, a CPU-only node of the 12 other cores for
+#      Ray Data's actors; resnet50 in bf16, batch 128; the tuned Ray Data pipeline against
+#      the best loader of the 4 CPUs and against decoding on the device (nvJPEG), measured
+#      and predicted. It needs ray.data and pyarrow, checked only when it runs: carry
+#      pyarrow's wheel in .whl/ for this call.
 #
 # Other stages, answered in an earlier run or not asked now, by name: precision (the
 # ceiling in each precision), decoders_agree (nvJPEG against PIL), limits (the physical
 # limit), shared_gpu (two trials sharing the GPU: Kendall tau, NVML per-process vs
-# device-wide). --stages takes first, second, all or names, comma-separated.
+# device-wide). --stages takes first, second, raydata, all or names, comma-separated.
 #
 #   bash experiments/gpu_check.sh --out DIR [--stages NAMES] [--from ARCHIVE|DIR] [--work DIR]
 #   bash experiments/gpu_check.sh --dry-run [--out DIR] [--stages NAMES]
@@ -50,14 +59,14 @@
 # left alone.
 #
 # The interpreter is $PYTHON, else python, else python3. The checkout is put on
-# PYTHONPATH. Every module the stages import (experiments/gpu_modules.py: Ray, Optuna,
-# torchdata, threadpoolctl, pynvml...) is checked before the first stage; where one is
-# missing, the wheels in .whl/ are installed into /tmp/site: on a machine with a
-# network, download them for the device's Python into .whl/ (`pip download --no-deps
-# --only-binary=:all: --python-version 3.12 -d .whl ray[tune] optuna torchdata==0.11.0
-# threadpoolctl` and their dependencies, Ray's wheel slimmed to travel) and carry it.
-# TorchCodec is left out (its binary follows torch releases): the decoders fall back to
-# torchvision.io.
+# PYTHONPATH. Every module the selected stages import (experiments/gpu_modules.py: Ray,
+# Optuna, torchdata, threadpoolctl, pynvml...; ray.data and pyarrow for raydata_scaling)
+# is checked before the first stage; where one is missing, the wheels in .whl/ are
+# installed into /tmp/site: on a machine with a network, download them for the device's
+# Python into .whl/ (`pip download --no-deps --only-binary=:all: --python-version 3.12
+# -d .whl ray[tune] optuna torchdata==0.11.0 threadpoolctl` and their dependencies, Ray's
+# wheel slimmed to travel; pyarrow too for the raydata call) and carry it. TorchCodec is
+# left out (its binary follows torch releases): the decoders fall back to torchvision.io.
 #
 # Each stage has its own time limit and the next stage runs even if one fails, so a
 # failure leaves the output of everything before it; the exit status is the first
@@ -100,12 +109,13 @@ fi
 command -v "$py" >/dev/null || { echo "error: no $py on PATH; set PYTHON=" >&2; exit 2; }
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 site=/tmp/site
-complete() { "$py" experiments/gpu_modules.py --quiet 2>/dev/null; }
+checked=${stages_arg:-$([ "$dry_run" -eq 1 ] && echo all || echo first)}  # the plan's default
+complete() { "$py" experiments/gpu_modules.py --quiet --stages "$checked" 2>/dev/null; }
 if ! complete; then
     export PYTHONPATH="$PYTHONPATH:$site"  # installed there by an earlier run, maybe
     if ! complete; then
         if ! compgen -G '.whl/*.whl' >/dev/null; then
-            lacking=$("$py" experiments/gpu_modules.py 2>&1 | tail -1)
+            lacking=$("$py" experiments/gpu_modules.py --stages "$checked" 2>&1 | tail -1)
             echo "error: modules the stages import are not importable by $py${lacking:+ ($lacking)}" \
                 "and there is no .whl/ here: download their wheels into .whl/ and carry it (see" \
                 "--help)" >&2
@@ -115,7 +125,7 @@ if ! complete; then
         "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$site" .whl/*.whl || { echo "error: pip could not install .whl/" >&2; exit 2; }
         if ! complete; then
-            lacking=$("$py" experiments/gpu_modules.py 2>&1 | tail -1)
+            lacking=$("$py" experiments/gpu_modules.py --stages "$checked" 2>&1 | tail -1)
             echo "error: with .whl/ installed in $site, still $lacking: add their wheels" \
                 "(see --help)" >&2
             exit 2
@@ -153,8 +163,9 @@ if [ -n "$from" ]; then
 fi
 found=$work/search/synthetic-imagenet
 
-pack() {  # everything but the dataset cache, as one file under $out, then stages.txt
-    tar -czf "$out/gpu_check.tar.gz.part" -C "$work" --exclude=./cache . &&
+pack() {  # everything but the dataset cache and Tune's folders, as one file under $out,
+    # then stages.txt
+    tar -czf "$out/gpu_check.tar.gz.part" -C "$work" --exclude=./cache --exclude='./*/*/tune' . &&
         mv "$out/gpu_check.tar.gz.part" "$out/gpu_check.tar.gz"
     cp "$work/stages.txt" "$out/stages.txt"
 }
@@ -229,6 +240,12 @@ stage ranks_one_gpu env BENCH_DIR="$work" "$py" experiments/ranks_one_gpu.py "${
 # 7. Four configurations alone, then two at a time at half the GPU each: Kendall tau of
 #    the two rankings; NVML per-process vs device-wide utilization while alone.
 stage shared_gpu env BENCH_DIR="$work" "$py" experiments/shared_gpu.py "${shared_gpu[@]}"
+
+# 8. Ray Data on two nodes of this machine: the trial's (4 CPUs, the GPU) and a CPU node
+#    (12 CPUs, the actors): tuned Ray Data against the 4 CPUs' best loader and nvJPEG.
+stage raydata_scaling env BENCH_DIR="$work" "$py" experiments/raydata_scaling.py \
+    "${raydata_scaling[@]}" --out "$work/raydata"
+rm -rf "$work"/raydata/*/tune
 
 echo "GPU check done (exit $status): $out/gpu_check.tar.gz (the stages' folder: $work)"
 if [ "${stages[*]}" = "search bench" ]; then

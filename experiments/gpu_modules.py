@@ -1,15 +1,19 @@
 """Every module the GPU check's stages can import on the device, checked before the first.
 
-    python experiments/gpu_modules.py [--quiet]
+    python experiments/gpu_modules.py [--quiet] [--stages first|second|raydata|all|NAME,...]
 
 A module missing on the device used to surface minutes in: ``torchdata`` (thread
 workers) as a traceback after Ray's start and both ceilings. This imports each
 module of MODULES (the package's imports on the synthetic dataset's path, the
 experiments' and the NVML binding, which the package imports by name) and exits 1
-with one line naming those that fail, 0 when all import. It needs nothing but the
-standard library, so it runs before anything is installed. NOT_NEEDED lists what the
-package imports only for other data sources or with a fallback;
-tests/test_gpu_check.py checks that the two lists cover every import of the package.
+with one line naming those that fail, 0 when all import. STAGE_MODULES adds the
+modules of a stage that alone needs them (Ray Data and its pyarrow, a wheel of ~40 MB
+the other stages do without) when ``--stages`` (gpu_check.sh's) selects it: by its
+name, its call's, or all (the default). It needs nothing but the standard library, so
+it runs before anything is installed. NOT_NEEDED lists what the package imports only
+for other data sources or with a fallback; tests/test_gpu_check.py checks that the
+lists cover every import of the package, and that STAGE_MODULES's words select what
+experiments/gpu_plan.py selects.
 """
 
 from __future__ import annotations
@@ -31,14 +35,29 @@ MODULES = (
     "PIL", "numpy", "pandas", "psutil",
     "matplotlib.axes", "matplotlib.backends.backend_agg", "matplotlib.figure", "matplotlib.lines",
 )  # fmt: skip
+# a stage: (the --stages words that select it, the modules only it imports)
+STAGE_MODULES = {
+    "raydata_scaling": (("raydata_scaling", "raydata", "all"), ("ray.data", "pyarrow")),
+}
 NOT_NEEDED = {
     "torchcodec": "the decoders fall back to torchvision.io without it",
     "datasets": "the Hugging Face source only",
     "huggingface_hub": "the Hugging Face source only",
-    "pyarrow": "the Parquet and Hugging Face sources only",
+    "pyarrow": "the Parquet and Hugging Face sources, and Ray Data (STAGE_MODULES)",
     "webdataset": "the WebDataset source only",
     "grpc": "the Ray Data engine's spill reading only (installed with ray)",
+    "lightning": "Lightning's worker seeding, under Lightning only (skipped without it)",
+    "lightning_fabric": "Lightning's worker seeding, under Lightning only (skipped without it)",
 }
+
+
+def modules_for(stages: str) -> tuple[str, ...]:
+    """MODULES, and the modules of the STAGE_MODULES that ``stages`` (gpu_check.sh's
+    --stages: names, calls, all; comma-separated) selects."""
+    words = set(stages.split(","))
+    extra = [name for selected_by, modules in STAGE_MODULES.values()
+             if words & set(selected_by) for name in modules]  # fmt: skip
+    return MODULES + tuple(extra)
 
 
 def missing(modules: tuple[str, ...] = MODULES) -> dict[str, str]:
@@ -56,8 +75,10 @@ def missing(modules: tuple[str, ...] = MODULES) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quiet", action="store_true", help="say nothing, only the status")
+    parser.add_argument("--stages", default="all",
+                        help="the stages run, as gpu_check.sh's (default all)")  # fmt: skip
     args = parser.parse_args()
-    lacking = missing()
+    lacking = missing(modules_for(args.stages))
     if lacking and not args.quiet:
         print(f"not importable by {sys.executable}: " + "; ".join(
             f"{name} ({error})" for name, error in lacking.items()), file=sys.stderr)  # fmt: skip

@@ -1,6 +1,6 @@
 """The GPU check's plan: each stage's flags, its time limit on the device, and the calls.
 
-    python experiments/gpu_plan.py [--dry-run] [--stages first|second|all|NAME,NAME...]
+    python experiments/gpu_plan.py [--dry-run] [--stages first|second|raydata|all|NAME,...]
 
 experiments/gpu_check.sh reads this plan (shell assignments on stdout, run with eval)
 and runs each stage with the flags given here. The table of estimates, limits and the
@@ -21,10 +21,14 @@ CALLS are the next device run: ``first``, the search and the bench (its winner
 re-measured standalone, no Ray, in the same session); ``second``, the stages that read
 the first call's search (``gpu_check.sh --from``) or need none, with room left in it
 to rerun a stage of the first call but the search (whose rerun, with its bench, is a
-first call again). The other stages answered their question in an earlier run (precision,
-decoders_agree, limits) or are not asked this time (shared_gpu): ``--stages`` names
-them. A dry run (``--dry-run``) has tiny flags for a CPU and DRY_RUN_LIMIT_S per stage,
-runs every stage, and still checks both calls against the budget.
+first call again); ``raydata``, a call of its own (a search on a cluster of two nodes:
+the trial's 4 CPUs and the GPU, 12 more CPUs for Ray Data's actors), which two full
+calls leave no device time for in one loan of 15 minutes: the loan after them, or
+the only call of one. The other stages answered their question in an earlier run
+(precision, decoders_agree, limits) or are not asked this time (shared_gpu):
+``--stages`` names them. A dry run (``--dry-run``) has tiny flags for a CPU and
+DRY_RUN_LIMIT_S per stage, runs every stage, and still checks every call against the
+budget.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from compile_backoff import config as compile_config
+from raydata_scaling import parse as raydata_scaling_args
 from structures import best_of
 from structures import structures as measured_structures
 
@@ -47,6 +52,7 @@ from raytune_loader.job import SegmentSpec
 from raytune_loader.measure import CEILING_WINDOWS
 from raytune_loader.options import GPU_BATCH_SIZE, SearchOptions
 from raytune_loader.profile import Profile
+from raytune_loader.raydata import ray_docs_default
 from raytune_loader.search import get_args_parser, options_from_args
 from raytune_loader.space import DECODES, LoaderConfig, SearchSpace
 from raytune_loader.steady import in_flight
@@ -67,17 +73,23 @@ DEVICE_CORES = 16  # the H200 machine's (results/gpu/machine.txt)
 PROBES = 1  # the findings' probes of the winner counted (see search())
 COMPILES = 2  # compile_backoff: the first compile, and the one after the back-off
 WINDOW_S = 1.5  # the search's measured window at the ceiling: halves of 0.75 s
+# raydata_scaling, not measured on the device yet (estimates): the CPU node's start
+# beside the head's, and the start of a Ray Data candidate's actors in each measurement
+# (a pool of up to 12 actors importing torch at once, on 12 cores)
+NODE_START_S = 10
+RAYDATA_START_S = 10
 Flags = dict[str, str]
 
 # the order they run in; bench, limits and structures read the search's best_config.json
 STAGES = (
     "precision", "decoders_agree", "search", "bench", "limits", "structures",
-    "compile_backoff", "ranks_one_gpu", "shared_gpu",
+    "compile_backoff", "ranks_one_gpu", "shared_gpu", "raydata_scaling",
 )  # fmt: skip
 NEEDS_SEARCH = ("bench", "limits", "structures")
 CALLS = {
     "first": ("search", "bench"),
     "second": ("structures", "compile_backoff", "ranks_one_gpu"),
+    "raydata": ("raydata_scaling",),  # a search of its own, on a loan of its own
 }
 
 IMAGES = "2048"  # the one dataset of every stage: 8 batches of 256
@@ -105,6 +117,21 @@ DEVICE: dict[str, Flags] = {
                       "--steps": "16"},  # fmt: skip
     "shared_gpu": {"--synthetic-images": IMAGES, "--steps": "6", "--configs": "4",
                    "--batch-size": "128"},
+    # a search on two nodes: the trial's (4 CPUs, the GPU, the whole of it a trial) and a
+    # CPU node (12 CPUs, Ray Data's actors); resnet50 in bf16 (channels-last: the GPU's
+    # default), a window of 32 steps as the search's but at batch 128 (at 256 the
+    # estimate is 490 s: no call holds it); 5 trials: the three baselines
+    # (pytorch-default, the rule of thumb, Ray's documented pipeline), the cost model's
+    # best Ray Data candidate, then its best other structure (decoding on the device,
+    # where the model predicts it best of the DataLoaders, as it should with 4 CPUs)
+    "raydata_scaling": {
+        "--trial-cpus": "4", "--cpu-node-cpus": "12", "--device": "cuda",
+        "--object-store-mib": "8192", "--model": "resnet50", "--precision": "bf16",
+        "--synthetic-images": IMAGES, "--samples-per-trial": "2048", "--batch-sizes": "128",
+        "--gpus-per-trial": "1", "--num-samples": "5", "--steps": "32",
+        "--report-every": "16", "--warmup-steps": "3", "--verify-top": "1",
+        "--verify-repeats": "1",
+    },
 }  # fmt: skip
 
 TINY_IMAGES = "64"  # at least one batch of the experiments' CPU default (32)
@@ -125,6 +152,13 @@ TINY: dict[str, Flags] = {
     "ranks_one_gpu": {"--synthetic-images": TINY_IMAGES, "--batch-size": "4", "--steps": "2"},
     "shared_gpu": {"--synthetic-images": TINY_IMAGES, "--steps": "2", "--configs": "2",
                    "--batch-size": "8"},
+    "raydata_scaling": {
+        "--trial-cpus": "1", "--cpu-node-cpus": "1", "--device": "cpu",
+        "--object-store-mib": "300", "--model": "small-cnn", "--precision": "fp32",
+        "--synthetic-images": TINY_IMAGES, "--samples-per-trial": "64", "--batch-sizes": "8",
+        "--min-batch-size": "4", "--num-samples": "3", "--steps": "2", "--report-every": "1",
+        "--warmup-steps": "1", "--verify-top": "0",
+    },
 }  # fmt: skip
 # the device's flags at tiny sizes, so a dry run proves every command still takes them
 DRY_RUN: dict[str, Flags] = {
@@ -203,41 +237,29 @@ def _makespan(durations: list[float], slots: int) -> float:
     return max(free)
 
 
-def search(plan: dict[str, Flags], rates: Rates) -> float:
-    """Ray's start, the ceilings, the profile at the trials' smallest batch, the trials
-    (the baselines, then the cost model's structure bests, two at a time on half the
-    GPU each), Tune's tail; then each verification round (the ceiling, pytorch-default,
-    the heuristic and the top configurations, alone with the whole GPU), the winner's
-    input pipeline alone, and the findings' probes. Each segment drains what its loader
-    holds before its window. PROBES counts the persistent_workers flip of a process
-    winner; the straggler probe needs more steps than one run of 32 has
-    (findings.MIN_STEPS), and the worker-threads probe oversubscribed process workers,
-    which the last run did not have (0 busy threads a worker)."""
-    opts = search_options(plan["search"])
+def _segment_s(opts: SearchOptions, rates: Rates, drain: int, rate: float) -> float:
+    """One measurement of a search (a trial, a verification run), at its smallest batch."""
+    batch = min(opts.batch_sizes or (GPU_BATCH_SIZE,))
+    return rates.trial_s + _run_s(batch, opts.warmup_steps, drain, opts.steps, rate)
+
+
+def _search_s(
+    opts: SearchOptions, rates: Rates, trials: float, verified: float, whole: float
+) -> float:
+    """A search around its trials (``trials`` s, as they run) and a verification round's
+    configurations (``verified`` s): this process, Ray's start, the ceilings, the profile
+    at the trials' smallest batch, Tune's tail past the time budget; each verification
+    round's ceiling; the winner's input pipeline alone and the findings' probes (at
+    ``whole`` samples/s)."""
     sizes = opts.batch_sizes or (GPU_BATCH_SIZE,)
     batch, warmup, steps = min(sizes), opts.warmup_steps, opts.steps
-
-    def segment(drain: int, rate: float) -> float:
-        return rates.trial_s + _run_s(batch, warmup, drain, steps, rate)
 
     def ceilings(windows: int) -> float:
         return sum(rates.trial_s + _ceiling_s(rates, b, warmup, steps, windows) for b in sizes)
 
-    share = opts.gpus_per_trial or 0.5
-    shared = min(rates.loader(1), rates.ceiling_samples_per_s * share)
-    durations = [segment(0, rates.loader(0)), segment(rule_of_thumb_drain(batch), shared)]
-    durations += [segment(best_drain(batch), shared)] * (opts.num_samples - len(durations))
-    trials = _makespan(durations, int(1 / share))
     if opts.time_budget_s:  # proposals stop at the budget; those running finish (the tail)
         trials = min(trials, opts.time_budget_s + rates.tune_tail_s)
     profile = rates.trial_s + rates.profile_s_per_batch_sample * batch
-    whole = rates.loader(1)
-    verify_round = (
-        ceilings(1)
-        + segment(0, rates.loader(0))
-        + segment(rule_of_thumb_drain(batch), whole)
-        + opts.verify_top * segment(best_drain(batch), whole)
-    )
     input_alone = (
         rates.trial_s
         + _run_s(batch, warmup, best_drain(batch), CEILING_WINDOWS * steps, whole)
@@ -249,10 +271,65 @@ def search(plan: dict[str, Flags], rates: Rates) -> float:
         + ceilings(CEILING_WINDOWS)
         + (profile if opts.search == "model" else 0.0)
         + trials
-        + opts.verify_repeats * verify_round
+        + opts.verify_repeats * (ceilings(1) + verified)
         + input_alone
-        + PROBES * segment(best_drain(batch), whole)
+        + PROBES * _segment_s(opts, rates, best_drain(batch), whole)
     )
+
+
+def search(plan: dict[str, Flags], rates: Rates) -> float:
+    """Ray's start, the ceilings, the profile at the trials' smallest batch, the trials
+    (the baselines, then the cost model's structure bests, two at a time on half the
+    GPU each), Tune's tail; then each verification round (the ceiling, pytorch-default,
+    the heuristic and the top configurations, alone with the whole GPU), the winner's
+    input pipeline alone, and the findings' probes. Each segment drains what its loader
+    holds before its window. PROBES counts the persistent_workers flip of a process
+    winner; the straggler probe needs more steps than one run of 32 has
+    (findings.MIN_STEPS), and the worker-threads probe oversubscribed process workers,
+    which the last run did not have (0 busy threads a worker)."""
+    opts = search_options(plan["search"])
+    batch = min(opts.batch_sizes or (GPU_BATCH_SIZE,))
+    share = opts.gpus_per_trial or 0.5
+    shared = min(rates.loader(1), rates.ceiling_samples_per_s * share)
+    durations = [_segment_s(opts, rates, 0, rates.loader(0)),
+                 _segment_s(opts, rates, rule_of_thumb_drain(batch), shared)]  # fmt: skip
+    best = _segment_s(opts, rates, best_drain(batch), shared)
+    durations += [best] * (opts.num_samples - len(durations))
+    whole = rates.loader(1)
+    verified = (
+        _segment_s(opts, rates, 0, rates.loader(0))
+        + _segment_s(opts, rates, rule_of_thumb_drain(batch), whole)
+        + opts.verify_top * _segment_s(opts, rates, best_drain(batch), whole)
+    )
+    return _search_s(opts, rates, _makespan(durations, int(1 / share)), verified, whole)
+
+
+def raydata_scaling(plan: dict[str, Flags], rates: Rates) -> float:
+    """A search on the two nodes' cluster (the CPU node's start counted beside Ray's),
+    its trials one at a time (the trial's node has one GPU, each trial all of it): the
+    baselines (Ray's documented pipeline among them), the cost model's best Ray Data
+    candidate, then structure bests; each verification round the baselines, the top
+    configurations and the best Ray Data candidate. Not measured on the device yet, so
+    at the slowest rates that can be argued: a DataLoader with workers at what the
+    trial's CPUs but the training process's decode (at most the slowest 16-core loader
+    measured), Ray's documented pipeline at one actor's pace (its pool starts at one),
+    every other Ray Data candidate as slow as the DataLoader, each Ray Data measurement
+    RAYDATA_START_S more for its actors."""
+    flags = [part for pair in plan["raydata_scaling"].items() for part in pair]
+    args, opts = raydata_scaling_args(flags)
+    opts = opts.for_device(args.device == "cuda")
+    batch = min(opts.batch_sizes or (GPU_BATCH_SIZE,))
+    node = min(rates.loader(1), (args.trial_cpus - 1) * rates.decode_per_core_samples_per_s)
+    docs = in_flight(ray_docs_default(batch, args.cpu_node_cpus).candidate())
+    pytorch = _segment_s(opts, rates, 0, rates.loader(0))
+    rule = _segment_s(opts, rates, rule_of_thumb_drain(batch), node)
+    one_actor = rates.decode_per_core_samples_per_s
+    documented = RAYDATA_START_S + _segment_s(opts, rates, docs, one_actor)
+    best = _segment_s(opts, rates, best_drain(batch), node)
+    durations = [pytorch, rule, documented, RAYDATA_START_S + best]
+    durations += [best] * (opts.num_samples - len(durations))
+    verified = pytorch + rule + documented + opts.verify_top * best + RAYDATA_START_S + best
+    return NODE_START_S + _search_s(opts, rates, _makespan(durations, 1), verified, node)
 
 
 def bench(plan: dict[str, Flags], rates: Rates) -> float:
@@ -376,6 +453,7 @@ ESTIMATES: dict[str, Callable[[dict[str, Flags], Rates], float]] = {
     "compile_backoff": compile_backoff,
     "ranks_one_gpu": ranks_one_gpu,
     "shared_gpu": shared_gpu,
+    "raydata_scaling": raydata_scaling,
 }
 
 

@@ -1,7 +1,7 @@
 """experiments/gpu_check.sh and its plan: the GPU check runs end to end on a CPU (a dry
-run of every stage's real command at tiny sizes, in the two calls of the next device
-run), its calls fit the device's 8 minutes with the setup and the kill grace counted,
-its results come back from the device, and it checks every module it needs first.
+run of every stage's real command at tiny sizes, in the calls of the next device runs),
+its calls fit the device's 8 minutes with the setup and the kill grace counted, its
+results come back from the device, and it checks every module it needs first.
 
 The GPU run is rare and short; these keep the script from rotting or wasting it.
 """
@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "experiments"))
 import compile_backoff  # noqa: E402 - experiments/ is not a package
 import gpu_modules  # noqa: E402
 import gpu_plan  # noqa: E402
+import raydata_scaling  # noqa: E402
 
 SCRIPT = REPO / "experiments" / "gpu_check.sh"
 RATES = gpu_plan.Rates.load()
@@ -67,6 +68,51 @@ def test_the_calls_hold_what_the_next_device_run_must_answer() -> None:
     assert first == ("search", "bench")  # the winner standalone, in the search's session
     assert {"structures", "compile_backoff", "ranks_one_gpu"} <= set(second)
     assert set(gpu_plan.NEEDS_SEARCH) & set(second) <= {"structures"}  # read with --from
+    # Ray Data: a search of its own, in a call of its own (no room beside the others)
+    assert gpu_plan.CALLS["raydata"] == ("raydata_scaling",)
+    assert "raydata_scaling" not in gpu_plan.NEEDS_SEARCH
+
+
+def test_the_raydata_stage_is_a_4_cpu_trial_node_beside_12_cpus_for_the_actors() -> None:
+    """The trial's node too few CPUs to feed the H200, the CPU node the machine's other
+    cores; resnet50 in bf16 on the GPU, a trial at a time with the whole of it."""
+    flags = [part for pair in gpu_plan.DEVICE["raydata_scaling"].items() for part in pair]
+    args, opts = raydata_scaling.parse(flags)
+    assert (args.trial_cpus, args.cpu_node_cpus, args.device) == (4, 12, "cuda")
+    assert args.trial_cpus + args.cpu_node_cpus == gpu_plan.DEVICE_CORES
+    assert (opts.model, opts.precision, opts.gpus_per_trial) == ("resnet50", "bf16", 1.0)
+    assert opts.steps // 2 >= 2 * steady.HALF_BATCHES  # halves long enough to judge
+    assert '"${raydata_scaling[@]}" --out "$work/raydata"' in SCRIPT.read_text()  # archived
+    opts.for_device(True).validate()
+    tiny = [part for pair in gpu_plan.DRY_RUN["raydata_scaling"].items() for part in pair]
+    args, opts = raydata_scaling.parse([*tiny, "--out", "somewhere"])
+    assert (args.trial_cpus, args.cpu_node_cpus, args.device) == (1, 1, "cpu")
+    opts.for_device(False).validate()
+
+
+def test_the_raydata_estimate_counts_the_cpu_node_and_each_pool_s_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two Ray Data trials (Ray's documented pipeline, the model's best) and two Ray Data
+    runs a verification round: four pools of actors started, and the CPU node."""
+    with_all = gpu_plan.raydata_scaling(gpu_plan.DEVICE, RATES)
+    monkeypatch.setattr(gpu_plan, "RAYDATA_START_S", 0)
+    assert with_all - gpu_plan.raydata_scaling(gpu_plan.DEVICE, RATES) == pytest.approx(40)
+    monkeypatch.setattr(gpu_plan, "NODE_START_S", 0)
+    assert with_all - gpu_plan.raydata_scaling(gpu_plan.DEVICE, RATES) == pytest.approx(50)
+
+
+@pytest.mark.parametrize("words", [*gpu_plan.CALLS, "all", *gpu_plan.STAGES, "second,bench"])
+def test_a_stage_s_own_modules_are_checked_when_it_is_selected(words: str) -> None:
+    """ray.data (and its pyarrow) only when the raydata stage runs: the other calls'
+    wheels need not carry pyarrow."""
+    stages = gpu_plan.selected(words, dry_run=False)
+    wanted = {name for stage in stages if stage in gpu_modules.STAGE_MODULES
+              for name in gpu_modules.STAGE_MODULES[stage][1]}  # fmt: skip
+    checked = gpu_modules.modules_for(words)
+    assert set(checked) - set(gpu_modules.MODULES) == wanted
+    assert set(gpu_modules.STAGE_MODULES) <= set(gpu_plan.STAGES)
+    assert ("ray.data" in checked) == ("raydata_scaling" in stages)
 
 
 def test_the_readme_s_totals_are_the_plan_s() -> None:
@@ -161,7 +207,7 @@ def test_the_device_search_is_valid_options() -> None:
     ("text", "stages"),
     [(None, ("search", "bench")), ("second", ("structures", "compile_backoff", "ranks_one_gpu")),
      ("second,bench", ("bench", "structures", "compile_backoff", "ranks_one_gpu")),
-     ("limits,precision", ("precision", "limits"))],
+     ("limits,precision", ("precision", "limits")), ("raydata", ("raydata_scaling",))],
 )  # fmt: skip
 def test_stages_are_named_or_called_by_their_call(
     text: str | None, stages: tuple[str, ...]
@@ -244,7 +290,7 @@ def test_an_interpreter_without_the_modules_or_wheels_is_said_in_one_line(
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     calls = (bin_dir / "calls").read_text().splitlines()
-    assert calls[0] == f"{present} experiments/gpu_modules.py --quiet"
+    assert calls[0] == f"{present} experiments/gpu_modules.py --quiet --stages all"
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
@@ -365,10 +411,11 @@ def test_the_dry_run_runs_both_calls_every_stage_and_brings_all_back(tmp_path: P
     assert {f"./{name}.log" for name in gpu_plan.STAGES} <= packed
     assert "./search/synthetic-imagenet/best_config.json" in packed  # from the first call
     assert not [n for n in packed if n.startswith("./cache") or "/tune" in n]
+    assert "./raydata/synthetic-imagenet/best_config.json" in packed
     figures = {
         name: json.loads((work / f"{name}.json").read_text())
         for name in ("precision", "decoders_agree", "limits", "structures", "compile_backoff",
-                     "ranks_one_gpu", "shared_gpu")
+                     "ranks_one_gpu", "shared_gpu", "raydata_scaling")
     }  # fmt: skip
     bench = json.loads((first_work / "bench.json").read_text())
     assert bench["metrics"]["samples_per_s"]["median"] > 0 and bench["speedup"]
@@ -383,6 +430,11 @@ def test_the_dry_run_runs_both_calls_every_stage_and_brings_all_back(tmp_path: P
     assert figures["compile_backoff"]["recompiles"] == 0  # nothing runs out of memory here
     assert [r["backend"] for r in figures["ranks_one_gpu"]["ranks_joined"]] == ["gloo", "gloo"]
     assert -1 <= figures["shared_gpu"]["kendall_tau"] <= 1
+    scaling = figures["raydata_scaling"]
+    assert (scaling["setup"]["trial_node_cpus"], scaling["setup"]["cpu_node_cpus"]) == (1, 1)
+    assert scaling["tuned_raydata"]["measured_samples_per_s"] > 0
+    assert scaling["best_single_node_loader"]["measured_samples_per_s"] > 0
+    assert scaling["device_decode"] is None  # no decoding on a device without one
     search = load_best_config(first_work / "search" / "synthetic-imagenet" / "best_config.json")
     assert search.data["ranks_per_node"] == 1
     assert not (first_work / "search" / "synthetic-imagenet" / "tune").exists()
