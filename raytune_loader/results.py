@@ -104,18 +104,22 @@ class BestConfig:
     def raydata_dataset(
         self, data_root: str | os.PathLike[str] | None = None, *, seed: int = 0
     ) -> ray.data.Dataset:
-        """The tuned Ray Data pipeline over the search's image folder (under
-        ``data_root`` on this machine, or where the search read it): a Ray Dataset whose
-        actors make each sample as the search measured (one epoch per iteration, each
-        file once, in a new order every epoch). Pass it to Ray Train (``datasets=``) and
-        read each worker's part with :meth:`iteration_arguments`, or iterate it in a
-        plain loop; :meth:`raydata_to_device` finishes a batch."""
+        """The tuned Ray Data pipeline over the search's dataset (under ``data_root``
+        on this machine, or where the search read it; image folders, webdataset shards,
+        Parquet tables or a map-style dataset, read as a trial read it,
+        :func:`raytune_loader.raydata.rows_of`): a Ray Dataset whose actors make each
+        sample as the search measured (one epoch per iteration, each sample once, in a
+        new order every epoch). Pass it to Ray Train (``datasets=``) and read each
+        worker's part with :meth:`iteration_arguments`, or iterate it in a plain loop;
+        :meth:`raydata_to_device` finishes a batch."""
         from raytune_loader import raydata
 
         config = self._raydata_config()
-        if self.loader.access != "map":
-            raise ConfigError(f"{self.path}: the search read a stream; Ray Data reads folders")
-        return raydata.build_dataset(raydata.image_rows(self.dataset(data_root)), config, seed=seed)
+        # the source built with the Ray Data pipeline's variant, as a trial builds it
+        variant = LoaderConfig(config.batch_size, transfer=config.transfer,
+                               decode=config.decode, access=self.loader.access)  # fmt: skip
+        rows = raydata.rows_of(self._dataset(data_root, variant))
+        return raydata.build_dataset(rows, config, seed=seed)
 
     def iteration_arguments(self, device: str = "cpu") -> dict[str, Any]:
         """``iter_torch_batches``' keyword arguments for the tuned Ray Data pipeline
@@ -174,6 +178,11 @@ class BestConfig:
         chosen; feed it to :meth:`dataloader`, which passes it its batch size and the
         rank. Its order depends on the seed (0; ``dataloader(..., seed=n)`` for another)
         and the epoch, the same on every rank."""
+        return self._dataset(data_root, self.loader)
+
+    def _dataset(
+        self, data_root: str | os.PathLike[str] | None, loader: LoaderConfig
+    ) -> Dataset[Any]:
         from raytune_loader.datasets import DatasetSpec
         from raytune_loader.sources.base import StreamVariant
         from raytune_loader.streams import shuffle_buffer
@@ -183,13 +192,13 @@ class BestConfig:
             raise ConfigError(f"{self.path} does not say which dataset was searched; re-run it")
         root = str(data_root) if data_root is not None else recorded.get("data_root")
         spec = DatasetSpec(**{**recorded, "data_root": root})
-        if self.loader.access != "stream":
-            return spec.source.build(spec, self.loader.transfer, self.loader.decode)
+        if loader.access != "stream":
+            return spec.source.build(spec, loader.transfer, loader.decode)
         source = self.data.get("source") or {}
         variant = StreamVariant(
-            transfer=self.loader.transfer,
-            decode=self.loader.decode,
-            batch_size=self.loader.batch_size if self.loader.batching == "workers" else None,
+            transfer=loader.transfer,
+            decode=loader.decode,
+            batch_size=loader.batch_size if loader.batching == "workers" else None,
             shuffle_buffer=int(source.get("shuffle_buffer", shuffle_buffer(spec))),
             seed=None,  # 0: every rank must draw the same order; the loader's seed= wins
         )
