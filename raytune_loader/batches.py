@@ -6,17 +6,21 @@
 begins. :class:`WorkerThreads`: the ``worker_init_fn`` that holds each worker
 process's thread pools. :func:`counted_iterator`, the sampler's state and
 :func:`check_resumable`: counting the batches an epoch delivered, so a resumed run
-picks the epoch up where it stopped. :func:`_pinned`: pinning a batch at any depth.
+picks the epoch up where it stopped. :func:`close_at_exit`: a thread loader's epoch
+left open when the program ends stops its threads first. :func:`_pinned`: pinning a
+batch at any depth.
 :mod:`raytune_loader.loader` and :mod:`raytune_loader.streams` build their loaders
 from these.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -108,6 +112,25 @@ def timed(dataset: Dataset[Any]) -> Dataset[Any]:
     if isinstance(dataset, IterableDataset):
         return _TimedStream(dataset)
     return _TimedMap(dataset)
+
+
+_OPEN_EPOCHS: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
+
+
+def close_at_exit(epoch: Generator[Any, None, None]) -> Generator[Any, None, None]:
+    """``epoch`` (a thread loader's pass), closed when the program ends if it is still
+    open. A loop that stops before the epoch's end (``for step, batch in ...: if step
+    == n: break``) leaves it suspended, and the interpreter otherwise finalizes it after
+    tearing modules down: its threads, still reading, then stop with a traceback at exit
+    or abort the process. Closed here, its ``finally`` stops them while all is intact."""
+    _OPEN_EPOCHS.add(epoch)
+    return epoch
+
+
+@atexit.register
+def _close_open_epochs() -> None:
+    for epoch in list(_OPEN_EPOCHS):
+        epoch.close()
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -25,7 +25,7 @@ run picks the epoch up where it stopped.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,6 +43,7 @@ from raytune_loader.batches import (
     SamplerPasses,
     Stamping,
     WorkerThreads,
+    close_at_exit,
     counted_iterator,
     load_sampler_state,
     sampler_state,
@@ -235,6 +236,9 @@ class ThreadLoader:
         self._loader = tn.Loader(tn.Prefetcher(node, prefetch_factor * num_workers))
 
     def __iter__(self) -> Iterator[Any]:
+        return close_at_exit(self._epoch())
+
+    def _epoch(self) -> Generator[Any, None, None]:
         passes = SamplerPasses(self.sampler)
         try:
             for index, batch in self._loader:

@@ -32,7 +32,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from raytune_loader.batches import (
     WorkerThreads,
     _pinned,
     check_resumable,
+    close_at_exit,
     counted_iterator,
     timed,
 )
@@ -648,6 +649,9 @@ class ThreadStreamLoader(_Passes):
         self.timeout = timeout
 
     def __iter__(self) -> Iterator[Any]:
+        return close_at_exit(self._epoch())
+
+    def _epoch(self) -> Generator[Any, None, None]:
         placement = self.begin()
         with contextlib.closing(self._items(placement)) as items:  # its threads stop here
             for worker, item in items:

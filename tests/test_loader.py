@@ -126,3 +126,45 @@ def test_worker_threads_seeds_workers_as_lightning_where_it_asked_to(
     lightning = draws(True, worker_init_fn=partial(pl_worker_init_function, rank=0))
     assert torch.equal(draws(True), lightning)
     assert not torch.equal(draws(False), lightning)  # not asked: torch's own seeding
+
+
+_LEFT_OPEN = """
+import sys, time
+import torch
+from torch.utils.data import Dataset
+from raytune_loader.loader import build_dataloader
+from raytune_loader.space import LoaderConfig
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, index):
+        time.sleep(0.002)
+        return torch.full((64,), float(index))
+
+
+config = LoaderConfig(batch_size=4, num_workers=2, prefetch_factor=2, workers="thread")
+batches = iter(build_dataloader(Slow(), config))  # held to the end, as the README's loop
+for step in range(3):
+    next(batches)  # the loop stops before the epoch's end, and so does the program
+print("trained")
+"""
+
+
+def test_a_program_that_stops_mid_epoch_exits_cleanly_with_thread_workers() -> None:
+    """A training loop that breaks out of a thread loader's epoch and ends: the epoch's
+    threads stop before the interpreter tears its modules down, so the program exits 0
+    with nothing on stderr (it printed a traceback at exit, or aborted)."""
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", _LEFT_OPEN], capture_output=True, text=True, timeout=120
+        )
+        assert (done.returncode, done.stdout.strip()) == (0, "trained"), done.stderr[-2000:]
+        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, (
+            done.stderr[-2000:]
+        )
