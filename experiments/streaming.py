@@ -36,11 +36,12 @@ import sys, json
 from raytune_loader import load_best_config
 from raytune_loader.job import job_from_options
 from raytune_loader.prepare import prepare_data
-from raytune_loader.bench import options_from_file
+from raytune_loader.bestconfig import recorded_options
 from raytune_loader.measure import run_trial
 best = load_best_config(sys.argv[1])
-job = prepare_data(job_from_options(options_from_file(best), 'small-cnn', device='cpu',
-                                    node_cpus=2), best.loader.batch_size)
+options = recorded_options(best.data, sys.argv[1])
+job = prepare_data(job_from_options(options, 'small-cnn', device='cpu', node_cpus=2),
+                   best.loader.batch_size)
 outcome = run_trial(job, best.loader)
 print(json.dumps({"samples_per_s": outcome.metrics.samples_per_s if outcome.metrics else 0}))
 """
@@ -58,6 +59,8 @@ def peak_rss(config: Path) -> tuple[float, float]:
         except psutil.Error:
             pass
         time.sleep(0.05)
+    if child.returncode:
+        raise SystemExit(f"the peak-memory trial of {config} failed (exit {child.returncode})")
     out = json.loads((child.stdout.read() if child.stdout else "{}").strip().splitlines()[-1])
     return peak / 2**20, out["samples_per_s"]
 
