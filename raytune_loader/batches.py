@@ -16,6 +16,7 @@ from these.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -130,7 +131,9 @@ def close_at_exit(epoch: Generator[Any, None, None]) -> Generator[Any, None, Non
 @atexit.register
 def _close_open_epochs() -> None:
     for epoch in list(_OPEN_EPOCHS):
-        epoch.close()
+        # one another thread is reading at exit (close() raises ValueError) is its to end
+        with contextlib.suppress(ValueError):
+            epoch.close()
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
