@@ -454,8 +454,7 @@ def prepare(
     accesses = job.dataset.source.accesses(job.dataset)
     if config.engine == "raydata" and config.access not in accesses:
         # a Ray Data candidate on a stream-only source: its actors read the stream's shards
-        config = LoaderConfig(config.batch_size, transfer=config.transfer,
-                              decode=config.decode, access=accesses[0])  # fmt: skip
+        config = raydata.config_of(config).source_variant(accesses[0])
     elif config.access not in accesses:  # the ceiling's one batch, from a stream-only source
         config = replace(config, access=accesses[0], batching="loader")
     if config.access == "stream":

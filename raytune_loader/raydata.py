@@ -127,6 +127,13 @@ class RayDataConfig:
         """This pipeline as a candidate of the search (``engine="raydata"``)."""
         return LoaderConfig.from_raydata(self.values())
 
+    def source_variant(self, access: str) -> LoaderConfig:
+        """The DataLoader configuration the source is built with for this pipeline (its
+        ``transfer`` and ``decode``, read by ``access``): the dataset whose files or rows
+        the actors read (:func:`rows_of`)."""
+        return LoaderConfig(self.batch_size, transfer=self.transfer, decode=self.decode,
+                            access=access)  # fmt: skip
+
     def label(self) -> str:
         """Short form for tables and progress lines (the candidate's)."""
         return self.candidate().label()

@@ -116,9 +116,7 @@ class BestConfig:
 
         config = self._raydata_config()
         # the source built with the Ray Data pipeline's variant, as a trial builds it
-        variant = LoaderConfig(config.batch_size, transfer=config.transfer,
-                               decode=config.decode, access=self.loader.access)  # fmt: skip
-        rows = raydata.rows_of(self._dataset(data_root, variant))
+        rows = raydata.rows_of(self._dataset(data_root, config.source_variant(self.loader.access)))
         return raydata.build_dataset(rows, config, seed=seed)
 
     def iteration_arguments(self, device: str = "cpu") -> dict[str, Any]:
