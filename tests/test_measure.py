@@ -56,34 +56,41 @@ def test_workers_hide_the_data_cost() -> None:
 @pytest.mark.alone
 def test_util_counts_the_cpu_time_the_step_got_not_the_time_it_was_not_waiting() -> None:
     """A step slowed by a competing process is not fully computing, although nothing waits."""
-    import multiprocessing
-
-    spec = SegmentSpec(warmup_steps=2, steps=24, report_every=24)
-    config = LoaderConfig(batch_size=8)
-    busy = multiprocessing.get_context("spawn").Process(target=_spin, args=(8.0,), daemon=True)
     import os
+    import subprocess
+    import sys
 
+    spec = SegmentSpec(warmup_steps=2, steps=96, report_every=96)
+    config = LoaderConfig(batch_size=8)
     cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})  # the child inherits this one core
+    busy = None
     try:
         alone = train_segment(TensorImages(64), _big_trainer(), config, spec)
-        busy.start()
-        time.sleep(0.5)
+        # a bare interpreter that says when it spins: the window must not start while the
+        # competitor is still starting (a spawned child importing torch from a cold disk
+        # sleeps on reads and leaves the core to the step)
+        busy = subprocess.Popen([sys.executable, "-S", "-c", _SPIN], stdout=subprocess.PIPE)
+        assert busy.stdout is not None and busy.stdout.readline() == b"spinning\n"
         shared = train_segment(TensorImages(64), _big_trainer(), config, spec)
     finally:
-        busy.terminate()
-        busy.join()
+        if busy is not None:
+            busy.kill()
+            busy.wait()
         os.sched_setaffinity(0, before)
     assert alone.util > 0.6
     assert shared.data_wait_frac < 0.3  # the loop hardly waits for data...
     assert shared.util < 0.7 * alone.util  # ...but the step gets only part of the core
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
+_SPIN = """
+import sys, time
+print("spinning", flush=True)
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    pass
+"""
 
 
 def _big_trainer() -> Trainer:
