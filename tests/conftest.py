@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -176,18 +177,19 @@ def uneven_shards(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory)
     return write_uneven_shards(tiny_imagenet / "train", tmp_path_factory.mktemp("uneven"))
 
 
-def two_gloo_ranks(target: object, *args: object, timeout: float = 120) -> dict[int, object]:
-    """``target(rank, port, *args, results)`` in two spawned processes (ranks of a gloo
-    group they make on ``port``); each puts ``(rank, what it read)`` on ``results``."""
+def two_gloo_ranks(target: object, *args: object, timeout: float = 240) -> dict[int, object]:
+    """``target(rank, store, *args, results)`` in two spawned processes (ranks of a gloo
+    group they make with ``init_method=store``); each puts ``(rank, what it read)`` on
+    ``results``. The group meets in a file, not on a port: a free port picked here can be
+    taken by another test's Ray before rank 0 binds it."""
     import multiprocessing
-    import socket
+    import tempfile
 
     context = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix="gloo-")
+    store = f"file://{folder}/store"
     results = context.Queue()
-    ranks = [context.Process(target=target, args=(r, port, *args, results)) for r in (0, 1)]
+    ranks = [context.Process(target=target, args=(r, store, *args, results)) for r in (0, 1)]
     for process in ranks:
         process.start()
     try:
@@ -197,3 +199,4 @@ def two_gloo_ranks(target: object, *args: object, timeout: float = 120) -> dict[
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
+        shutil.rmtree(folder, ignore_errors=True)

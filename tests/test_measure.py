@@ -79,9 +79,12 @@ def test_util_counts_the_cpu_time_the_step_got_not_the_time_it_was_not_waiting()
             busy.kill()
             busy.wait()
         os.sched_setaffinity(0, before)
-    assert alone.util > 0.6
+    # alone, the step computes most of the time; another test's process on the same core
+    # can take some of it (0.61 once in CI), so the bound is loose
+    assert alone.util > 0.5
     assert shared.data_wait_frac < 0.3  # the loop hardly waits for data...
-    assert shared.util < 0.7 * alone.util  # ...but the step gets only part of the core
+    # ...but the step gets about half the core (0.45 here), not the time it did not wait
+    assert shared.util < 0.75 * (1 - shared.data_wait_frac)
 
 
 _SPIN = """

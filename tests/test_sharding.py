@@ -72,11 +72,11 @@ def test_without_a_process_group_the_loader_reads_everything_once_an_epoch() -> 
         assert epochs[0] != epochs[1]  # reshuffled, though nobody called set_epoch
 
 
-def _rank(rank: int, port: int, results: Any) -> None:
+def _rank(rank: int, store: str, results: Any) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=dt.timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group("gloo", init_method=store, rank=rank,
+                            world_size=2, timeout=dt.timedelta(seconds=180))  # fmt: skip
     try:
         read: dict[str, Any] = {}
         for name, config in (("process", PROCESSES), ("thread", THREADS)):

@@ -420,7 +420,7 @@ def test_accelerate_passes_a_stream_loader_through_and_refuses_to_skip_into_it(
         list(skipping)
 
 
-def _user_streams_in_a_group(rank: int, port: int, shards: str, results: object) -> None:
+def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object) -> None:
     import datetime as dt
 
     import torch.distributed as dist
@@ -429,8 +429,8 @@ def _user_streams_in_a_group(rank: int, port: int, shards: str, results: object)
     from raytune_loader.errors import ConfigError
     from raytune_loader.loader import build_dataloader
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=dt.timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group("gloo", init_method=store, rank=rank,
+                            world_size=2, timeout=dt.timedelta(seconds=180))  # fmt: skip
     out: dict[str, object] = {}
     try:
         config = LoaderConfig(4, access="stream")
