@@ -46,6 +46,24 @@ def test_every_transfer_gives_the_same_augmented_tensor(tiny_imagenet: Path) -> 
         assert (normalize(raw[None])[0] - expected).abs().max() < TOLERANCE
 
 
+def test_normalize_makes_one_buffer_and_leaves_the_batch_as_it_was() -> None:
+    """The step's normalization works in place on the one float32 buffer it makes, with
+    the arithmetic of (x / 255 - mean) / std bit for bit, in either memory format; the
+    uint8 batch it reads is unchanged."""
+    from raytune_loader.pipeline import _statistics
+
+    batch = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    mean, std = _statistics(batch.device)
+    for images in (batch, batch.contiguous(memory_format=torch.channels_last)):
+        kept = images.clone()
+        made = normalize(images)
+        assert torch.equal(made, (images.float() / 255 - mean) / std)
+        assert torch.equal(images, kept) and made.data_ptr() != images.data_ptr()
+        assert made.is_contiguous(memory_format=torch.channels_last) == (images is not batch)
+    floats = batch.float()
+    assert normalize(floats).data_ptr() != floats.data_ptr()  # a float batch is not written
+
+
 @pytest.mark.parametrize(
     ("transfer", "decode"),
     [("float32", "tensor"), ("uint8", "tensor"), ("uint8", "device")],
