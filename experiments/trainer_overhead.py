@@ -9,13 +9,19 @@ uint8) and the same settings with worker processes. Each run trains small-cnn in
 fp32 with one compute thread, as the search does, on the embedded default dataset
 with its ImageNet transforms; warm-up steps are not timed. Writes
 results/benchmarks/trainer_overhead.json: samples/s of each (median and range) and
-Lightning over plain per round (target: Lightning costs at most 5%).
+Lightning over plain per round (target: Lightning costs at most 5%), and the training
+process's minor page faults per step: where glibc's allocator hands batch-sized buffers
+back to the system, every step touches fresh pages (run it again with
+MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set to see what that costs; the
+environment is recorded).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import tempfile
 import time
@@ -123,6 +129,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--name", default="trainer_overhead", help="the results file's name")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging
     torch.set_num_threads(1)  # the search's compute threads
@@ -134,13 +141,20 @@ def main() -> None:
     root = Path(job.dataset.resolved_root() or "") / "train"
     runners = {"plain": plain, "lightning": lightning}
     speed: dict[str, list[float]] = {}
+    faults: dict[str, list[float]] = {}
     for kind, tuned in configs.items():
         dataset = tuned.image_dataset(root)
         classes = len(dataset.classes)  # type: ignore[attr-defined]
         for rnd, name in rotated(list(runners), args.rounds):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             rate = runners[name](tuned, dataset, classes, args.warmup, args.steps)
+            per_step = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / (
+                args.warmup + args.steps
+            )
             speed.setdefault(f"{kind} {name}", []).append(rate)
-            print(f"round {rnd + 1}: {kind:<8} {name:<10} {rate:7.1f} samples/s", flush=True)
+            faults.setdefault(f"{kind} {name}", []).append(per_step)
+            print(f"round {rnd + 1}: {kind:<8} {name:<10} {rate:7.1f} samples/s, "
+                  f"{per_step:6.0f} page faults a step", flush=True)  # fmt: skip
     ratios = {
         kind: [
             lt / pl
@@ -149,10 +163,12 @@ def main() -> None:
         for kind in configs
     }
     save(
-        "trainer_overhead",
+        args.name,
         {
             "samples_per_s": {name: spread(values) for name, values in speed.items()},
             "lightning_over_plain": {kind: spread(values) for kind, values in ratios.items()},
+            "minor_page_faults_per_step": {name: spread(v) for name, v in faults.items()},
+            "malloc_environment": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
             "loaders": {
                 kind: {**tuned.data["loader"], **tuned.data.get("pipeline", {})}
                 for kind, tuned in configs.items()
