@@ -932,7 +932,10 @@ def test_a_search_on_the_cluster_verifies_tuned_ray_data_beside_ray_s_docs_and_w
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        result = _searching(two_nodes, tmp_path, "--data-root", str(tiny_imagenet))
+        # one report a trial, at its end: ASHA cannot stop a Ray Data trial before the
+        # figures only a whole segment has (an actor's memory, backpressure)
+        result = _searching(two_nodes, tmp_path, "--data-root", str(tiny_imagenet),
+                            "--report-every", "6")  # fmt: skip
     finally:
         done.set()
         watcher.join()
