@@ -17,13 +17,16 @@ from typing import Any
 
 from torch.utils.data import Subset
 
-from raytune_loader import SearchOptions, datasets, hardware, synthetic
-from raytune_loader.job import TrialJob, job_from_options, subset_indices
-from raytune_loader.measure import worker_side_rate
-from raytune_loader.models import default_model
-from raytune_loader.prepare import prepare_data
-from raytune_loader.results import write_json
-from raytune_loader.selection import rotated
+from raytune_loader import SearchOptions
+from raytune_loader.files import write_json
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.job import TrialJob, subset_indices
+from raytune_loader.measuring.measure import worker_side_rate
+from raytune_loader.measuring.models import default_model
+from raytune_loader.measuring.prepare import prepare_data
+from raytune_loader.sources import datasets, synthetic
+from raytune_loader.tuning.options import job_from_options
+from raytune_loader.verdict.selection import rotated
 
 # a tiny search's flags, for the experiments that time whole searches
 TINY_SEARCH = [

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from _common import TINY_SEARCH, save
-from raytune_loader import synthetic
-from raytune_loader.selection import rotated
+from raytune_loader.sources import synthetic
+from raytune_loader.verdict.selection import rotated
 
 VARIANTS = ("frozen", "not frozen")
 CODE = """

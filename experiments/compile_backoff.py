@@ -26,10 +26,10 @@ from dataclasses import replace
 import torch
 
 from _common import add_images_flag, default_job, save
-from raytune_loader import hardware
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.measure import run_trial
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.outputs.console import freeze_at_exit
 
 RECOMPILING = "Recompiling function"
 

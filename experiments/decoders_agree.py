@@ -7,7 +7,7 @@ go through every variant the search may choose here: PIL in the workers (the
 reference), tensors in the workers, and, on a CUDA machine, nvJPEG on the GPU
 (on a CPU machine: the same call decoding on the CPU). Reports, in levels of 255,
 the largest difference and the share of values that differ. On CUDA it also
-times a batch's nvJPEG decode through raytune_loader.decoders.decode_batch (on a
+times a batch's nvJPEG decode through raytune_loader.pipeline.decoders.decode_batch (on a
 stream of its own, the training stream waiting for it: the guard against the
 decoder writing into memory the training stream freed but still reads) against
 the decoder called bare: what the guard costs. Writes
@@ -22,10 +22,11 @@ import torch
 from torch.utils.data import default_collate
 
 from _common import add_images_flag, default_job, save
-from raytune_loader import datasets, decoders
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.pipeline import collate_encoded, to_device
-from raytune_loader.transforms import IMAGENET_STD
+from raytune_loader.outputs.console import freeze_at_exit
+from raytune_loader.pipeline import decoders
+from raytune_loader.pipeline.device import collate_encoded, to_device
+from raytune_loader.pipeline.transforms import IMAGENET_STD
+from raytune_loader.sources import datasets
 
 VARIANTS = [("tensor", "float32"), ("tensor", "uint8"), ("device", "uint8")]
 

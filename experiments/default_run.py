@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from _common import RESULTS
-from raytune_loader import hardware
+from raytune_loader.machine import hardware
 
 
 def main() -> None:

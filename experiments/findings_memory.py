@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from _common import save
-from raytune_loader import memoryfit, watch
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import run_trial
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.machine import watch
+from raytune_loader.measuring import memoryfit
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.sources.datasets import DatasetSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the dataset
 CONFIG = LoaderConfig(32, 2, 2, False, True)

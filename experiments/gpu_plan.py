@@ -47,15 +47,17 @@ from raydata_scaling import parse as raydata_scaling_args
 from structures import best_of
 from structures import structures as measured_structures
 
-from raytune_loader.costmodel import CostModel
-from raytune_loader.job import SegmentSpec
-from raytune_loader.measure import CEILING_WINDOWS
-from raytune_loader.options import GPU_BATCH_SIZE, SearchOptions
-from raytune_loader.profile import Profile
-from raytune_loader.raydata import ray_docs_default
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.rules import DECODES
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.engines import engine_of
+from raytune_loader.measuring.job import SegmentSpec
+from raytune_loader.measuring.measure import CEILING_WINDOWS
+from raytune_loader.measuring.profile import Profile
+from raytune_loader.raydata.config import ray_docs_default
 from raytune_loader.search import get_args_parser, options_from_args
-from raytune_loader.space import DECODES, LoaderConfig, SearchSpace
-from raytune_loader.steady import in_flight
+from raytune_loader.tuning.costmodel import CostModel
+from raytune_loader.tuning.options import GPU_BATCH_SIZE, SearchOptions
 from shared_gpu import candidates, pairings
 
 RATES = Path(__file__).resolve().parent.parent / "results" / "gpu" / "rates.json"
@@ -199,6 +201,11 @@ class Rates:
         return min(self.loader_workers_samples_per_s, self.ceiling_samples_per_s)
 
 
+def _in_flight(config: LoaderConfig) -> int:
+    """Batches the candidate holds besides the one trained on (its engine's drain)."""
+    return engine_of(config).in_flight()
+
+
 def _int(flags: Flags, name: str, default: int) -> int:
     return int(flags.get(name, default))
 
@@ -220,13 +227,13 @@ def search_options(flags: Flags) -> SearchOptions:
 
 def rule_of_thumb_drain(batch: int) -> int:
     """What the heuristic (min(cores, 8) workers, prefetch 2) holds before a window."""
-    return in_flight(LoaderConfig(batch, min(DEVICE_CORES, 8), 2))
+    return _in_flight(LoaderConfig(batch, min(DEVICE_CORES, 8), 2))
 
 
 def best_drain(batch: int) -> int:
     """What a structure's best holds: up to a worker per core at prefetch 2 (the
     searcher's usual choice among the configurations the model cannot tell apart)."""
-    return in_flight(LoaderConfig(batch, DEVICE_CORES, 2))
+    return _in_flight(LoaderConfig(batch, DEVICE_CORES, 2))
 
 
 def _makespan(durations: list[float], slots: int) -> float:
@@ -320,7 +327,7 @@ def raydata_scaling(plan: dict[str, Flags], rates: Rates) -> float:
     opts = opts.for_device(args.device == "cuda")
     batch = min(opts.batch_sizes or (GPU_BATCH_SIZE,))
     node = min(rates.loader(1), (args.trial_cpus - 1) * rates.decode_per_core_samples_per_s)
-    docs = in_flight(ray_docs_default(batch, args.cpu_node_cpus).candidate())
+    docs = _in_flight(ray_docs_default(batch, args.cpu_node_cpus).candidate())
     pytorch = _segment_s(opts, rates, 0, rates.loader(0))
     rule = _segment_s(opts, rates, rule_of_thumb_drain(batch), node)
     one_actor = rates.decode_per_core_samples_per_s
@@ -364,7 +371,7 @@ def structures(plan: dict[str, Flags], rates: Rates) -> float:
     for configs in measured_structures(space).values():
         config, predicted = best_of(model, configs)
         rate = min(predicted.samples_per_s, rates.ceiling_samples_per_s)
-        runs += rates.run_s + _run_s(batch, warmup, in_flight(config), steps, rate)
+        runs += rates.run_s + _run_s(batch, warmup, _in_flight(config), steps, rate)
     ceiling = rates.run_s + _ceiling_s(rates, batch, warmup, steps, CEILING_WINDOWS)
     return rates.measurement_s + ceiling + runs
 
@@ -401,7 +408,7 @@ def compile_backoff(plan: dict[str, Flags], rates: Rates) -> float:
     (an upper bound on the one that fits)."""
     flags = plan["compile_backoff"]
     batch, steps = _int(flags, "--batch-size", 512), _int(flags, "--steps", 16)
-    drain = in_flight(compile_config(batch, DEVICE_CORES, True))
+    drain = _in_flight(compile_config(batch, DEVICE_CORES, True))
     return (
         rates.measurement_s
         + COMPILES * rates.compile_s
@@ -416,7 +423,7 @@ def ranks_one_gpu(plan: dict[str, Flags], rates: Rates) -> float:
     flags = plan["ranks_one_gpu"]
     ranks, batch = _int(flags, "--ranks", 2), _int(flags, "--batch-size", 128)
     steps = _int(flags, "--steps", 16)
-    drain = in_flight(LoaderConfig(batch, min(DEVICE_CORES // ranks, 8), 2))
+    drain = _in_flight(LoaderConfig(batch, min(DEVICE_CORES // ranks, 8), 2))
     return (
         rates.measurement_s
         + 3 * rates.rank_start_s
@@ -436,7 +443,7 @@ def shared_gpu(plan: dict[str, Flags], rates: Rates) -> float:
     def run(name: str) -> float:
         config = configs[name]
         rate = rates.loader(config.num_workers)
-        return _run_s(batch, EXPERIMENT_WARMUP, in_flight(config), steps, rate)
+        return _run_s(batch, EXPERIMENT_WARMUP, _in_flight(config), steps, rate)
 
     alone = sum(rates.measurement_s + run(name) for name in configs)
     paired = sum(rates.measurement_s + max(run(a), run(b)) for a, b in pairings(list(configs)))

@@ -19,9 +19,10 @@ import json
 from pathlib import Path
 
 from _common import RESULTS, add_images_flag, decode_rate, default_job, save
-from raytune_loader import hardware, load_best_config
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.measure import measure_ceiling, run_trial
+from raytune_loader import load_best_config
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.measure import measure_ceiling, run_trial
+from raytune_loader.outputs.console import freeze_at_exit
 
 
 def main() -> None:

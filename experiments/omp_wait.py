@@ -23,12 +23,12 @@ import subprocess
 import sys
 
 from _common import save
-from raytune_loader.selection import rotated
+from raytune_loader.verdict.selection import rotated
 
 POLICIES = {"default": None, "PASSIVE": "PASSIVE"}
 CODE = """
 import sys, time, torch
-from raytune_loader.models import small_cnn
+from raytune_loader.measuring.models import small_cnn
 model = small_cnn(10)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,))

@@ -24,11 +24,11 @@ import ray
 from ray import tune
 
 from _common import default_job, save
-from raytune_loader import hardware
-from raytune_loader.measure import run_trial
-from raytune_loader.selection import rotated
-from raytune_loader.space import LoaderConfig
-from raytune_loader.tuner import RayCluster, trainable
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.tuning.tuner import RayCluster, trainable
+from raytune_loader.verdict.selection import rotated
 
 
 def local_cluster() -> RayCluster:

@@ -22,10 +22,10 @@ import statistics
 from dataclasses import replace
 
 from _common import decode_rate, default_job, save
-from raytune_loader import decoders
-from raytune_loader.measure import measure_input, run_trial
-from raytune_loader.selection import rotated
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.measure import measure_input, run_trial
+from raytune_loader.pipeline import decoders
+from raytune_loader.verdict.selection import rotated
 
 BASE = LoaderConfig(32, 2, 2, False, True)
 THREADS = replace(BASE, workers="thread", persistent_workers=False)

@@ -17,9 +17,9 @@ import statistics
 from dataclasses import replace
 
 from _common import add_images_flag, default_job, save
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.measure import measure_ceiling
-from raytune_loader.selection import rotated
+from raytune_loader.measuring.measure import measure_ceiling
+from raytune_loader.outputs.console import freeze_at_exit
+from raytune_loader.verdict.selection import rotated
 
 
 def main() -> None:

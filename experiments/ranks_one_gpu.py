@@ -2,7 +2,7 @@
 
     python experiments/ranks_one_gpu.py [--ranks 2] [--batch-size 128] [--steps 16]
 
-The ranks of a measurement (raytune_loader.ranks: forkserver children of this
+The ranks of a measurement (raytune_loader.measuring.ranks: forkserver children of this
 process, each with half the GPU's memory, as a trial of ``--gpus-per-trial 1`` gives
 them) answer three things: which process-group backend they joined (the docs: NCCL
 when each rank has a GPU of its own, gloo when they share one, which NCCL refuses)
@@ -23,10 +23,11 @@ from typing import Any
 import torch
 
 from _common import add_images_flag, default_job, save
-from raytune_loader import hardware, ranks
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.job import TrialJob
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.machine import hardware
+from raytune_loader.measuring import ranks
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.outputs.console import freeze_at_exit
 
 
 def joined(job: TrialJob, report: Any) -> dict[str, Any]:

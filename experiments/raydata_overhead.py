@@ -45,13 +45,13 @@ import torch
 
 from _common import RESULTS, default_job, save
 from raytune_loader import raydata
-from raytune_loader.job import TrialJob
-from raytune_loader.loader import build_dataloader
-from raytune_loader.measure import prepare, run_trial, worker_side_rate
-from raytune_loader.raydata import RayDataConfig
-from raytune_loader.selection import rotated
-from raytune_loader.space import LoaderConfig
-from raytune_loader.step import batch_samples
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.measuring.measure import prepare, run_trial, worker_side_rate
+from raytune_loader.measuring.step import batch_samples
+from raytune_loader.raydata.config import RayDataConfig
+from raytune_loader.verdict.selection import rotated
 
 BATCH = 32
 WARMUP_BATCHES = 6

@@ -50,12 +50,15 @@ from typing import Any
 import psutil
 
 from _common import save
-from raytune_loader import SearchOptions, hardware, run_search
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.costmodel import OBJECT_STORE, crossing_bytes
-from raytune_loader.results import config_from_sections
+from raytune_loader import SearchOptions, run_search
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.structure import structure
+from raytune_loader.engines import config_from_settings
+from raytune_loader.machine import hardware
+from raytune_loader.outputs.console import freeze_at_exit
+from raytune_loader.outputs.reader import chosen_settings
 from raytune_loader.search import get_args_parser, options_from_args
-from raytune_loader.space import LoaderConfig, structure
+from raytune_loader.tuning.costmodel import OBJECT_STORE, crossing_bytes
 
 TRAINER = "scaling_trainer"  # the trial's node's resource
 CPU_NODE = "scaling_cpu_node"  # the CPU-only node's
@@ -120,15 +123,12 @@ def verified(best: dict[str, Any]) -> dict[str, dict[str, Any]]:
     (the objective is samples/s: the runners-up's figures are too)."""
     found = {}
     chosen = best["selection"]["chosen"]
-    winner = best["raydata"]["config"] if best["engine"] == "raydata" else None
     found[chosen] = {
-        "config": config_from_sections(best["loader"], best.get("pipeline"),
-                                       best.get("worker_init"), winner),
+        "config": config_from_settings(chosen_settings(best)),
         "samples_per_s": best["metrics"]["samples_per_s"],
     }  # fmt: skip
     for runner in best["selection"]["runners_up"]:
-        config = config_from_sections(runner.get("loader"), runner.get("pipeline"),
-                                      runner.get("worker_init"), runner.get("raydata"))  # fmt: skip
+        config = config_from_settings(runner)
         found[runner["name"]] = {"config": config, "samples_per_s": runner["objective"]}
     return found
 

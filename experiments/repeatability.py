@@ -19,10 +19,10 @@ from itertools import combinations
 import ray
 
 from _common import default_job, save
-from raytune_loader import hardware
-from raytune_loader.measure import run_trial
-from raytune_loader.space import LoaderConfig
-from raytune_loader.trainable import measure_task
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.tuning.trainable import measure_task
 
 CONFIGS = [
     LoaderConfig(32),

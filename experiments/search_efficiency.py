@@ -37,10 +37,11 @@ from pathlib import Path
 import optuna
 
 from _common import RESULTS, save
-from raytune_loader.costmodel import CostModel, median_error
-from raytune_loader.profile import Profile
-from raytune_loader.searcher import LoaderSearcher
-from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.measuring.profile import Profile
+from raytune_loader.tuning.costmodel import CostModel, median_error
+from raytune_loader.tuning.searcher import LoaderSearcher
 
 TOLERANCE = 0.03
 

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from _common import TINY_SEARCH, save
-from raytune_loader import synthetic
+from raytune_loader.sources import synthetic
 
 MARK = "RAYTUNE_LOADER_PHASES_RUN"
 SAMPLE_S = 0.5
@@ -55,7 +55,7 @@ PHASES = (
     ("verification", "measuring the input pipeline alone"),
     ("input alone, ray stop, results", "best config:"),
 )
-WORKER_IMPORTS = "import ray.tune, torch, torchvision, raytune_loader.trainable"
+WORKER_IMPORTS = "import ray.tune, torch, torchvision, raytune_loader.tuning.trainable"
 
 
 @dataclass

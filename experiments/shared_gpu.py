@@ -26,12 +26,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 from _common import add_images_flag, default_job, save
-from raytune_loader import hardware
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.job import TrialJob
-from raytune_loader.loader import use_platform_start_method
-from raytune_loader.measure import TrialOutcome, run_trial
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.loaders.loader import use_platform_start_method
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.measuring.outcomes import TrialOutcome
+from raytune_loader.outputs.console import freeze_at_exit
 
 
 def candidates(cuda: bool, batch: int, count: int) -> dict[str, LoaderConfig]:

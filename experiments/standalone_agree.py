@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from _common import save
-from raytune_loader.selection import rotated
+from raytune_loader.verdict.selection import rotated
 
 # The README's loop, as a user writes it: the tuned loader, the device-side stages,
 # the model and step the search trained, the trial's compute threads; the first
@@ -37,10 +37,9 @@ from raytune_loader.selection import rotated
 LOOP = """
 import json, sys, time, torch
 from raytune_loader import load_best_config
-from raytune_loader.job import SegmentSpec
-from raytune_loader.measure import warmup_batches
-from raytune_loader.models import build_model
-from raytune_loader.results import config_from_sections
+from raytune_loader.measuring.job import SegmentSpec
+from raytune_loader.measuring.segment import warmup_batches
+from raytune_loader.measuring.models import build_model
 
 path = sys.argv[1]
 tuned = load_best_config(path)
@@ -50,7 +49,7 @@ torch.set_num_threads(segment["compute_threads"])
 dataset = tuned.dataset()
 model = build_model(best["model"], 100)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-config = config_from_sections(best["loader"], best.get("pipeline"), best.get("worker_init"))
+config = tuned.loader
 spec = SegmentSpec(**segment)
 """
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from _common import save
-from raytune_loader.selection import rotated
+from raytune_loader.verdict.selection import rotated
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -29,12 +29,13 @@ from typing import Any
 import torch
 
 from _common import save
-from raytune_loader import hardware
-from raytune_loader.job import SegmentSpec
-from raytune_loader.loader import build_dataloader
-from raytune_loader.measure import train_segment
-from raytune_loader.space import PREFETCH_FACTORS, LoaderConfig
-from raytune_loader.step import Trainer
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.rules import PREFETCH_FACTORS
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.job import SegmentSpec
+from raytune_loader.measuring.segment import train_segment
+from raytune_loader.measuring.step import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from datasets_for_tests import Paced, SlowFirstStep  # noqa: E402

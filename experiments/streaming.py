@@ -34,10 +34,10 @@ from to_shards import images_of, write_parquet, write_webdataset
 PEAK_TRIAL = """
 import sys, json
 from raytune_loader import load_best_config
-from raytune_loader.job import job_from_options
-from raytune_loader.prepare import prepare_data
-from raytune_loader.bestconfig import recorded_options
-from raytune_loader.measure import run_trial
+from raytune_loader.tuning.options import job_from_options
+from raytune_loader.measuring.prepare import prepare_data
+from raytune_loader.outputs.reader import recorded_options
+from raytune_loader.measuring.measure import run_trial
 best = load_best_config(sys.argv[1])
 options = recorded_options(best.data, sys.argv[1])
 job = prepare_data(job_from_options(options, 'small-cnn', device='cpu', node_cpus=2),

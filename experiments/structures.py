@@ -27,16 +27,20 @@ from dataclasses import replace
 from typing import Any
 
 from _common import save
-from raytune_loader import api, hardware, load_best_config
+from raytune_loader import load_best_config
 from raytune_loader.bench import plan_from_config
-from raytune_loader.bestconfig import recorded_options
-from raytune_loader.console import freeze_at_exit
-from raytune_loader.costmodel import CostModel, Prediction
-from raytune_loader.prepare import prepare_data
-from raytune_loader.profile import Profile
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.candidates.structure import Structure
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
+from raytune_loader.measuring.prepare import prepare_data
+from raytune_loader.measuring.profile import Profile
+from raytune_loader.outputs.console import freeze_at_exit
+from raytune_loader.outputs.reader import recorded_options
 from raytune_loader.progress import LogProgress
-from raytune_loader.space import LoaderConfig, SearchSpace, Structure
-from raytune_loader.verify import LocalMeasurer, measure_ceilings
+from raytune_loader.tuning.bounds import search_space
+from raytune_loader.tuning.costmodel import CostModel, Prediction
 
 
 def measured(structure: Structure) -> bool:
@@ -51,7 +55,7 @@ def structures(space: SearchSpace) -> dict[Structure, list[LoaderConfig]]:
 
 def best_of(model: CostModel, configs: list[LoaderConfig]) -> tuple[LoaderConfig, Prediction]:
     """The configuration the cost model predicts fastest, the usual choice among equals."""
-    from raytune_loader.searcher import _preference  # the searcher's order; imports Ray
+    from raytune_loader.tuning.searcher import _preference
 
     scored = [(p.samples_per_s, _preference(c), c, p) for c in configs
               if (p := model.predict(c)) is not None]  # fmt: skip
@@ -78,7 +82,7 @@ def main() -> None:
     opts = recorded_options(best.data, str(best.path)).for_device(cuda)
     assert opts.batch_sizes is not None  # filled in for the device
     job = prepare_data(plan.job, max(opts.batch_sizes))
-    space = api.search_space(opts, hardware.usable_cpus(), cuda, LogProgress(), job=job)
+    space = search_space(opts, hardware.usable_cpus(), cuda, LogProgress(), job=job)
     measurer = LocalMeasurer()
     ceilings = measure_ceilings(job, space.batch_sizes, measurer, LogProgress())
     job = replace(job, ceilings=ceilings)

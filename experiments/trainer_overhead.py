@@ -33,9 +33,9 @@ import torch
 
 from _common import default_job, save
 from raytune_loader import load_best_config
-from raytune_loader.models import build_model
-from raytune_loader.results import BestConfig
-from raytune_loader.selection import rotated
+from raytune_loader.measuring.models import build_model
+from raytune_loader.outputs.reader import BestConfig
+from raytune_loader.verdict.selection import rotated
 
 DEFAULT_RUN = {  # the fresh-clone default run's winner, and its worker-process twin
     "thread": ({"batch_size": 32, "num_workers": 2, "prefetch_factor": 1, "pin_memory": False,
@@ -48,7 +48,7 @@ DEFAULT_RUN = {  # the fresh-clone default run's winner, and its worker-process 
 
 
 def default_configs(folder: Path) -> dict[str, BestConfig]:
-    from raytune_loader.hardware import cpu_and_gpu_summary
+    from raytune_loader.machine.hardware import cpu_and_gpu_summary
 
     configs = {}
     for kind, (loader, pipeline) in DEFAULT_RUN.items():

@@ -19,7 +19,7 @@ import argparse
 
 from _common import TINY_SEARCH as FLAGS
 from _common import save, search_rounds, timed_search
-from raytune_loader import tuner
+from raytune_loader.tuning import tuner
 
 KEEP = {"ray's default (1 s)": 1000, "kept (ours)": tuner.IDLE_WORKER_KEEP_MS}
 

@@ -20,9 +20,9 @@ import statistics
 from dataclasses import replace
 
 from _common import default_job, save
-from raytune_loader.measure import run_trial
-from raytune_loader.selection import rotated
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.verdict.selection import rotated
 
 
 def spread(values: list[float]) -> dict[str, float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from _common import TINY_SEARCH, save, search_rounds
-from raytune_loader import tuner
+from raytune_loader.tuning import tuner
 from search_phases import PHASES, run_once
 
 PRESTART = {"ray's prestart": True, "none (ours)": tuner.PRESTART_WORKERS}

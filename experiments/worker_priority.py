@@ -23,7 +23,7 @@ import sys
 
 from _common import TINY_SEARCH as FLAGS
 from _common import save, search_rounds, timed_search
-from raytune_loader import tuner
+from raytune_loader.tuning import tuner
 
 NICENESS = {"ray's default (15)": 15, "the driver's (ours)": tuner.WORKER_NICENESS}
 BUSY = "while True: pass"

@@ -21,11 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from _common import save
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import run_trial
-from raytune_loader.selection import rotated
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.verdict.selection import rotated
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the dataset
 

@@ -1,12 +1,12 @@
 """The search as a Python API: options in, ``best_config.json`` and friends out.
 
-:func:`run_search` is what ``python -m raytune_loader.search`` runs: prepare the
-data (generate the default dataset, pre-warm the subset), start or join Ray,
-measure the ceiling, run the Tune search, re-measure the top configurations and
-both baselines one at a time (with the ceiling again beside them), choose the
-cheapest within noise of the best and write ``results/<dataset>/``. Progress goes
-to a :class:`~raytune_loader.progress.Progress` object, so the command line can
-show it and the API can log it.
+:func:`run_search` is what ``python -m raytune_loader.search`` runs: prepare the data
+(generate the default dataset, pre-warm the subset), start or join Ray, measure the
+ceiling, profile the pipeline's stages, run the Tune search, re-measure the top
+candidates and the baselines one at a time (with the ceiling again beside them), choose
+the cheapest within noise of the best and write ``results/<dataset>/``. Progress goes to
+a :class:`~raytune_loader.progress.Progress` object, so the command line can show it and
+the API can log it.
 """
 
 from __future__ import annotations
@@ -19,146 +19,53 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import findings, hardware, probes, records, streams
-from raytune_loader.bestconfig import SearchContext, best_config
-from raytune_loader.costmodel import CostModel
+from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.errors import (
-    ConfigError,
     ModelError,
     RaytuneLoaderError,
     SearchInterruptedError,
     last_line,
 )
 from raytune_loader.factories import import_factory
-from raytune_loader.job import TrialJob, dataset_spec, job_from_options
-from raytune_loader.models import default_model, validate_model
-from raytune_loader.options import SearchOptions, is_loopback
-from raytune_loader.prepare import prepare_data
+from raytune_loader.files import ensure_writable, write_json
+from raytune_loader.machine import hardware
+from raytune_loader.measuring import records, shards
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.measuring.measurer import measure_ceilings
+from raytune_loader.measuring.models import default_model, validate_model
+from raytune_loader.measuring.prepare import prepare_data
+from raytune_loader.measuring.records import TrialRecord
+from raytune_loader.outputs.bestconfig import SearchContext, write_results
 from raytune_loader.progress import LogProgress, Progress
-from raytune_loader.records import TrialRecord
-from raytune_loader.results import ensure_writable, write_json
-from raytune_loader.space import SearchSpace
-from raytune_loader.verify import (
-    Verified,
-    measure_ceilings,
-    verification_configs,
-    verify,
-    with_input_rates,
+from raytune_loader.tuning.bounds import (
+    actors_bounded,
+    objective_options,
+    raydata_cpus,
+    search_space,
+    trial_gpus,
+    worker_bound,
 )
+from raytune_loader.tuning.costmodel import CostModel
+from raytune_loader.tuning.options import SearchOptions, dataset_spec, is_loopback, job_from_options
+from raytune_loader.verdict import findings, probes
+from raytune_loader.verdict.verify import Verified, verification_configs, verify, with_input_rates
 
 log = logging.getLogger(__name__)
+
+
 RESUME_POINTER = "last_search.json"  # the interrupted search --resume continues
 
 
 @dataclass(frozen=True)
 class SearchResult:
+    """What :func:`run_search` returns: the results folder, the content of its
+    ``best_config.json``, every trial's record, and the Ray dashboard's URL (None where it
+    did not start)."""
+
     out_dir: Path
     best_config: dict[str, Any]
     trials: list[TrialRecord] = field(default_factory=list)
     dashboard_url: str | None = None
-
-
-def search_space(
-    opts: SearchOptions,
-    usable: int,
-    cuda: bool,
-    progress: Progress,
-    job: TrialJob | None = None,
-    raydata_cpus: float = 0.0,
-) -> SearchSpace:
-    """The search space; ``usable`` is the CPUs of the largest node a trial may run on,
-    shared by the trial's ranks: each rank's workers are bounded by usable // ranks
-    (:func:`worker_bound`), and by what the prepared ``job``'s stream can keep busy. Its
-    source says what else is searched (the pipeline, decoders, thread workers, how it
-    is read and batched); ``raydata_cpus`` what a Ray Data candidate's actors may take
-    (:func:`raydata_cpus`)."""
-    ranks = max(1, opts.ranks_per_node)
-    max_workers = worker_bound(opts, usable)
-    batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
-    if job is None:
-        return SearchSpace(max_workers, batch_sizes, cuda, usable, ranks=ranks)
-    spec, source = job.dataset, job.dataset.source
-    accesses = source.accesses(spec)
-    if job.stream_workers == 0:  # too few shards to stream: read by index only
-        accesses = tuple(a for a in accesses if a != "stream")
-    if job.stream_note:  # said once, here, where the bound takes effect
-        progress.warn(job.stream_note)
-    pipeline = source.pipeline_searched(spec)
-    return SearchSpace(
-        max_workers=max_workers,
-        batch_sizes=batch_sizes,
-        cuda=cuda,
-        usable_cpus=usable,
-        pipeline=pipeline,
-        decodes=source.decoders(spec, cuda) if pipeline else ("pil",),
-        thread_workers=source.thread_workers(spec),
-        ranks=ranks,
-        accesses=accesses,
-        batchings=source.batchings(spec),
-        stream_workers=job.stream_workers,
-        raydata_cpus=raydata_cpus,
-        locality_works=raydata_cpus >= 1 and _locality_works(),
-    )  # fmt: skip
-
-
-def _locality_works() -> bool:
-    from raytune_loader import raydata
-
-    return raydata.locality_with_output_works()
-
-
-def raydata_cpus(opts: SearchOptions, cluster: Any, job: TrialJob, progress: Progress) -> float:
-    """The CPUs one trial's Ray Data actors may take: those of the nodes beyond the
-    trials' (``--node-type``; ``--cpu-node-type``'s), or with ``--ray-data`` on one
-    node those beyond the trial's own, at most ``--remote-cpus``; 0 where Ray Data is not
-    offered (``--no-ray-data``, a source its actors cannot read, several ranks)."""
-    if opts.ray_data is False or (opts.ray_data is None and not cluster.remote_cpus):
-        return 0.0
-    if job.ranks > 1 or not job.dataset.source.ray_data_reads(job.dataset):
-        why = "several ranks per trial" if job.ranks > 1 else job.dataset.name
-        if opts.ray_data:
-            progress.warn(f"Ray Data candidates are not offered with {why}: its actors read "
-                          "image folders, webdataset shards, hf tables and map-style datasets "
-                          "of your own, for one rank per trial")  # fmt: skip
-        return 0.0
-    cpus = cluster.remote_cpus or max(0.0, cluster.node_cpus - job.cpus_for(0))
-    if opts.remote_cpus is not None:
-        cpus = min(cpus, opts.remote_cpus)
-    if cpus < 1:
-        progress.warn(f"Ray Data candidates need a CPU for an actor; {cpus:g} are free for them")
-        return 0.0
-    where = "beyond the trials' nodes" if cluster.remote_cpus else "beside the trial (one node)"
-    progress.stage(f"Ray Data candidates: actors on up to {cpus:g} CPUs {where}")
-    return cpus
-
-
-def worker_bound(opts: SearchOptions, usable: int, progress: Progress | None = None) -> int:
-    """The most workers a rank may have: ``--max-workers``, at most its share of the
-    ``usable`` CPUs (said on ``progress`` when the flag asks for more)."""
-    ranks = max(1, opts.ranks_per_node)
-    per_rank = usable // ranks
-    asked = per_rank if opts.max_workers is None else opts.max_workers
-    if asked > per_rank and progress is not None:
-        share = f" usable CPUs / {ranks} ranks" if ranks > 1 else " usable CPUs"
-        progress.warn(f"--max-workers {asked} is more than the {per_rank}{share}; using {per_rank}")
-    return min(asked, per_rank)
-
-
-def _gpus_per_trial(opts: SearchOptions, cuda: bool) -> float:
-    """A trial's GPUs, all its ranks together: by default half a GPU for one rank (two
-    trials share it), a GPU per rank with several (or the node's GPUs, shared)."""
-    if opts.gpus_per_trial is None:
-        if not cuda:
-            return 0.0
-        ranks = opts.ranks_per_node
-        return 0.5 if ranks == 1 else float(min(ranks, hardware.gpu_info()["gpu_count"]))
-    present = hardware.gpu_info()["gpu_count"]
-    if opts.gpus_per_trial > present and not opts.address:
-        raise ConfigError(
-            f"--gpus-per-trial {opts.gpus_per_trial} but this machine has {present} GPUs; "
-            "use a smaller value (0 on a CPU-only machine)"
-        )
-    return opts.gpus_per_trial
 
 
 def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJob, float, Path]:
@@ -169,7 +76,7 @@ def _job(opts: SearchOptions, progress: Progress) -> tuple[SearchOptions, TrialJ
     opts.validate()
     if opts.ranks_per_node == 0:  # auto: one rank per GPU of this node
         opts = replace(opts, ranks_per_node=max(1, hardware.gpu_info()["gpu_count"]))
-    gpus_per_trial = _gpus_per_trial(opts, cuda)
+    gpus_per_trial = trial_gpus(opts, cuda)
     model = opts.model or default_model(cuda)
     if opts.train_step:
         import_factory(opts.train_step, kind="train step", error=ModelError)
@@ -210,9 +117,19 @@ def describe_step(job: TrialJob) -> str:
 
 
 def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchResult:
-    """Run the whole search; raises a RaytuneLoaderError subclass on bad input or failure."""
+    """Run the whole search; raises a RaytuneLoaderError subclass on bad input or failure.
+
+    Args:
+        opts: what to search (every option of the command line).
+        progress: where progress is said (default: log lines).
+
+    Returns:
+        The :class:`SearchResult`; a ``SearchInterruptedError`` when Ctrl-C stopped it
+        (the finished trials kept for ``--resume``), a ``SearchFailedError`` when every
+        configuration failed.
+    """
     # Ray is imported only once the input is known good
-    from raytune_loader import searcher, tuner
+    from raytune_loader.tuning import searcher, tuner
 
     progress = progress or LogProgress()
     started = time.time()
@@ -232,7 +149,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         _announce_dashboard(cluster, progress)
         node_cpus = int(cluster.node_cpus) if cluster.joined else hardware.usable_cpus()
         if job.stream_shards and node_cpus > job.node_cpus:  # a cluster's nodes are bigger:
-            job = streams.prepare_stream(  # a shard per worker they could run
+            job = shards.prepare_stream(  # a shard per worker they could run
                 replace(job, node_cpus=node_cpus), max(opts.batch_sizes), progress
             )
         cuda = job.device == "cuda"
@@ -240,7 +157,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         if remote:
             tuner.check_cpu_nodes(cluster)
         space = search_space(opts, node_cpus, cuda, progress, job=job, raydata_cpus=remote)
-        opts = _objective(opts, space, job, progress)
+        opts = objective_options(opts, space, job, progress)
         job = replace(job, node_cpus=cluster.node_cpus)
         measurer = tuner.RayMeasurer(cluster, gpus_per_trial)
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
@@ -249,7 +166,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         # a resumed search goes on with the searcher Tune saved, and its model
         model = None if resume else _cost_model(opts, job, space, measurer, node_cpus, progress,
                                                 remote_actors=cluster.remote_cpus > 0)  # fmt: skip
-        space = _actors_bounded(space, model, progress)
+        space = actors_bounded(space, model, progress)
         settings = tuner.TuneSettings(
             objective=opts.objective, num_samples=opts.num_samples, max_concurrent=max_concurrent,
             time_budget_s=opts.time_budget_s, gpus_per_trial=gpus_per_trial, seed=opts.seed,
@@ -284,7 +201,8 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         sampler=searcher.describe(opts.seed, opts.search),
         scheduler=tuner.scheduler_description(job), search=run.search, model=model,
     )  # fmt: skip
-    best, trials = _write_results(out_dir, context, by_class, verified, progress)
+    best, trials = write_results(out_dir, context, by_class, verified, progress)
+    (out_dir / RESUME_POINTER).unlink(missing_ok=True)  # nothing left to resume
     return SearchResult(out_dir, best, trials, cluster.dashboard_url)
 
 
@@ -319,35 +237,6 @@ def _cost_model(
     return CostModel(found, job.ceilings, cuda=cuda, ranks=job.ranks, remote_actors=remote_actors)
 
 
-def _actors_bounded(space: SearchSpace, model: CostModel | None, progress: Progress) -> SearchSpace:
-    """The space with Ray Data's actors held to the CPUs the cost model says reach the
-    training process's own pace (:meth:`CostModel.remote_cpus`): more cannot raise it."""
-    if model is None or not space.raydata:
-        return space
-    needed = model.remote_cpus(space)
-    if needed is None or needed >= space.raydata_cpus:
-        return space
-    progress.stage(
-        f"Ray Data: the cost model puts the training process's pace at {needed:g} actors' "
-        f"CPUs (with a margin); the space offers up to those, not {space.raydata_cpus:g}"
-    )
-    return replace(space, raydata_cpus=max(1.0, needed))
-
-
-def _objective(
-    opts: SearchOptions, space: SearchSpace, job: TrialJob, progress: Progress
-) -> SearchOptions:
-    """GPU utilization counts the pipeline's device-side stages as busy: where the
-    space puts some there, on CUDA, the search maximizes samples/s instead."""
-    if opts.objective != "util" or not space.pipeline or job.device != "cuda":
-        return opts
-    progress.stage(
-        "Objective samples/s: some candidates finish their input pipeline on the GPU, "
-        "which GPU utilization would count as training"
-    )
-    return replace(opts, objective="samples_per_s")
-
-
 def _announce_dashboard(cluster: Any, progress: Progress) -> None:
     where = "the cluster's" if cluster.joined else "Ray"
     if cluster.dashboard_url:
@@ -369,7 +258,7 @@ def _verify(
     """Re-measure the top configurations and both baselines, interleaved, one at a time,
     with the whole accelerator. With several hardware classes each is verified on the
     node its best trial ran on; the baselines and reservations then follow that node."""
-    from raytune_loader.tuner import RayMeasurer
+    from raytune_loader.tuning.tuner import RayMeasurer
 
     node_id = records.best_node(class_records, opts.objective) if classes > 1 else None
     node_cpus = job.node_cpus
@@ -404,51 +293,6 @@ def _verify(
     return probes.probe(verified, job, opts.objective, class_records, measurer, progress, rules)
 
 
-def _write_results(
-    out_dir: Path,
-    context: SearchContext,
-    by_class: dict[str, list[TrialRecord]],
-    verified: dict[str, Verified],
-    progress: Progress,
-) -> tuple[dict[str, Any], list[TrialRecord]]:
-    """best_config.json, trials.csv and the report; per class too when there are several."""
-    rebased = {
-        hw_class: [r.rebased(verified[hw_class].ceilings.get(r.effective_batch_size or 0))
-                   for r in class_records]
-        for hw_class, class_records in by_class.items()
-    }  # fmt: skip
-    results = {
-        hw_class: best_config(
-            context, v.candidates, rebased[hw_class], v.input_rates, v.rounds, v.probes
-        )
-        for hw_class, v in verified.items()
-    }
-    primary = next(iter(results))  # the class with the most trials
-    best = dict(results[primary])
-    if len(results) > 1:
-        best["per_class"] = {c: f"{c}/best_config.json" for c in results}
-        for hw_class, result in results.items():
-            _write_folder(out_dir / hw_class, result, rebased[hw_class])
-        progress.stage(f"Trials ran on {len(results)} hardware classes; results per class in "
-                       f"{out_dir}/<class>/")  # fmt: skip
-    trials = sorted(
-        (r for class_records in rebased.values() for r in class_records),
-        key=lambda r: r.finished_at or 0,
-    )
-    _write_folder(out_dir, best, trials)
-    (out_dir / "trials.partial.csv").unlink(missing_ok=True)
-    (out_dir / RESUME_POINTER).unlink(missing_ok=True)  # nothing left to resume
-    return best, trials
-
-
-def _write_folder(folder: Path, best: dict[str, Any], trials: list[TrialRecord]) -> None:
-    from raytune_loader.report import write_report
-
-    write_json(folder / "best_config.json", best)
-    records.write_trials_csv(folder / "trials.csv", trials)
-    write_report(folder)
-
-
 def _default_concurrency(gpus_per_trial: float, cluster: Any) -> int:
     """Trials side by side: GPU slices on a GPU or a cluster; one at a time on one CPU machine,
     whose cores they would share."""
@@ -474,7 +318,7 @@ def _experiment(
 ) -> tuple[str, str, bool]:
     """(name, storage, resume) of the Tune experiment: the last one on --resume, when
     Tune saved one; a new one otherwise (Ctrl-C may have come before Tune saved anything)."""
-    from raytune_loader.tuner import can_resume
+    from raytune_loader.tuning.tuner import can_resume
 
     pointer = out_dir / RESUME_POINTER
     if opts.resume:

@@ -24,15 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader import hardware
-from raytune_loader.bestconfig import metrics_of, recorded_baselines, recorded_options
-from raytune_loader.console import (
-    ceiling_line,
-    exit_status,
-    freeze_at_exit,
-    summary_rows,
-    summary_table,
-)
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT
 from raytune_loader.errors import (
     ConfigError,
     ModelError,
@@ -41,20 +34,36 @@ from raytune_loader.errors import (
     SearchFailedError,
 )
 from raytune_loader.factories import import_factory
-from raytune_loader.job import TrialJob, job_from_options
-from raytune_loader.models import validate_model
-from raytune_loader.outcomes import TrialOutcome
-from raytune_loader.prepare import prepare_data
+from raytune_loader.files import write_json
+from raytune_loader.machine import hardware
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
+from raytune_loader.measuring.models import validate_model
+from raytune_loader.measuring.outcomes import TrialOutcome
+from raytune_loader.measuring.prepare import prepare_data
+from raytune_loader.outputs.bestconfig import metrics_of
+from raytune_loader.outputs.console import (
+    ceiling_line,
+    exit_status,
+    freeze_at_exit,
+    summary_rows,
+    summary_table,
+)
+from raytune_loader.outputs.reader import (
+    BestConfig,
+    HardwareMismatchWarning,
+    load_best_config,
+    recorded_baselines,
+    recorded_options,
+)
 from raytune_loader.progress import LogProgress
-from raytune_loader.results import BestConfig, HardwareMismatchWarning, load_best_config, write_json
 from raytune_loader.search import OneLineErrorParser
-from raytune_loader.selection import Candidate
-from raytune_loader.space import HEURISTIC, PYTORCH_DEFAULT, LoaderConfig
-from raytune_loader.verify import LocalMeasurer, measure_ceilings, verify
+from raytune_loader.tuning.options import job_from_options
+from raytune_loader.verdict.selection import Candidate
+from raytune_loader.verdict.verify import verify
 
 log = logging.getLogger(__name__)
 TUNED = "tuned"
-SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,7 @@ def figures(candidates: Sequence[Candidate]) -> dict[str, Any]:
 
 
 def progress_line(done: int, total: int, name: str, repeat: int, outcome: TrialOutcome) -> str:
+    """One bench run as a line: the candidate, then its figures or why it failed."""
     head = f"[{done}/{total}] {name} run {repeat}: {outcome.config.label()}"
     if outcome.metrics is None:
         return f"{head}: failed ({outcome.failure}) {outcome.detail or ''}".rstrip()
@@ -118,6 +128,7 @@ def progress_line(done: int, total: int, name: str, repeat: int, outcome: TrialO
 
 
 def failure_notes(candidates: Sequence[Candidate]) -> list[str]:
+    """A line for each candidate some of whose runs failed, with the reasons."""
     notes = []
     for candidate in candidates:
         failed = [o for o in candidate.outcomes if o.failure]
@@ -141,6 +152,7 @@ def _positive(text: str) -> int:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    """The bench's command line (``python -m raytune_loader.bench --help``)."""
     p = OneLineErrorParser(
         prog="python -m raytune_loader.bench",
         description="Re-measure a tuned DataLoader configuration and both baselines on this "
@@ -209,6 +221,8 @@ def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Cand
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m raytune_loader.bench``: re-measure a ``best_config.json`` here; the exit
+    status."""
     freeze_at_exit()
     args = get_args_parser().parse_args(argv)
     logging.basicConfig(

@@ -1,7 +1,7 @@
 """How long work reports its progress: the :class:`Progress` protocol.
 
 The search and the bench tell a ``Progress`` object what they do; the command
-line passes one that prints (:class:`raytune_loader.console.TerminalProgress`),
+line passes one that prints (:class:`raytune_loader.outputs.console.TerminalProgress`),
 the Python API defaults to :class:`LogProgress`, which only logs.
 """
 
@@ -14,13 +14,23 @@ log = logging.getLogger(__name__)
 
 
 class Progress(Protocol):
-    def stage(self, text: str) -> None: ...
-    def count(self, what: str, done: int, total: int) -> None: ...
-    def trial(self, event: Any) -> None: ...
-    def warn(self, text: str) -> None: ...
+    """Where long work says how it goes; the command line prints it, the API logs it."""
+
+    def stage(self, text: str) -> None:
+        """A phase starts (``text`` says which)."""
+
+    def count(self, what: str, done: int, total: int) -> None:
+        """``done`` of ``total`` of ``what`` are finished."""
+
+    def trial(self, event: Any) -> None:
+        """A trial reported, finished or failed (a
+        :class:`~raytune_loader.tuning.tuner.TrialEvent`)."""
+
+    def warn(self, text: str) -> None:
+        """Something the user should know, in one line."""
 
 
-class LogProgress:
+class LogProgress(Progress):
     """Progress as log lines (the API's default)."""
 
     def stage(self, text: str) -> None:

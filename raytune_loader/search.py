@@ -1,7 +1,7 @@
 """Command line: ``python -m raytune_loader.search --dataset NAME [options]``.
 
 Parses the options (contract in docs/cli.md) into
-:class:`~raytune_loader.options.SearchOptions`, runs
+:class:`~raytune_loader.tuning.options.SearchOptions`, runs
 :func:`~raytune_loader.api.run_search` with live progress, prints the summary
 table and exits 0, or prints one line saying what went wrong and exits 2 for a
 user mistake, 1 when the search itself failed, 130 on Ctrl-C.
@@ -16,15 +16,15 @@ from typing import NoReturn
 
 from raytune_loader import __version__, sources
 from raytune_loader.api import run_search
-from raytune_loader.console import (
+from raytune_loader.errors import RaytuneLoaderError
+from raytune_loader.outputs.console import (
     TerminalProgress,
     exit_status,
     freeze_at_exit,
     notes,
     print_summary,
 )
-from raytune_loader.errors import RaytuneLoaderError
-from raytune_loader.options import PRECISIONS, SEARCH_METHODS, SearchOptions
+from raytune_loader.tuning.options import PRECISIONS, SEARCH_METHODS, SearchOptions
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -43,6 +43,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """argparse, but a bad option is one line on stderr and exit status 2 (all our CLIs)."""
 
     def error(self, message: str) -> NoReturn:
+        """A bad flag: one line naming it, exit status 2."""
         self.exit(2, f"error: {message} (see --help)\n")
 
 
@@ -57,6 +58,8 @@ def _ranks(value: str) -> int:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    """The search's command line (``python -m raytune_loader.search --help``), reused by the
+    bench and the experiments."""
     p = OneLineErrorParser(
         prog="python -m raytune_loader.search",
         description="Find the DataLoader settings that keep your accelerator busy "
@@ -270,6 +273,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace) -> SearchOptions:
+    """The :class:`~raytune_loader.tuning.options.SearchOptions` parsed flags describe."""
     objective = "samples_per_s" if args.objective == "throughput" else args.objective
     return SearchOptions(
         dataset=args.dataset, data_root=args.data_root, download=args.download,
@@ -296,6 +300,8 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m raytune_loader.search``: run the search, print its summary; the exit status
+    (docs/cli.md)."""
     freeze_at_exit()
     parser = get_args_parser()
     args = parser.parse_args(argv)

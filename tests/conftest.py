@@ -23,10 +23,17 @@ from alone import (  # noqa: F401 - pytest finds hooks by name in a conftest
     pytest_unconfigure,
     pytest_xdist_make_scheduler,
 )
-from raytune_loader.synthetic import ensure_synthetic_imagenet
+from raytune_loader.sources.synthetic import ensure_synthetic_imagenet
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
+SLOW_TIMEOUT_S = 900  # a slow test's limit: its real searches take up to three minutes
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A slow test gets the slow tier's time limit, unless it is marked with its own."""
+    if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+        item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -181,7 +181,7 @@ class _Recording(torch.nn.Module):
     weights and of every input batch it trains on."""
 
     def __init__(self, num_classes: int) -> None:
-        from raytune_loader.models import small_cnn
+        from raytune_loader.measuring.models import small_cnn
 
         super().__init__()
         self.net = small_cnn(num_classes)
@@ -445,12 +445,15 @@ class SlowFirstStep:
         self.first_s = first_s
         self.every_s = every_s
         self.calls = 0
+        self.spans: list[tuple[float, float]] = []  # each call's start and end (perf_counter)
 
     def __call__(self, batch: object) -> None:
         self.calls += 1
         delay = self.first_s if self.calls == 1 else self.every_s
+        started = time.perf_counter()
         if delay:
             time.sleep(delay)
+        self.spans.append((started, time.perf_counter()))
 
 
 class RankStream(torch.utils.data.IterableDataset):

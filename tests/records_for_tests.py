@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from raytune_loader.outcomes import SegmentMetrics
-from raytune_loader.records import TrialRecord
+from raytune_loader.measuring.outcomes import SegmentMetrics
+from raytune_loader.measuring.records import TrialRecord
 
 _FIGURES = {f.name for f in fields(SegmentMetrics)}
 _BASE = {"samples_per_s": 0.0, "data_wait_frac": 0.0, "util": 0.0, "util_source": "step-timing",

@@ -9,8 +9,9 @@ import pytest
 
 from conftest import Searched
 from raytune_loader import SearchOptions
-from raytune_loader.api import search_space, worker_bound
-from raytune_loader.job import SegmentSpec, job_from_options
+from raytune_loader.measuring.job import SegmentSpec
+from raytune_loader.tuning.bounds import search_space, worker_bound
+from raytune_loader.tuning.options import job_from_options
 
 
 class _Recorder:
@@ -77,18 +78,20 @@ def test_where_the_gpu_runs_pipeline_stages_the_objective_counts_training_only()
     the busier but slower candidate then loses)."""
     from dataclasses import replace
 
-    from raytune_loader.api import _objective
-    from raytune_loader.space import SearchSpace
+    from raytune_loader.candidates.space import SearchSpace
+    from raytune_loader.tuning.bounds import objective_options
 
     space = SearchSpace(max_workers=8, batch_sizes=(256,), cuda=True, usable_cpus=8)
     job = job_from_options(SearchOptions(), "resnet50", device="cuda", node_cpus=8)
     progress = _Recorder()
-    assert _objective(SearchOptions(), space, job, progress).objective == "util"
-    chosen = _objective(SearchOptions(), replace(space, pipeline=True), job, progress)
+    assert objective_options(SearchOptions(), space, job, progress).objective == "util"
+    chosen = objective_options(SearchOptions(), replace(space, pipeline=True), job, progress)
     assert chosen.objective == "samples_per_s"
     cpu_job = replace(job, device="cpu")
     assert (
-        _objective(SearchOptions(), replace(space, pipeline=True), cpu_job, progress).objective
+        objective_options(
+            SearchOptions(), replace(space, pipeline=True), cpu_job, progress
+        ).objective
         == "util"
     )
 
@@ -115,7 +118,7 @@ def test_ray_data_is_offered_where_the_cluster_has_cpus_for_its_actors_or_when_a
 ) -> None:
     from dataclasses import replace
 
-    from raytune_loader.api import raydata_cpus
+    from raytune_loader.tuning.bounds import raydata_cpus
 
     opts = SearchOptions(ray_data=asked, remote_cpus=cap)
     job = replace(job_from_options(opts, "small-cnn", device="cpu", node_cpus=2.0), ranks=ranks)

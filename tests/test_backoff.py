@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raytune_loader.backoff import run_with_backoff
 from raytune_loader.errors import BatchSizeTooSmallError
+from raytune_loader.measuring.backoff import run_with_backoff
 
 
 def _step_that_fits_up_to(limit: int, tried: list[int]):

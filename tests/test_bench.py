@@ -16,8 +16,8 @@ import torch
 from conftest import REPO, TESTS
 from raytune_loader import LoaderConfig, load_best_config
 from raytune_loader.bench import main, plan_from_config
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec
+from raytune_loader.measuring.job import SegmentSpec
+from raytune_loader.sources.datasets import DatasetSpec
 
 TINY_SEGMENT = {"warmup_steps": 1, "steps": 4, "report_every": 2, "compute_threads": 1}
 NAMES = ("tuned", "pytorch-default", "heuristic")

@@ -6,20 +6,21 @@ from dataclasses import replace
 
 import pytest
 
-from raytune_loader.bestconfig import SearchContext, _baselines, _limit, best_config, metrics_of
-from raytune_loader.console import limit_line
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import InputRate, SegmentMetrics, TrialOutcome
-from raytune_loader.options import SearchOptions
-from raytune_loader.selection import Candidate, fitting
-from raytune_loader.space import (
-    HEURISTIC,
-    PYTORCH_DEFAULT,
-    RAY_DOCS,
-    LoaderConfig,
-    SearchSpace,
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT, RAY_DOCS, SearchSpace
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.outcomes import InputRate, SegmentMetrics, TrialOutcome
+from raytune_loader.outputs.bestconfig import (
+    SearchContext,
+    _baselines,
+    _limit,
+    best_config,
+    metrics_of,
 )
+from raytune_loader.outputs.console import limit_line
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning.options import SearchOptions
+from raytune_loader.verdict.selection import Candidate, fitting
 
 
 def _run(config: LoaderConfig, speed: float, ceiling: float | None = None, **extra) -> TrialOutcome:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from raytune_loader.console import TerminalProgress
-from raytune_loader.tuner import TrialEvent
+from raytune_loader.outputs.console import TerminalProgress
+from raytune_loader.tuning.tuner import TrialEvent
 from records_for_tests import record
 
 BASELINE = {"num_workers": 0, "batch_size": 32}
@@ -165,7 +165,7 @@ def test_count_starts_afresh_for_another_counter() -> None:
 
 
 def test_the_summary_says_how_the_tuned_pipeline_is_built() -> None:
-    from raytune_loader.console import pipeline_line
+    from raytune_loader.outputs.console import pipeline_line
 
     uint8 = {"transfer": "uint8", "decode": "pil", "workers": "process", "in_order": False,
              "start_method": "spawn"}  # fmt: skip
@@ -184,7 +184,7 @@ def test_the_summary_says_how_the_tuned_pipeline_is_built() -> None:
 
 
 def test_the_summary_says_where_the_limit_is() -> None:
-    from raytune_loader.console import limit_line
+    from raytune_loader.outputs.console import limit_line
 
     limit = {"bound": "model", "input_samples_per_s": 900.0, "trained_samples_per_s": 300.0,
              "headroom": 2.0, "per_core_samples_per_s": 250.0}  # fmt: skip
@@ -215,7 +215,8 @@ def test_every_command_line_freezes_its_objects_at_exit_once(
 ) -> None:
     """Each main (bad input, exit status 2) leaves one exit handler, gc.freeze, however
     often it runs: the shutdown's garbage collection then skips the heap."""
-    from raytune_loader import bench, console, report, search
+    from raytune_loader import bench, search
+    from raytune_loader.outputs import console, report
 
     handlers = _ExitHandlers()
     monkeypatch.setattr(console, "atexit", handlers)
@@ -232,7 +233,7 @@ def test_every_experiment_the_gpu_check_runs_freezes_its_objects_at_exit(
     """The GPU check's stages that are experiments end as the command lines do, sooner
     on a lent device's minutes. A bad flag (exit status 2) comes after the handler is
     registered."""
-    from raytune_loader import console
+    from raytune_loader.outputs import console
 
     experiments = REPO / "experiments"
     monkeypatch.syspath_prepend(str(experiments))  # their own imports: _common
@@ -262,7 +263,7 @@ def _load(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_unsteady_trials_and_figures_beyond_a_bound_are_said() -> None:
-    from raytune_loader.console import notes, steady_lines
+    from raytune_loader.outputs.console import notes, steady_lines
 
     trials = [
         record("a", "ok", steady=True, steady_ratio=1.02),

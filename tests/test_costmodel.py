@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from raytune_loader.costmodel import CostModel, median_error, what_if
-from raytune_loader.profile import Profile
-from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.measuring.profile import Profile
+from raytune_loader.tuning.costmodel import CostModel, median_error, what_if
 
 
 def _model(per_core: float, cores: int = 4, ceiling: float = 400.0, cuda: bool = False,
@@ -91,7 +92,7 @@ def test_the_object_store_term_is_the_overhead_experiment_s_fit() -> None:
     import json
 
     from conftest import REPO
-    from raytune_loader.costmodel import IMAGE_VALUES, OBJECT_STORE, PerByte
+    from raytune_loader.tuning.costmodel import IMAGE_VALUES, OBJECT_STORE, PerByte
 
     measured = json.loads((REPO / "results/benchmarks/raydata_overhead.json").read_text())
     sizes = {"raydata uint8": IMAGE_VALUES, "raydata float32": 4 * IMAGE_VALUES}
@@ -112,7 +113,7 @@ def test_remote_actors_add_speed_until_the_training_process_is_the_limit() -> No
     what putting a sample in the store costs, until the training process (the step and
     taking batches out of the store) sets the pace; that many actors' CPUs, with the
     margin, bound what the space offers."""
-    from raytune_loader.costmodel import OBJECT_STORE, crossing_bytes
+    from raytune_loader.tuning.costmodel import OBJECT_STORE, crossing_bytes
 
     model = _model(per_core=50.0, cores=1)
     one = model.predict(_actors(1))

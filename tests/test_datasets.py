@@ -6,8 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.datasets import DatasetSpec, build_dataset, dataset_for_trial, num_classes
 from raytune_loader.errors import DatasetError
+from raytune_loader.sources.datasets import (
+    DatasetSpec,
+    build_dataset,
+    dataset_for_trial,
+    num_classes,
+)
 
 
 def test_synthetic_dataset_uses_imagenet_transforms(tiny_imagenet: Path) -> None:

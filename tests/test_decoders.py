@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from raytune_loader import decoders
+from raytune_loader.pipeline import decoders
 
 CPU = torch.device("cpu")
 

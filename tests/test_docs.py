@@ -13,8 +13,8 @@ import pytest
 
 from conftest import REPO, Searched
 from raytune_loader import bench, search
-from raytune_loader.records import TrialRecord, write_trials_csv
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.records import TrialRecord, write_trials_csv
 
 DOCS = REPO / "docs"
 SEARCH_HEADING = "## `python -m raytune_loader.search`"

@@ -12,16 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader import console, findings, probes
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.findings import Rules, probe_configs
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import SegmentMetrics, TrialOutcome, run_trial
-from raytune_loader.memoryfit import Growth, MemoryFit
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.measuring.measurer import LocalMeasurer
+from raytune_loader.measuring.memoryfit import Growth, MemoryFit
+from raytune_loader.measuring.outcomes import SegmentMetrics, TrialOutcome
+from raytune_loader.outputs import console
 from raytune_loader.progress import LogProgress
-from raytune_loader.selection import Candidate
-from raytune_loader.space import LoaderConfig
-from raytune_loader.verify import LocalMeasurer, Verified
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.verdict import findings, probes
+from raytune_loader.verdict.findings import Rules, probe_configs
+from raytune_loader.verdict.selection import Candidate
+from raytune_loader.verdict.verify import Verified
 from records_for_tests import record
 
 GIB = 2**30
@@ -295,8 +298,8 @@ def test_a_worker_s_garbage_collection_copies_none_of_the_main_process_s_heap() 
     many), and a worker that runs a full collection mid-window: the objects it inherited
     stay shared (unfrozen, the collection copied all of them once: a growth the fit read
     as 1 MB a sample in 1 of 3 full fast-tier runs), and no growth is fitted."""
-    from raytune_loader.memoryfit import _still_shared
-    from raytune_loader.watch import FOLLOWED
+    from raytune_loader.machine.watch import FOLLOWED
+    from raytune_loader.measuring.memoryfit import _still_shared
 
     heap = [[i] for i in range(1_000_000)]  # about 90 MB of objects the collector tracks
     job = _job("datasets_for_tests:collects_in_worker", steps=40, samples=1024)
@@ -331,8 +334,8 @@ def test_the_memory_projection_lands_within_2x_of_a_run_ten_times_longer() -> No
     """One worker's copies from a short run's window end to the reads of a run ten times
     longer, projected by the short run's fit, against what the long run measured (its
     followed worker, on the same samples read)."""
-    from raytune_loader.memoryfit import _still_shared
-    from raytune_loader.watch import FOLLOWED
+    from raytune_loader.machine.watch import FOLLOWED
+    from raytune_loader.measuring.memoryfit import _still_shared
 
     config = LoaderConfig(32, 2, 2, False, True)
     short_job = _job("datasets_for_tests:python_objects", steps=800, samples=300_000)

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import torch
 
-from raytune_loader import ranks, trainable
-from raytune_loader.datasets import DatasetSpec
 from raytune_loader.errors import DataPipelineError
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.trainable import CudaStart, Task
-from raytune_loader.tuner import RayCluster, RayMeasurer
+from raytune_loader.measuring import ranks
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning import trainable
+from raytune_loader.tuning.trainable import CudaStart, Task
+from raytune_loader.tuning.tuner import RayCluster, RayMeasurer
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 TWO_RANKS = TrialJob(

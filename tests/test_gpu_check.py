@@ -25,8 +25,10 @@ import pytest
 import torch
 
 from conftest import REPO, ray_processes
-from raytune_loader import findings, load_best_config, steady
+from raytune_loader import load_best_config
+from raytune_loader.measuring import steady
 from raytune_loader.search import get_args_parser, options_from_args
+from raytune_loader.verdict import findings
 
 sys.path.insert(0, str(REPO / "experiments"))
 import compile_backoff  # noqa: E402 - experiments/ is not a package

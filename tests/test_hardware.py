@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.api import search_space
-from raytune_loader.hardware import cgroup_cpu_limit, hardware_info, usable_cpus
-from raytune_loader.options import SearchOptions
+from raytune_loader.machine.hardware import cgroup_cpu_limit, hardware_info, usable_cpus
+from raytune_loader.tuning.bounds import search_space
+from raytune_loader.tuning.options import SearchOptions
 
 
 def test_cgroup_v2_quota(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def _cpuinfo(tmp_path: Path, flags: str) -> Path:
 def test_half_precision_instructions_are_read_from_the_cpu_flags(
     tmp_path: Path, flags: str, bf16: bool, fp16: bool
 ) -> None:
-    from raytune_loader.hardware import cpu_computes_in
+    from raytune_loader.machine.hardware import cpu_computes_in
 
     path = _cpuinfo(tmp_path, flags)
     assert (cpu_computes_in("bf16", path), cpu_computes_in("fp16", path)) == (bf16, fp16)
@@ -86,7 +86,8 @@ def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts
     address: str | None,
     warned: bool,
 ) -> None:
-    from raytune_loader import api, hardware
+    from raytune_loader import api
+    from raytune_loader.machine import hardware
     from raytune_loader.progress import LogProgress
 
     path = _cpuinfo(tmp_path, flags)

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from raytune_loader.datasets import DatasetSpec
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import DatasetError
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.loader import build_dataloader
-from raytune_loader.measure import run_trial
-from raytune_loader.prepare import prepare_data
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.loaders.shard_stream import StreamVariant
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.sources import hf_tables, source_for
-from raytune_loader.sources.base import StreamVariant
-from raytune_loader.space import LoaderConfig
+from raytune_loader.sources.datasets import DatasetSpec
 
 SOURCE = hf_tables.SOURCE
 SEGMENT = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
@@ -117,7 +117,7 @@ def test_two_ranks_of_two_threads_read_each_sample_once_a_pass(
     """The rank a thread loader carries to its threads, then each thread its whole
     batches of the rank's rows; without a seed (the tuned dataset in training) the
     ranks still draw one shard order, so their shares do not overlap."""
-    from raytune_loader.sharding import as_thread_worker
+    from raytune_loader.loaders.sharding import as_thread_worker
 
     spec = DatasetSpec("hf", str(tables.saved))
     read: Counter[tuple[bytes, int]] = Counter()
@@ -164,7 +164,7 @@ def test_the_tuned_dataset_reads_every_row_in_a_training_loop(
     import json
 
     from raytune_loader import load_best_config
-    from raytune_loader.hardware import cpu_and_gpu_summary
+    from raytune_loader.machine.hardware import cpu_and_gpu_summary
 
     best = {
         "schema_version": 1, "dataset": "hf", "model": "small-cnn", "objective": "util",
@@ -320,8 +320,8 @@ def test_a_ray_worker_reads_the_source_offline(tables: Tables) -> None:
     def offline_in_a_worker(root: str) -> tuple[str | None, str, bool]:
         import os
 
-        from raytune_loader.datasets import DatasetSpec
         from raytune_loader.sources import hf_tables
+        from raytune_loader.sources.datasets import DatasetSpec
 
         before = os.environ.get("HF_HUB_OFFLINE")
         hf_tables.SOURCE.build(DatasetSpec("hf", root))

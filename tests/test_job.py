@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from raytune_loader.job import SegmentSpec, job_from_options, subset_indices
-from raytune_loader.options import SearchOptions
-from raytune_loader.prepare import prepare_data
+from raytune_loader.measuring.job import SegmentSpec, subset_indices
+from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.progress import LogProgress
+from raytune_loader.tuning.options import SearchOptions, job_from_options
 
 
 def test_cold_slots_read_disjoint_samples_warm_ones_the_same() -> None:

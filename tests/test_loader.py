@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from raytune_loader.batches import WorkerThreads
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import CorruptSampleError
-from raytune_loader.loader import ThreadLoader, build_dataloader
-from raytune_loader.space import LoaderConfig
+from raytune_loader.loaders.batches import WorkerThreads
+from raytune_loader.loaders.loader import ThreadLoader, build_dataloader
 
 THREADS = LoaderConfig(batch_size=8, num_workers=2, prefetch_factor=2, workers="thread")
 
@@ -132,7 +132,7 @@ _LEFT_OPEN = """
 import sys, time
 import torch
 from torch.utils.data import Dataset
-from raytune_loader.loader import build_dataloader
+from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.space import LoaderConfig
 
 

@@ -10,12 +10,13 @@ import torch
 from torch import nn
 
 from datasets_for_tests import TensorImages
-from raytune_loader.datasets import DatasetSpec
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import DataPipelineError, ModelError
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import measure_ceiling, run_trial, train_segment, warmup_batches
-from raytune_loader.space import LoaderConfig
-from raytune_loader.step import Trainer
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import measure_ceiling, run_trial
+from raytune_loader.measuring.segment import train_segment, warmup_batches
+from raytune_loader.measuring.step import Trainer
+from raytune_loader.sources.datasets import DatasetSpec
 
 SPEC = SegmentSpec(warmup_steps=2, steps=12, report_every=4)
 
@@ -228,7 +229,7 @@ def test_with_a_ceiling_cpu_util_is_useful_work_over_the_window() -> None:
 def test_every_measurement_applies_the_jobs_memory_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from raytune_loader import measure
+    from raytune_loader.measuring import measure
 
     seen: list[float | None] = []
     monkeypatch.setattr(measure, "cap_gpu_memory", lambda share, device: seen.append(share))
@@ -423,15 +424,22 @@ def test_a_slow_first_step_does_not_make_a_deep_queue_look_fast(workers: int, ki
 
 @pytest.mark.alone
 def test_a_slow_step_on_fast_data_measures_the_step() -> None:
-    """Model-bound: 25 ms a step, data for free; the stock is full all along."""
+    """Model-bound: 25 ms a step, data for free; the stock is full all along. The window
+    measures the loop as it ran, step after step: not the stock, nor the workers' pace.
+    On a busy machine (the fast tier's neighbours) the loop runs slower than 25 ms a
+    step (each wake-up waits for a core), and the window says so."""
     from datasets_for_tests import SlowFirstStep
 
     config = LoaderConfig(8, num_workers=2, prefetch_factor=8)
     spec = SegmentSpec(warmup_steps=2, steps=24, report_every=24)
-    trainer = Trainer(SlowFirstStep(1.0, every_s=0.025), torch.device("cpu"))
-    metrics = train_segment(TensorImages(256), trainer, config, spec)
-    assert metrics.samples_per_s == pytest.approx(8 / 0.025, rel=0.1)
-    assert metrics.steady and metrics.data_wait_frac < 0.2
+    step = SlowFirstStep(1.0, every_s=0.025)
+    metrics = train_segment(TensorImages(256), Trainer(step, torch.device("cpu")), config, spec)
+    window = step.spans[-spec.steps :]  # the measured steps, the last ones it ran
+    looped = 8 * spec.steps / (window[-1][1] - window[0][0])  # from the first step's start
+    assert metrics.samples_per_s == pytest.approx(looped, rel=0.1)
+    assert metrics.samples_per_s <= 8 / 0.025 * 1.02  # nothing beats the step itself
+    # the batch is always ready: what the loop waits is for a core, on a busy machine
+    assert metrics.steady and metrics.data_wait_frac < 0.3
 
 
 def test_a_pipeline_whose_rate_changes_in_the_window_is_marked_not_steady() -> None:

@@ -5,30 +5,29 @@ from __future__ import annotations
 import pytest
 import torch
 
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.engines import engine_of
 from raytune_loader.errors import TrialRefusedError
-from raytune_loader.memory import bytes_in_flight, cap_gpu_memory, check_memory, sample_nbytes
-from raytune_loader.space import LoaderConfig
+from raytune_loader.measuring.memory import cap_gpu_memory, check_bytes, sample_nbytes
 
 
-def test_bytes_in_flight_counts_prefetched_and_pinned_batches() -> None:
-    sample = sample_nbytes((torch.zeros(3, 224, 224), torch.tensor(1)))
-    assert sample == 3 * 224 * 224 * 4 + 8
-    host, shm = bytes_in_flight(LoaderConfig(32, 4, 2, True, True), sample)
-    assert shm == 4 * 2 * 32 * sample
-    assert host == 2 * shm
-    assert bytes_in_flight(LoaderConfig(32), sample) == (32 * sample, 0)
+def test_a_sample_s_bytes_count_its_tensors_and_its_numbers() -> None:
+    assert sample_nbytes((torch.zeros(3, 224, 224), torch.tensor(1))) == 3 * 224 * 224 * 4 + 8
+    assert sample_nbytes({"image": torch.zeros(2, dtype=torch.uint8), "label": 3}) == 2 + 8
 
 
 def test_refuses_what_would_not_fit_in_shm_or_ram() -> None:
     config = LoaderConfig(256, 8, 8, False, True)
-    sample = 3 * 224 * 224 * 4
+    held = engine_of(config).held(3 * 224 * 224 * 4)
     with pytest.raises(TrialRefusedError) as shm:
-        check_memory(config, sample, available_ram=64 << 30, free_shm=64 << 20)
+        check_bytes(config.label(), held, available_ram=64 << 30, free_shm=64 << 20)
     assert shm.value.reason == "shm" and "--shm-size" in str(shm.value)
+    assert "fewer workers or a smaller prefetch_factor" in str(shm.value)
     with pytest.raises(TrialRefusedError) as ram:
-        check_memory(config, sample, available_ram=1 << 30, free_shm=None)
+        check_bytes(config.label(), held, available_ram=1 << 30, free_shm=None)
     assert ram.value.reason == "host_memory"
-    assert check_memory(LoaderConfig(8), sample, 64 << 30, 64 << 20) == 8 * sample
+    small = engine_of(LoaderConfig(8)).held(100)
+    assert check_bytes("small", small, 64 << 30, 64 << 20) == 8 * 100
 
 
 @pytest.mark.parametrize(("share", "expected"), [(0.25, 0.25), (0.5, 0.5), (1.0, 1.0), (0, 1.0)])

@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from raytune_loader import api, trainable
-from raytune_loader.datasets import DatasetSpec
+from raytune_loader import api
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.errors import DataPipelineError
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import run_trial
-from raytune_loader.options import SearchOptions
-from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning import trainable
+from raytune_loader.tuning.options import SearchOptions
 
 JOB = TrialJob(
     DatasetSpec("datasets_for_tests:fast"), "small-cnn",

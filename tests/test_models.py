@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raytune_loader.errors import ModelError
-from raytune_loader.models import build_model, default_model, validate_model
+from raytune_loader.measuring.models import build_model, default_model, validate_model
 
 
 def test_the_default_follows_the_device() -> None:

@@ -1,4 +1,4 @@
-"""Tests for raytune_loader.nvml through a scripted stand-in for the pynvml binding.
+"""Tests for raytune_loader.machine.nvml through a scripted stand-in for the pynvml binding.
 
 The stand-in raises the real `pynvml.NVMLError` with the real error constants, so
 the sampler is exercised against the same failure modes it meets on a GPU host.
@@ -17,7 +17,7 @@ import pynvml
 import pytest
 import torch
 
-from raytune_loader import nvml
+from raytune_loader.machine import nvml
 
 OUR_PID = 4242
 OTHER_PID = 777
@@ -163,7 +163,7 @@ def test_samples_only_of_other_pids_give_a_warning_and_say_so(
         ],
         device=[60, 80],
     )
-    with caplog.at_level(logging.WARNING, logger="raytune_loader.nvml"):
+    with caplog.at_level(logging.WARNING, logger="raytune_loader.machine.nvml"):
         reading = run_window(fake, polls=1)
     assert reading.source == "nvml-device-other-pids"
     assert reading.util == pytest.approx(0.70)  # the device-wide mean, neighbours included
@@ -178,7 +178,7 @@ def test_no_per_process_sample_at_all_is_device_wide_without_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = FakeNvml(process=[[], [], []], device=[40, 60])
-    with caplog.at_level(logging.WARNING, logger="raytune_loader.nvml"):
+    with caplog.at_level(logging.WARNING, logger="raytune_loader.machine.nvml"):
         reading = run_window(fake, polls=1)
     assert reading.source == "nvml-device"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -207,7 +207,7 @@ def test_a_sample_landing_between_the_binding_s_two_calls_skips_only_that_poll(
         ],
         device=[90, 90, 90],
     )
-    with caplog.at_level(logging.INFO, logger="raytune_loader.nvml"):
+    with caplog.at_level(logging.INFO, logger="raytune_loader.machine.nvml"):
         reading = run_window(fake, polls=2)
     assert reading.source == "nvml-process"
     assert reading.util == pytest.approx(0.60)  # 40 and 80: the neighbour's 100 not counted
@@ -228,7 +228,7 @@ def test_nvml_s_refusal_switches_per_process_sampling_off_and_says_so(
         process=[[], [sample(OUR_PID, 10, 90)], nvml_error(refusal), [sample(OUR_PID, 20, 90)]],
         device=[30, 50, 70],
     )
-    with caplog.at_level(logging.WARNING, logger="raytune_loader.nvml"):
+    with caplog.at_level(logging.WARNING, logger="raytune_loader.machine.nvml"):
         reading = run_window(fake, polls=2)
     assert reading.source == "nvml-device"  # the part-window of per-process samples is not used
     assert reading.util == pytest.approx(0.50)

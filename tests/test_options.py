@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raytune_loader.errors import ConfigError
-from raytune_loader.options import SearchOptions
+from raytune_loader.tuning.options import SearchOptions
 
 
 def test_the_batch_size_follows_the_device_unless_given() -> None:

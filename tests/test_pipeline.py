@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from raytune_loader import load_best_config
-from raytune_loader.datasets import DatasetSpec, build_dataset
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import CorruptSampleError
-from raytune_loader.loader import build_dataloader
-from raytune_loader.pipeline import (
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.pipeline.device import (
     EncodedBatch,
     collate_encoded,
     finish_on_device,
     normalize,
     to_device,
 )
-from raytune_loader.space import LoaderConfig
-from raytune_loader.transforms import IMAGENET_STD
+from raytune_loader.pipeline.transforms import IMAGENET_STD
+from raytune_loader.sources.datasets import DatasetSpec, build_dataset
 
 TOLERANCE = 1e-5  # the same decoder (PIL) on both sides: only float rounding differs
 # PIL and TorchCodec (or torchvision.io) both decode with libjpeg-turbo; PIL's resize and
@@ -50,7 +50,7 @@ def test_normalize_makes_one_buffer_and_leaves_the_batch_as_it_was() -> None:
     """The step's normalization works in place on the one float32 buffer it makes, with
     the arithmetic of (x / 255 - mean) / std bit for bit, in either memory format; the
     uint8 batch it reads is unchanged."""
-    from raytune_loader.pipeline import _statistics
+    from raytune_loader.pipeline.device import _statistics
 
     batch = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     mean, std = _statistics(batch.device)
@@ -151,7 +151,7 @@ def _decoder_short_of_memory(monkeypatch: pytest.MonkeyPatch, most: int) -> list
     """Swap in a device decoder that, like torchvision's batched CUDA one, re-raises
     running out of memory as a plain RuntimeError, on calls of more than ``most`` files;
     returns the sizes of the calls it got."""
-    from raytune_loader import decoders
+    from raytune_loader.pipeline import decoders
 
     name, decode_jpeg, decode_image = decoders._backend()
     calls: list[int] = []
@@ -182,8 +182,8 @@ def test_out_of_memory_in_device_decode_is_out_of_memory_not_a_corrupt_file(
 def test_out_of_memory_in_device_decode_reaches_the_trial_s_back_off(
     tiny_imagenet: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from raytune_loader.job import SegmentSpec, TrialJob
-    from raytune_loader.measure import run_trial
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.measuring.measure import run_trial
 
     calls = _decoder_short_of_memory(monkeypatch, most=4)
     job = TrialJob(

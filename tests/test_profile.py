@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.profile import Profile, profile
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.profile import Profile, profile
+from raytune_loader.sources.datasets import DatasetSpec
 
 pytestmark = pytest.mark.alone  # each stage's cost, timed
 

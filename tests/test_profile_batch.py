@@ -4,11 +4,11 @@ the largest batch (1024 on the H200) the profile took 82 s of the device's minut
 
 from __future__ import annotations
 
-from raytune_loader.costmodel import CostModel
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.profile import profile
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.profile import profile
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning.costmodel import CostModel
 
 
 def test_the_profile_measures_at_the_smallest_batch_and_the_model_scales_it() -> None:

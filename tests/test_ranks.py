@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import TrialOutcome
-from raytune_loader.ranks import measure_ceiling, run_trial
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.outcomes import TrialOutcome
+from raytune_loader.measuring.ranks import measure_ceiling, run_trial
+from raytune_loader.sources.datasets import DatasetSpec
 
 CONFIG = LoaderConfig(8, 1, 2, False, False)
 

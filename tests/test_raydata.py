@@ -5,6 +5,7 @@ every sample of an epoch once, the split parts, a steady rate and Ctrl-C (slow t
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import csv
 import hashlib
@@ -27,12 +28,13 @@ import torch
 from torch.utils.data import Subset, default_collate
 
 from raytune_loader import raydata
-from raytune_loader.batches import Stamped
-from raytune_loader.datasets import DatasetSpec, build_dataset
+from raytune_loader.engines import engine_of
 from raytune_loader.errors import ConfigError, DatasetError
-from raytune_loader.job import SegmentSpec
-from raytune_loader.pipeline import collate_encoded, to_device
-from raytune_loader.raydata import RayDataConfig
+from raytune_loader.loaders.batches import Stamped
+from raytune_loader.measuring.job import SegmentSpec
+from raytune_loader.pipeline.device import collate_encoded, to_device
+from raytune_loader.raydata.config import RayDataConfig
+from raytune_loader.sources.datasets import DatasetSpec, build_dataset
 
 # -- the configuration ---------------------------------------------------------------------
 
@@ -98,30 +100,6 @@ def test_the_label_says_the_pool_and_what_differs_from_the_defaults() -> None:
     assert tuned.label() == ("raydata actors=1-4x2cpu bs=32 map=64 prefetch=8 encoded store=512MiB")
 
 
-def test_a_search_candidate_is_the_pipeline_it_runs_and_back() -> None:
-    """The search's candidates (``engine="raydata"``) and the pipeline phase 1 runs are
-    one configuration in two types: each converts to the other unchanged."""
-    from raytune_loader.space import LoaderConfig
-
-    for config in (RayDataConfig(32), RayDataConfig(64, 2, 6, 0.5, 32, 4, "encoded"),
-                   RayDataConfig(16, 3, 3, 2.0, crosses="uint8", decoder="tensor",
-                                 object_store_bytes=2**30, block_bytes=2**23)):  # fmt: skip
-        assert raydata.config_of(config.candidate()) == config
-    with pytest.raises(ConfigError, match="is a DataLoader, not a Ray Data candidate"):
-        raydata.config_of(LoaderConfig(8, 2))
-
-
-def test_what_a_ray_data_trial_holds_on_its_node() -> None:
-    """Host memory: the prefetched batches and the one being formatted; the object store
-    on the trial's node: the budget where one is set, else every batch in flight."""
-    config = RayDataConfig(32, 2, 2, map_batch_size=32, prefetch_batches=3)
-    sample = 3 * 224 * 224
-    batch = 32 * sample
-    assert raydata.bytes_in_flight(config, sample) == (4 * batch, batch * (3 + 1 + 2 * 2))
-    budgeted = replace(config, object_store_bytes=2**28)
-    assert raydata.bytes_in_flight(budgeted, sample) == (4 * batch, 2**28)
-
-
 def test_the_pipeline_watch_keeps_the_largest_actor_and_the_least_free_memory() -> None:
     """What the actors said of themselves in their rows, and Ray Data's figures of an
     execution; no spill reading without Ray (none is started)."""
@@ -150,33 +128,27 @@ def test_the_pipeline_watch_keeps_the_largest_actor_and_the_least_free_memory() 
 
 def test_the_configuration_and_the_reservation_need_neither_ray_nor_torch() -> None:
     """A best_config.json reader or the search's space can hold Ray Data candidates
-    without importing Ray Data (a process that never builds one pays nothing)."""
-    code = ("import sys; from raytune_loader import raydata; "
-            "raydata.placement_bundles({'CPU': 1}, raydata.RayDataConfig(32, 2, 4)); "
-            "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    without importing Ray Data (a process that never builds one pays nothing): the
+    pipeline and its bundles need neither Ray nor torch, its engine no Ray."""
+    bundles = ("from raytune_loader.raydata.config import RayDataConfig; "
+               "from raytune_loader.raydata.reservation import actor_bundles; "
+               "actor_bundles(RayDataConfig(32, 2, 4), 'cpu_node')")  # fmt: skip
+    assert _imported_by(bundles) == []
+    engine = ("from raytune_loader.engines import engine_of; "
+              "from raytune_loader.raydata.config import RayDataConfig; "
+              "engine_of(RayDataConfig(32, 2, 4).candidate()).bundles('cpu_node')")  # fmt: skip
+    assert "ray" not in _imported_by(engine)
+
+
+def _imported_by(code: str) -> list[str]:
+    """Which of Ray and torch a fresh process imported to run ``code``."""
+    show = "; import sys; print([m for m in ('ray', 'torch') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code + show], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    return ast.literal_eval(out.stdout.strip())
 
 
 # -- the reservation -----------------------------------------------------------------------
-
-
-def test_a_trial_reserves_its_own_bundle_then_one_per_actor_of_the_largest_pool() -> None:
-    head = {"CPU": 1.0, "GPU": 0.5, "gpu_node": 0.001}
-    config = RayDataConfig(32, min_actors=2, max_actors=3, cpus_per_actor=1.5)
-    bundles = raydata.placement_bundles(head, config, pin="cpu_node")
-    assert bundles == [head] + [{"CPU": 1.5, "cpu_node": raydata.PIN_SHARE}] * 3
-    assert raydata.reserved_cpus(bundles) == (1.0, 4.5)
-    assert raydata.actor_bundles(RayDataConfig(8, cpus_per_actor=0.25)) == [{"CPU": 0.25}]
-    bundles[1]["CPU"] = 9.0  # each bundle its own dict: Ray mutates none, but nor do we share
-    assert bundles[2]["CPU"] == 1.5 and head == {"CPU": 1.0, "GPU": 0.5, "gpu_node": 0.001}
-
-
-def test_remote_cpus_caps_what_one_candidate_may_take() -> None:
-    config = RayDataConfig(32, max_actors=4, cpus_per_actor=1.0)
-    assert len(raydata.placement_bundles({"CPU": 1}, config, remote_cpus=4)) == 5
-    with pytest.raises(ConfigError, match="its actors take 4 CPUs, more than --remote-cpus 3"):
-        raydata.placement_bundles({"CPU": 1}, config, remote_cpus=3)
 
 
 def test_remote_cpus_are_those_of_the_nodes_beyond_the_trials() -> None:
@@ -188,19 +160,6 @@ def test_remote_cpus_are_those_of_the_nodes_beyond_the_trials() -> None:
     assert raydata.remote_cpus(nodes, "gpu_node") == 20.0
     assert raydata.remote_cpus(nodes, "gpu_node", pin="cpu_node") == 16.0
     assert raydata.remote_cpus(nodes, None) == 0.0  # nothing tells the trials' node apart
-
-
-def test_the_drain_counts_the_prefetched_batches_and_each_actors_calls_in_flight() -> None:
-    # 2 prefetched + 1 being formatted + 3 actors x 2 calls x 2 training batches a call
-    assert (
-        raydata.in_flight_batches(RayDataConfig(32, 3, 3, map_batch_size=64, prefetch_batches=2))
-        == 15
-    )
-    # a call smaller than a training batch still holds one
-    assert raydata.in_flight_batches(RayDataConfig(32, 1, 2, map_batch_size=8)) == 6
-    assert raydata.producers(RayDataConfig(32, 1, 5)) == 5
-    spec = SegmentSpec(warmup_steps=3, steps=10)
-    assert raydata.warmup_batches(RayDataConfig(32), spec) == 3 + 1 + 1 + 2
 
 
 # -- Ray's documented defaults ---------------------------------------------------------------
@@ -428,8 +387,8 @@ def test_webdataset_shards_are_read_by_ray_s_reader_every_sample_once_an_epoch(
     """The trial's stream over the shards becomes ``read_webdataset`` of its shards: an
     epoch is every sample once with its class, the next ones in other orders; a segment longer
     than the shards is cut to length; a row is the DataLoader path's sample."""
+    from raytune_loader.loaders.shard_stream import StreamVariant
     from raytune_loader.sources import webdataset_shards
-    from raytune_loader.sources.base import StreamVariant
 
     spec = DatasetSpec("webdataset", str(tiny_shards))
     source = webdataset_shards.SOURCE
@@ -473,8 +432,8 @@ def test_hf_parquet_files_are_read_by_read_parquet_every_row_once_an_epoch(
     """``--dataset hf`` on Parquet files: the map-style table a trial builds and its
     stream both say ``read_parquet`` of its files; an epoch is every row once with its
     class; a row is the DataLoader path's sample of the same image."""
+    from raytune_loader.loaders.shard_stream import StreamVariant
     from raytune_loader.sources import hf_tables
-    from raytune_loader.sources.base import StreamVariant
 
     _write_parquet(tiny_imagenet / "train", tmp_path / "parquet", 3)
     monkeypatch.setattr(hf_tables._datasets().config, "HF_DATASETS_CACHE", str(tmp_path / "c"))
@@ -518,8 +477,8 @@ def test_a_map_style_dataset_of_the_user_s_is_read_by_index_each_sample_once(
 def test_what_ray_data_cannot_read_is_refused_in_one_line_saying_what_to_do() -> None:
     from torch.utils.data import IterableDataset
 
+    from raytune_loader.loaders.shard_stream import ShardStream
     from raytune_loader.sources import hf_tables
-    from raytune_loader.sources.base import ShardStream
 
     class HubStream(IterableDataset):  # type: ignore[type-arg]
         def __iter__(self) -> Iterator[Any]:
@@ -547,9 +506,8 @@ def test_what_ray_data_cannot_read_is_refused_in_one_line_saying_what_to_do() ->
 def test_ray_data_is_offered_for_shards_tables_and_map_style_datasets_not_user_streams(
     dataset: str, offered: float
 ) -> None:
-    from raytune_loader.api import raydata_cpus
-    from raytune_loader.job import job_from_options
-    from raytune_loader.options import SearchOptions
+    from raytune_loader.tuning.bounds import raydata_cpus
+    from raytune_loader.tuning.options import SearchOptions, job_from_options
 
     class Said:
         warnings: list[str] = []
@@ -737,9 +695,8 @@ def test_the_actors_run_in_the_trial_s_bundles_on_the_cpu_node_and_an_epoch_read
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     config = RayDataConfig(8, max_actors=2, map_batch_size=8, crosses="encoded")
-    bundles = raydata.placement_bundles(
-        {"CPU": 1.0, TRAINER: raydata.PIN_SHARE}, config, pin=CPU_NODE
-    )
+    head = {"CPU": 1.0, TRAINER: raydata.PIN_SHARE}
+    bundles = [head, *engine_of(config.candidate()).bundles(CPU_NODE)]
     group = placement_group(bundles, strategy="PACK")
     ray.get(group.ready(), timeout=60)
     try:
@@ -789,8 +746,9 @@ def test_the_training_segment_s_steady_window_over_the_pipeline_stays_within_its
     fast as the one actor makes batches, which cannot beat one core's worker side of
     the variant (a deep prefetch would show a stock's speed if the stamps or the drain
     were wrong); the actors said their memory, and Ray Data its own figures."""
-    from raytune_loader.measure import train_segment, worker_side_rate
-    from raytune_loader.step import Trainer
+    from raytune_loader.measuring.measure import worker_side_rate
+    from raytune_loader.measuring.segment import train_segment
+    from raytune_loader.measuring.step import Trainer
 
     spec = DatasetSpec("synthetic-imagenet", str(tiny_imagenet))
     config = RayDataConfig(8, max_actors=1, map_batch_size=8, prefetch_batches=8, crosses="uint8")
@@ -1069,9 +1027,9 @@ def test_a_cpu_node_lost_during_a_measurement_fails_it_in_one_line_and_the_next_
     bundle has nowhere to go, the measurement ends within its time limit as a one-line
     failure (a trial's process ends the same way: Tune records the error), the
     measurement after it runs, and no actor is left."""
-    from raytune_loader.job import TrialJob
-    from raytune_loader.space import LoaderConfig
-    from raytune_loader.tuner import RayCluster, RayMeasurer
+    from raytune_loader.candidates.config import LoaderConfig
+    from raytune_loader.measuring.job import TrialJob
+    from raytune_loader.tuning.tuner import RayCluster, RayMeasurer
 
     lost = "raydata_lost_node"
     node = two_nodes.cluster.add_node(num_cpus=1, resources={lost: 1},

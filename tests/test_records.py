@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.measure import SegmentMetrics, TrialOutcome
-from raytune_loader.records import (
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.measuring.outcomes import SegmentMetrics, TrialOutcome
+from raytune_loader.measuring.records import (
     TRIAL_COLUMNS,
     NodeFacts,
     TrialRecord,
@@ -18,7 +20,6 @@ from raytune_loader.records import (
     trial_status,
     write_trials_csv,
 )
-from raytune_loader.space import LoaderConfig, SearchSpace
 from records_for_tests import record
 
 SPACE = SearchSpace(max_workers=2, batch_sizes=(16,), cuda=False, usable_cpus=2)

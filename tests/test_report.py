@@ -1,4 +1,4 @@
-"""Tests for raytune_loader.report on a tiny hand-written result folder.
+"""Tests for raytune_loader.outputs.report on a tiny hand-written result folder.
 
 The fixture is six trials (four finished, one stopped early, one failed) and a
 best_config.json whose numbers make the speedups easy to check by hand.
@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from raytune_loader import console, plots, report
+from raytune_loader.outputs import console, plots, report
 from records_for_tests import record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -189,8 +189,8 @@ def test_main_exit_status(results: Path, tmp_path: Path, capsys: pytest.CaptureF
 def test_an_interrupted_search_s_trials_never_break_the_report(tmp_path: Path) -> None:
     """Trials an interrupt ended before their first report have no metrics (and maybe no
     configuration): they are listed, never plotted, and the report is whole."""
-    from raytune_loader.records import write_trials_csv
-    from raytune_loader.space import LoaderConfig
+    from raytune_loader.candidates.config import LoaderConfig
+    from raytune_loader.measuring.records import write_trials_csv
 
     folder = tmp_path / "interrupted"
     folder.mkdir()

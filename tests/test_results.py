@@ -10,8 +10,9 @@ from torch.utils.data import TensorDataset
 
 from raytune_loader import ConfigError, HardwareMismatchWarning, load_best_config
 from raytune_loader.errors import OutputError
-from raytune_loader.hardware import cpu_and_gpu_summary
-from raytune_loader.results import REQUIRED_KEYS, atomic_write_text, ensure_writable
+from raytune_loader.files import atomic_write_text, ensure_writable
+from raytune_loader.machine.hardware import cpu_and_gpu_summary
+from raytune_loader.outputs.reader import REQUIRED_KEYS
 
 
 def _best(**overrides: object) -> dict:
@@ -106,7 +107,7 @@ def test_unwritable_output_is_a_clear_error(tmp_path: Path) -> None:
 def test_every_field_of_a_configuration_survives_the_json(tmp_path: Path) -> None:
     """best_config.json's loader and pipeline sections, read back, give the same
     configuration, whichever fields differ from their defaults."""
-    from raytune_loader.space import LoaderConfig
+    from raytune_loader.candidates.config import LoaderConfig
 
     tuned = LoaderConfig(
         16, num_workers=3, prefetch_factor=4, pin_memory=True, in_order=False,

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.searcher import LoaderSearcher
-from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.tuning.searcher import LoaderSearcher
 
 
 def _searcher(space: SearchSpace, **kwargs) -> LoaderSearcher:
@@ -79,8 +80,8 @@ def test_a_failed_trial_is_told_as_failed_not_as_a_value() -> None:
 
 
 def _model_searcher(per_core: float, method: str = "model") -> LoaderSearcher:
-    from raytune_loader.costmodel import CostModel
-    from raytune_loader.profile import Profile
+    from raytune_loader.measuring.profile import Profile
+    from raytune_loader.tuning.costmodel import CostModel
 
     space = SearchSpace(max_workers=4, batch_sizes=(32,), cuda=False, usable_cpus=4)
     profile = Profile(32, 4, per_core={"pil/float32": per_core},
@@ -127,8 +128,8 @@ def test_where_ray_data_is_offered_its_predicted_best_runs_first_even_when_ruled
     """On one machine the model puts a single local actor far below the DataLoaders: the
     rule would skip it, but one tuned Ray Data trial measures the model's error on it,
     first after the baselines."""
-    from raytune_loader.costmodel import CostModel
-    from raytune_loader.profile import Profile
+    from raytune_loader.measuring.profile import Profile
+    from raytune_loader.tuning.costmodel import CostModel
 
     space = SearchSpace(max_workers=4, batch_sizes=(32,), cuda=False, usable_cpus=4,
                         raydata_cpus=1.0)  # fmt: skip

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from raytune_loader.measure import SegmentMetrics, TrialOutcome
-from raytune_loader.selection import Candidate, Stats, decided, rotated, select
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.outcomes import SegmentMetrics, TrialOutcome
+from raytune_loader.verdict.selection import Candidate, Stats, decided, rotated, select
 
 
 def _candidate(

@@ -13,10 +13,10 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, RandomSampler
 
 from conftest import two_gloo_ranks
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import ConfigError
-from raytune_loader.loader import build_dataloader
-from raytune_loader.sharding import ShardSampler
-from raytune_loader.space import LoaderConfig
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.loaders.sharding import ShardSampler
 
 PROCESSES = LoaderConfig(4, num_workers=1, prefetch_factor=2, persistent_workers=True)
 THREADS = LoaderConfig(4, num_workers=2, prefetch_factor=2, workers="thread", in_order=False)
@@ -126,7 +126,7 @@ def test_a_planned_stream_epoch_gives_every_rank_equal_batches_of_its_own(
     """Any shard sizes, world, workers and batch size: every rank the same batches, the
     partial one (if any) once per rank, no sample twice, and less than a batch per rank
     (less than a sample without drop_last) left out."""
-    from raytune_loader.sharding import epoch_cut, shard_order, spans, worker_range
+    from raytune_loader.loaders.sharding import epoch_cut, shard_order, spans, worker_range
 
     rng = random.Random(0)
     for _ in range(400):

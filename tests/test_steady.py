@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from raytune_loader.space import LoaderConfig
-from raytune_loader.steady import (
+from raytune_loader.measuring.steady import (
     Consumed,
     above_bound,
     above_ceiling,
-    in_flight,
     rate,
     steadiness,
 )
@@ -58,13 +56,6 @@ def test_halves_that_agree_are_steady_and_halves_that_do_not_are_marked() -> Non
     assert slower_first.steady is False and slower_first.ratio == pytest.approx(0.5)
 
 
-def test_in_flight_counts_every_slot_of_the_configuration() -> None:
-    assert in_flight(LoaderConfig(32)) == 0
-    assert in_flight(LoaderConfig(32, num_workers=2, prefetch_factor=8)) == 2 * 9 + 2
-    threads = LoaderConfig(32, num_workers=8, prefetch_factor=8, workers="thread")
-    assert in_flight(threads) == 8 * 9 + 2
-
-
 def test_a_figure_beyond_its_bound_is_said_one_within_noise_is_not() -> None:
     assert above_ceiling(540.0, 534.0) is None
     note = above_ceiling(585.0, 534.0)
@@ -74,7 +65,7 @@ def test_a_figure_beyond_its_bound_is_said_one_within_noise_is_not() -> None:
 
 
 def test_ranks_are_steady_together_and_report_the_worst_ratio() -> None:
-    from raytune_loader.outcomes import SegmentMetrics, merge_ranks
+    from raytune_loader.measuring.outcomes import SegmentMetrics, merge_ranks
 
     def rank(speed: float, ratio: float | None, held: bool | None) -> SegmentMetrics:
         return SegmentMetrics(speed, 0.1, 0.5, "step-timing", None, 320, 1.0, held, ratio)

@@ -7,8 +7,8 @@ from collections import namedtuple
 import pytest
 import torch
 
-from raytune_loader.pipeline import move
-from raytune_loader.step import Trainer, batch_samples, set_matmul_precision
+from raytune_loader.measuring.step import Trainer, batch_samples, set_matmul_precision
+from raytune_loader.pipeline.device import move
 
 Pair = namedtuple("Pair", ["image", "label"])
 

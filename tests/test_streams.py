@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from conftest import write_shards
-from raytune_loader.api import search_space
-from raytune_loader.datasets import DatasetSpec
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import DatasetError
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import run_trial
-from raytune_loader.options import SearchOptions
-from raytune_loader.prepare import prepare_data
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.measuring.prepare import prepare_data
+from raytune_loader.measuring.shards import splits_across_workers, trial_shards
 from raytune_loader.progress import LogProgress
-from raytune_loader.space import LoaderConfig
-from raytune_loader.streams import splits_across_workers, trial_shards
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning.bounds import search_space
+from raytune_loader.tuning.options import SearchOptions
 
 SEGMENT = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
 
@@ -75,8 +75,8 @@ def test_a_stream_trial_trains_and_times_its_first_batch(
 
 
 def test_threads_and_processes_each_read_their_own_shards_of_a_stream(tiny_shards: Path) -> None:
-    from raytune_loader.loader import build_dataloader
-    from raytune_loader.sources.base import StreamVariant
+    from raytune_loader.loaders.loader import build_dataloader
+    from raytune_loader.loaders.shard_stream import StreamVariant
 
     spec = DatasetSpec("webdataset", str(tiny_shards))
     for workers in ("process", "thread"):
@@ -88,8 +88,8 @@ def test_threads_and_processes_each_read_their_own_shards_of_a_stream(tiny_shard
 
 
 def test_a_user_stream_that_does_not_split_is_found_and_kept_to_one_worker() -> None:
+    from raytune_loader.loaders.shard_stream import StreamVariant
     from raytune_loader.sources import source_for
-    from raytune_loader.sources.base import StreamVariant
 
     spec = DatasetSpec("datasets_for_tests:stream_that_repeats")
     repeats = source_for(spec.name).build_stream(spec, [], StreamVariant())
@@ -151,7 +151,7 @@ def test_the_tuned_stream_trains_in_the_readme_s_loop(tiny_shards: Path, tmp_pat
     import json
 
     from raytune_loader import load_best_config
-    from raytune_loader.hardware import cpu_and_gpu_summary
+    from raytune_loader.machine.hardware import cpu_and_gpu_summary
 
     best = {
         "schema_version": 1, "dataset": "webdataset", "model": "small-cnn",
@@ -237,7 +237,7 @@ RAW = "uint8"
 
 
 def _stream(root: Path, fmt: str = "wds", batch_size: int | None = None) -> object:
-    from raytune_loader.sources.base import StreamVariant
+    from raytune_loader.loaders.shard_stream import StreamVariant
 
     spec = DatasetSpec("webdataset" if fmt == "wds" else "hf", str(root / fmt))
     variant = StreamVariant(transfer=RAW, decode="tensor", shuffle_buffer=8, batch_size=batch_size)
@@ -267,14 +267,14 @@ def _mine(worker_id: int) -> None:
 
 
 def _reports_init(samples: list) -> tuple:
-    from raytune_loader import sharding
+    from raytune_loader.loaders import sharding
 
     return list(_INIT), sharding._carried, torch.tensor([s[1] for s in samples])
 
 
 @pytest.mark.parametrize("fmt", ["wds", "parquet"])
 def test_a_stream_takes_the_loader_s_overrides(uneven_shards: Path, fmt: str) -> None:
-    from raytune_loader.loader import build_dataloader
+    from raytune_loader.loaders.loader import build_dataloader
 
     every = list(range(44))
     in_workers = _stream(uneven_shards, fmt, batch_size=4)
@@ -314,7 +314,7 @@ def test_worker_init_fn_runs_after_the_tool_s_own_where_lightning_sets_it(
     """The user's worker_init_fn, or Lightning's seeding (set on the loader as
     Lightning does when it finds none), runs in every worker after the tool's own
     (the rank carried, the thread pools of worker_threads held)."""
-    from raytune_loader.loader import build_dataloader
+    from raytune_loader.loaders.loader import build_dataloader
 
     config = _config(worker_threads=1)
     loader = build_dataloader(_stream(uneven_shards), config, collate_fn=_reports_init)
@@ -339,7 +339,7 @@ def test_what_a_stream_loader_cannot_take_is_refused_in_one_line(
     uneven_shards: Path, build: object, message: str
 ) -> None:
     from raytune_loader.errors import ConfigError
-    from raytune_loader.loader import build_dataloader
+    from raytune_loader.loaders.loader import build_dataloader
 
     stream = _stream(uneven_shards)
     kwargs = build(stream)  # type: ignore[operator]
@@ -350,9 +350,9 @@ def test_what_a_stream_loader_cannot_take_is_refused_in_one_line(
 
 def test_a_stream_of_the_user_s_that_batches_itself_refuses_the_loader_s_batching() -> None:
     from raytune_loader.errors import ConfigError
-    from raytune_loader.loader import build_dataloader
+    from raytune_loader.loaders.loader import build_dataloader
+    from raytune_loader.loaders.shard_stream import StreamVariant
     from raytune_loader.sources import source_for
-    from raytune_loader.sources.base import StreamVariant
 
     spec = DatasetSpec("datasets_for_tests:stream_that_splits")
     stream = source_for(spec.name).build_stream(spec, [], StreamVariant())
@@ -379,7 +379,7 @@ def test_a_resumed_stream_epoch_reads_what_the_stopped_run_did_not(
     uneven_shards: Path, workers: str
 ) -> None:
     from raytune_loader.errors import ConfigError
-    from raytune_loader.loader import build_dataloader
+    from raytune_loader.loaders.loader import build_dataloader
 
     config = _config(workers)
     loader = build_dataloader(_stream(uneven_shards, "parquet"), config, drop_last=False)
@@ -409,7 +409,7 @@ def test_accelerate_passes_a_stream_loader_through_and_refuses_to_skip_into_it(
     from accelerate import Accelerator
 
     from raytune_loader.errors import ConfigError
-    from raytune_loader.loader import build_dataloader
+    from raytune_loader.loaders.loader import build_dataloader
 
     accelerator = Accelerator(cpu=True)
     for workers in ("process", "thread"):
@@ -427,7 +427,7 @@ def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object
 
     from datasets_for_tests import RankStream
     from raytune_loader.errors import ConfigError
-    from raytune_loader.loader import build_dataloader
+    from raytune_loader.loaders.loader import build_dataloader
 
     dist.init_process_group("gloo", init_method=store, rank=rank,
                             world_size=2, timeout=dt.timedelta(seconds=180))  # fmt: skip

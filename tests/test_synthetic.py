@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from raytune_loader.errors import DatasetError
-from raytune_loader.synthetic import FORMAT_VERSION, default_root, ensure_synthetic_imagenet
+from raytune_loader.sources.synthetic import FORMAT_VERSION, default_root, ensure_synthetic_imagenet
 
 
 def _digest(root: Path) -> str:

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from raytune_loader import trainable
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import DATA_SLOT, SegmentSpec, TrialJob
-from raytune_loader.measure import SegmentMetrics, TrialOutcome
-from raytune_loader.space import LoaderConfig
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.measuring.job import DATA_SLOT, SegmentSpec, TrialJob
+from raytune_loader.measuring.outcomes import SegmentMetrics, TrialOutcome
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning import trainable
 
 JOB = TrialJob(
     DatasetSpec("datasets_for_tests:fast"), "small-cnn",

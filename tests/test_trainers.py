@@ -112,7 +112,7 @@ def test_ray_train_gives_each_rank_its_own_half(tuned_configs: Path, tiny_imagen
 def test_the_versions_best_config_names_are_the_ones_these_tests_ran() -> None:
     from importlib.metadata import version
 
-    from raytune_loader.trainers import CHECKED
+    from raytune_loader.outputs.trainers import CHECKED
 
     for name, series in CHECKED.items():
         installed = ".".join(version(name).split(".")[:2])

@@ -24,10 +24,11 @@ from ray.tune.schedulers import TrialScheduler
 from ray.tune.trainable import wrap_function
 
 from conftest import TESTS, Searched, ray_processes
-from raytune_loader import tuner
-from raytune_loader.datasets import DatasetSpec
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.space import LoaderConfig, SearchSpace
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning import tuner
 
 JOB = TrialJob(
     DatasetSpec("datasets_for_tests:fast"), "small-cnn", SegmentSpec(steps=60, report_every=20),
@@ -308,7 +309,8 @@ def test_a_ray_data_trial_asks_tune_for_its_bundle_and_its_actors_packed() -> No
     pool at its largest, pinned to the CPU nodes when they are named."""
     from dataclasses import replace
 
-    from raytune_loader.raydata import PIN_SHARE, RayDataConfig
+    from raytune_loader.raydata.config import RayDataConfig
+    from raytune_loader.raydata.reservation import PIN_SHARE
 
     cluster = replace(_cluster("gpu-node"), cpu_node_type="cpu-node", remote_cpus=8.0)
     candidate = RayDataConfig(8, 1, 3, cpus_per_actor=2.0).candidate()

@@ -6,12 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from raytune_loader.datasets import DatasetSpec
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.errors import SearchFailedError
-from raytune_loader.job import SegmentSpec, TrialJob
-from raytune_loader.measure import TrialOutcome
-from raytune_loader.space import LoaderConfig, SearchSpace
-from raytune_loader.verify import LocalMeasurer, measure_ceilings, verification_configs, verify
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
+from raytune_loader.measuring.outcomes import TrialOutcome
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.verdict.verify import verification_configs, verify
 from records_for_tests import record
 
 JOB = TrialJob(
@@ -129,7 +131,7 @@ class Scripted(LocalMeasurer):
         self.speeds = speeds
 
     def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
-        from raytune_loader.measure import SegmentMetrics
+        from raytune_loader.measuring.outcomes import SegmentMetrics
 
         speed = self.speeds[config.num_workers].pop(0)
         metrics = SegmentMetrics(speed, 0.1, speed / 1000, "step-timing", None, 100, 1.0)

@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from raytune_loader.loader import build_dataloader
-from raytune_loader.memoryfit import (
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.machine.watch import FOLLOWED, MAIN, Reading, Watch, Watcher, wait_tail
+from raytune_loader.measuring.memoryfit import (
     FLOOR_BYTES,
     Scope,
     distinct_reads,
     fit_memory,
     python_objects_bytes,
 )
-from raytune_loader.space import LoaderConfig
-from raytune_loader.watch import FOLLOWED, MAIN, Reading, Watch, Watcher, wait_tail
 
 MIB = 2**20
 SAMPLE = 100_000  # bytes of one sample as the loader delivers it

@@ -1,50 +1,31 @@
-"""Data sources: one module per kind, one registry.
+"""Data sources: one module per kind of data, one registry.
 
-Each module defines the :class:`~raytune_loader.sources.base.Source` of one kind of
-data (timm's ``readers/`` pattern); :data:`REGISTRY` lists them, and the command
-line's help and the unknown-dataset error list from it. A new data format is a new
-module with its ``Source`` and one line here.
+Each format module defines the :class:`~raytune_loader.sources.base.Source` of one kind
+of data (timm's ``readers/`` pattern): the ``--dataset`` names it answers to, how its
+data is made ready and built with a pipeline variant's worker side, and what it can do.
+:mod:`~raytune_loader.sources.registry` lists them; the rest of the package asks a
+source and never branches on a dataset's name. :mod:`~raytune_loader.sources.datasets`
+turns a ``--dataset`` name into the dataset a measurement reads;
+:mod:`~raytune_loader.sources.synthetic` writes the embedded default dataset (it imports
+no torch: this face imports its names only on first use). A new data format is one
+module here and one line in the registry.
+
+May import: the foundations, ``machine``, ``pipeline``, ``loaders``.
 """
 
 from __future__ import annotations
 
-from raytune_loader.errors import DatasetError
-from raytune_loader.sources import (
-    factory,
-    hf_tables,
-    image_folders,
-    torchvision_sets,
-    webdataset_shards,
-)
-from raytune_loader.sources.base import Source
+import importlib
+from typing import Any
 
-REGISTRY: tuple[Source, ...] = (
-    *image_folders.SOURCES,
-    *torchvision_sets.SOURCES,
-    webdataset_shards.SOURCE,
-    hf_tables.SOURCE,
-    factory.SOURCE,  # last: it answers to any name with a colon
-)
-DEFAULT = image_folders.SYNTHETIC.names[0]
+_FACE = {name: "registry" for name in ("DEFAULT", "REGISTRY", "help_text", "names", "source_for")}
+_FACE["Source"] = "base"
 
 
-def names() -> list[str]:
-    """Every ``--dataset`` value the registry answers to, in its order."""
-    return [name for source in REGISTRY for name in source.names]
+def __getattr__(name: str) -> Any:
+    if name not in _FACE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
 
 
-def source_for(name: str) -> Source:
-    for source in REGISTRY:
-        if source.matches(name):
-            return source
-    raise DatasetError(f"unknown dataset {name!r}: use one of {', '.join(names())}")
-
-
-def help_text() -> str:
-    """The ``--dataset`` help: every source's names and what it is."""
-    return "; ".join(f"{' or '.join(s.names)} ({s.summary})" for s in REGISTRY) + (
-        f"; default {DEFAULT}"
-    )
-
-
-__all__ = ["DEFAULT", "REGISTRY", "Source", "help_text", "names", "source_for"]
+__all__ = sorted(_FACE)

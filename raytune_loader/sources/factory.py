@@ -21,12 +21,16 @@ from torch.utils.data import Dataset, IterableDataset
 
 from raytune_loader.errors import DatasetError
 from raytune_loader.factories import import_factory
-from raytune_loader.sources.base import Source, Spec, StreamVariant
+from raytune_loader.loaders.shard_stream import StreamVariant
+from raytune_loader.sources.base import Source, Spec
 
 TRANSFER_KEYWORD = "transfer"  # a dataset factory that takes it opts into pipeline search
 
 
 class Factory(Source):
+    """A user's own dataset: ``--dataset package.module:function`` returning a map-style
+    ``Dataset`` or an ``IterableDataset`` of (input, target)."""
+
     names = ("package.module:function",)
     summary = "your factory returning a Dataset or IterableDataset of (input, target)"
     cached = False  # its dataset may hold state that must not carry over to the next trial
@@ -70,6 +74,15 @@ class Factory(Source):
         except (OSError, ValueError, TypeError) as exc:
             raise DatasetError(f"{spec.name} failed to build the dataset: {exc}") from None
         return dataset
+
+    def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
+        return ("pil",)  # the dataset's own code decodes as it does
+
+    def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
+        return []  # unknown: the user's dataset reads what it reads
+
+    def shards(self, spec: Spec) -> list[str]:
+        return []  # a stream of the user's splits itself (measuring.shards checks it)
 
     def pipeline_searched(self, spec: Spec) -> bool:
         return TRANSFER_KEYWORD in inspect.signature(self._factory(spec)).parameters

@@ -37,16 +37,9 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Dataset, IterableDataset
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sources.base import (
-    RayRead,
-    ShardInfo,
-    ShardStream,
-    Source,
-    Spec,
-    StreamVariant,
-    prewarm,
-)
-from raytune_loader.transforms import worker_image
+from raytune_loader.loaders.shard_stream import RayRead, ShardStream, StreamVariant
+from raytune_loader.pipeline.transforms import worker_image
+from raytune_loader.sources.base import ShardInfo, Source, Spec, prewarm
 
 if TYPE_CHECKING:
     from raytune_loader.progress import Progress
@@ -118,12 +111,20 @@ def _saved_split(root: Path) -> Path | None:
 
 
 class HuggingFaceTables(Source):
+    """A Hugging Face ``save_to_disk`` folder or Parquet files, read by index or as a stream,
+    the search choosing."""
+
     names = ("hf",)
     summary = "a Hugging Face datasets folder (save_to_disk) or Parquet files under --data-root"
-    ray_data = True  # Parquet through ray.data.read_parquet, save_to_disk's rows by index
 
     def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("map", "stream")
+
+    def ray_data_reads(self, spec: Spec) -> bool:
+        return True  # Parquet through ray.data.read_parquet, save_to_disk's rows by index
+
+    def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
+        return []  # its tables are read through once as they are counted and checked
 
     def pipeline_searched(self, spec: Spec) -> bool:
         return True

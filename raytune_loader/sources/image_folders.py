@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from raytune_loader import synthetic
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
+from raytune_loader.pipeline.transforms import imagenet_train_transform
+from raytune_loader.sources import synthetic
 from raytune_loader.sources.base import Source, Spec
-from raytune_loader.transforms import imagenet_train_transform
 
 if TYPE_CHECKING:
     from raytune_loader.progress import Progress
@@ -41,9 +41,9 @@ def load_encoded(path: str) -> Any:
 
 
 def load_decoded(path: str) -> Any:
-    """The image as an RGB uint8 (3, H, W) tensor (:mod:`raytune_loader.decoders`:
+    """The image as an RGB uint8 (3, H, W) tensor (:mod:`raytune_loader.pipeline.decoders`:
     libjpeg-turbo for JPEG; PNG, GIF and WebP too)."""
-    from raytune_loader.decoders import decode_one
+    from raytune_loader.pipeline.decoders import decode_one
 
     try:
         return decode_one(load_encoded(path))
@@ -55,6 +55,7 @@ LOADERS = {"pil": load_rgb, "tensor": load_decoded, "device": load_encoded}
 
 
 def is_jpeg(path: str) -> bool:
+    """Whether the file starts as a JPEG does (the device decoder reads JPEG only)."""
     with open(path, "rb") as handle:
         return handle.read(3) == b"\xff\xd8\xff"
 
@@ -62,14 +63,13 @@ def is_jpeg(path: str) -> bool:
 class ImageFolders(Source):
     """One ImageFolder layout: under the data root itself or its ``subfolder``."""
 
-    ray_data = True
-
     def __init__(self, name: str, summary: str, subfolder: str = "") -> None:
         self.names = (name,)
         self.summary = summary
         self.subfolder = subfolder
 
     def folder(self, spec: Spec) -> Path:
+        """The folder of ``<class>/<image>`` files (a DatasetError without ``--data-root``)."""
         root = self.root(spec)
         if root is None:
             where = f"a folder with {self.subfolder}/" if self.subfolder else "<class>/<image>"
@@ -94,6 +94,12 @@ class ImageFolders(Source):
                 f"{spec.name}: no images under {folder} ({exc}); expected the ImageFolder "
                 f"layout {layout}"
             ) from None
+
+    def accesses(self, spec: Spec) -> tuple[str, ...]:
+        return ("map",)
+
+    def ray_data_reads(self, spec: Spec) -> bool:
+        return True  # the (file, class) rows of the trial's subset
 
     def pipeline_searched(self, spec: Spec) -> bool:
         return True
@@ -124,7 +130,7 @@ class SyntheticImageNet(ImageFolders):
         return synthetic.default_root(spec.synthetic_images)
 
     def prepare(self, spec: Spec, progress: Progress) -> None:
-        from raytune_loader import hardware
+        from raytune_loader.machine import hardware
 
         root = self.root(spec)
         assert root is not None  # a synthetic spec always resolves to a folder

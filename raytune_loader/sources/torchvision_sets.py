@@ -12,16 +12,33 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from raytune_loader.errors import DatasetError
+from raytune_loader.pipeline.transforms import IMAGENET_MEAN, IMAGENET_STD
 from raytune_loader.sources.base import Source, Spec
-from raytune_loader.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
 class TorchvisionSet(Source):
+    """One of torchvision's small classification sets, read with its own transforms."""
+
     def __init__(self, name: str, cls: str, grayscale: bool = False) -> None:
         self.names = (name,)
         self.summary = f"torchvision's {cls} (--download fetches it)"
         self.cls = cls
         self.grayscale = grayscale
+
+    def accesses(self, spec: Spec) -> tuple[str, ...]:
+        return ("map",)
+
+    def pipeline_searched(self, spec: Spec) -> bool:
+        return False  # torchvision's own transforms, on its decoded arrays
+
+    def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
+        return ("pil",)
+
+    def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
+        return []  # a few binary files, read whole by torchvision when it loads them
+
+    def ray_data_reads(self, spec: Spec) -> bool:
+        return False
 
     def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
         import torchvision

@@ -6,7 +6,7 @@ sample has an image under one of the keys ``jpg``, ``jpeg``, ``png`` or ``webp``
 its class under ``cls``, as webdataset names them, and gets the ImageNet training
 transforms of the chosen pipeline variant (decoded by PIL or to tensors in the
 workers, or, JPEGs, on the device). Shards are read as :class:`ShardStream` plans
-them (:mod:`raytune_loader.sharding`): every rank its own contiguous share of the
+them (:mod:`raytune_loader.loaders.sharding`): every rank its own contiguous share of the
 epoch's shard order, cut by sample so that every rank reads the same number of
 batches, each loader worker (process or thread) whole batches of it. A sample is
 webdataset's: the files of one key in a row, the key and extension split by
@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import IterableDataset, default_collate
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
-from raytune_loader.sources.base import ShardInfo, ShardStream, Source, Spec, StreamVariant
-from raytune_loader.transforms import worker_image
+from raytune_loader.loaders.shard_stream import ShardStream, StreamVariant
+from raytune_loader.pipeline.transforms import worker_image
+from raytune_loader.sources.base import ShardInfo, Source, Spec
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEY = "cls"
@@ -49,16 +50,23 @@ def _webdataset() -> Any:
 
 
 class WebDatasetShards(Source):
+    """WebDataset tar shards, read as a stream split by sample across ranks and workers."""
+
     names = ("webdataset",)
     summary = "tar shards under --data-root, or a brace pattern shards-{0000..0127}.tar"
     cached = False
-    ray_data = True  # the trial's shards through ray.data.read_webdataset (ShardStream.ray_read)
 
     def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("stream",)
 
     def batchings(self, spec: Spec) -> tuple[str, ...]:
         return ("loader", "workers")
+
+    def ray_data_reads(self, spec: Spec) -> bool:
+        return True  # the trial's shards through ray.data.read_webdataset (ShardStream.ray_read)
+
+    def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
+        return []  # its shards are pre-warmed as they are counted (measuring.shards)
 
     def pipeline_searched(self, spec: Spec) -> bool:
         return True
@@ -114,7 +122,7 @@ class WebDatasetShards(Source):
     def build_stream(
         self, spec: Spec, shards: list[str], variant: StreamVariant
     ) -> IterableDataset:
-        from raytune_loader.pipeline import collate_encoded
+        from raytune_loader.pipeline.device import collate_encoded
 
         _webdataset()  # installed, or the error says how
         shards = shards or self.shards(spec)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from raytune_loader.hardware import cpu_and_gpu_summary
+from raytune_loader.machine.hardware import cpu_and_gpu_summary
 
 CLASSES, BATCH, EPOCHS = 8, 4, 2  # the tests' tiny_imagenet: 96 images, 8 classes
 TUNED = {

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raytune_loader.hardware import cpu_and_gpu_summary
+from raytune_loader.machine.hardware import cpu_and_gpu_summary
 
 BATCH, EPOCHS, SAMPLES = 4, 2, 44  # conftest.UNEVEN: shards of 20, 20 and 4
 

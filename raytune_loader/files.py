@@ -1,0 +1,64 @@
+"""Files a search leaves behind, written atomically.
+
+``best_config.json``, ``trials.csv`` and the report are written to a temporary file,
+then renamed over the old one, so a second search on the same dataset never leaves a
+half-written result; :func:`ensure_writable` refuses, before any work, a results
+folder that cannot be written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raytune_loader.errors import OutputError
+
+if TYPE_CHECKING:
+    pass
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def ensure_writable(folder: Path) -> None:
+    """Fail before the search, not after it, when results cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write results to {folder} ({exc.strerror or exc}); choose another --out"
+        ) from None
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as indented JSON at ``path``, written atomically."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """``rows`` as CSV at ``path`` with ``columns`` (None as empty), written atomically."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    atomic_write_text(path, buffer.getvalue())

@@ -1,0 +1,249 @@
+"""One measurement in one process: a trial, the ceiling, or the input pipeline alone.
+
+:func:`run_trial` is the whole trial without Ray: build the pre-warmed subset and the
+model, refuse a candidate whose batches in flight would not fit in host memory or
+``/dev/shm``, then train its segment (:mod:`raytune_loader.measuring.segment`) with
+CUDA out-of-memory back-off. :func:`measure_ceiling` trains the same model on a batch
+already on the device (the speed of a perfect loader); :func:`measure_input` reads the
+candidate's batches with no model (the speed of its input pipeline alone).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import Dataset, IterableDataset, Subset
+
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.engines import engine_of
+from raytune_loader.errors import (
+    BatchSizeTooSmallError,
+    DataPipelineError,
+    TrialRefusedError,
+)
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.machine import hardware
+from raytune_loader.measuring import shards, steady
+from raytune_loader.measuring.backoff import run_with_backoff
+from raytune_loader.measuring.job import TrialJob, subset_indices
+from raytune_loader.measuring.memory import (
+    cap_gpu_memory,
+    check_bytes,
+    sample_nbytes,
+)
+from raytune_loader.measuring.models import build_model
+from raytune_loader.measuring.outcomes import InputRate, SegmentMetrics, TrialOutcome
+from raytune_loader.measuring.segment import (
+    ReportFn,
+    batch_on_device,
+    pipeline_failures,
+    segment_batches,
+    train_segment,
+    warmup_batches,
+)
+from raytune_loader.measuring.step import Trainer, batch_samples, set_matmul_precision, user_trainer
+from raytune_loader.sources import datasets
+
+log = logging.getLogger(__name__)
+
+
+CEILING_WINDOWS = 3  # the ceiling is the best of this many measured windows
+
+
+def prepare(
+    job: TrialJob, slot: int = 0, config: LoaderConfig | None = None
+) -> tuple[Dataset[Any], int]:
+    """What a measurement of ``config`` reads, with the worker-side stages of its
+    pipeline variant: the trial's subset, or its stream over the trial's shards; and
+    the bytes of one of its samples."""
+    config = config or LoaderConfig(batch_size=1)
+    config = engine_of(config).source_variant(job.dataset.source.accesses(job.dataset))
+    if config.access == "stream":
+        stream = shards.stream_for_trial(job, config, slot)
+        first = _first_sample(stream)
+        per_item = config.batch_size if config.batching == "workers" else 1
+        return stream, sample_nbytes(first) // per_item
+    full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)
+    indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
+    subset = Subset(full, indices)
+    return subset, sample_nbytes(_first_sample(subset))
+
+
+def _first_sample(dataset: Dataset[Any]) -> Any:
+    """Sample 0 (a stream's first), with its failure turned into the same reasons a
+    loader failure gets."""
+    with pipeline_failures():
+        if isinstance(dataset, IterableDataset):
+            first = shards.first_of(dataset)
+            if first is None:
+                raise DataPipelineError("data_loader", "the stream yielded no sample")
+            return first
+        return dataset[0]
+
+
+def job_trainer(job: TrialJob, num_classes: int) -> Trainer:
+    """The job's training step on its device, seeded, within its share of GPU memory:
+    the same for a trial, the ceiling, verification and the bench."""
+    torch.manual_seed(job.seed)
+    device = torch.device(job.device)
+    cap_gpu_memory(job.gpu_memory_share, device)
+    if job.precision is not None:  # None: the user's step keeps torch's own settings
+        set_matmul_precision(job.precision)
+    if job.train_step:
+        return user_trainer(job.train_step, device, num_classes, job.channels_last)
+    model = build_model(job.model, num_classes)
+    precision = job.precision or "fp32"
+    return Trainer.for_model(model, device, precision, job.channels_last, job.compile)
+
+
+def run_trial(
+    job: TrialJob, config: LoaderConfig, report: ReportFn | None = None, slot: int = 0
+) -> TrialOutcome:
+    """One trial, start to end; expected failures come back as ``TrialOutcome.failure``."""
+    cpus = job.cpus_reserved(config)
+    try:
+        subset, sample_bytes = prepare(job, slot, config)
+    except DataPipelineError as exc:
+        return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
+    try:
+        host = _check_memory(job, config, sample_bytes)
+    except TrialRefusedError as exc:
+        host = engine_of(config).held(sample_bytes).host
+        return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
+    trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
+
+    def segment(batch_size: int) -> SegmentMetrics:
+        config_at = config.with_batch_size(batch_size)
+        ceiling = job.ceilings.get(batch_size)
+        backoffs = (config.batch_size // batch_size).bit_length() - 1
+        at_size = None
+        if report is not None:  # interim reports too: ASHA may stop the trial after one
+
+            def at_size(metrics: dict[str, Any]) -> None:
+                report({**metrics, "effective_batch_size": batch_size, "oom_backoffs": backoffs})
+
+        return train_segment(
+            subset, trainer, config_at, job.segment, report=at_size, seed=job.seed, ceiling=ceiling
+        )
+
+    try:
+        outcome = run_with_backoff(segment, config.batch_size, job.min_batch_size)
+    except BatchSizeTooSmallError as exc:
+        return TrialOutcome(config, cpus, host, failure="oom", detail=str(exc))
+    except DataPipelineError as exc:
+        return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
+    return TrialOutcome(
+        config,
+        cpus,
+        host,
+        metrics=outcome.value,
+        effective_batch_size=outcome.effective_batch_size,
+        oom_backoffs=outcome.backoffs,
+        ceiling_samples_per_s=job.ceilings.get(outcome.effective_batch_size),
+    )
+
+
+def _check_memory(job: TrialJob, config: LoaderConfig, sample_bytes: int) -> int:
+    """Refuse ``config`` when what it holds ahead would not fit in this rank's share of
+    RAM and ``/dev/shm``; its host bytes in flight."""
+    free = hardware.shm_bytes()  # with several ranks, each checks its share of both
+    ram = psutil.virtual_memory().available // job.ranks
+    shm = None if free is None else free // job.ranks
+    return check_bytes(config.label(), engine_of(config).held(sample_bytes), ram, shm)
+
+
+def measure_ceiling(
+    job: TrialJob, batch_size: int, windows: int = CEILING_WINDOWS
+) -> tuple[int, float]:
+    """(effective batch size, samples/s) training on one batch already on the device,
+    the best of ``windows`` measured windows."""
+    subset, _ = prepare(job)
+    trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
+
+    def resident(bs: int) -> float:
+        torch.set_num_threads(job.segment.compute_threads)
+        first = next(iter(build_dataloader(subset, LoaderConfig(batch_size=bs), seed=job.seed)))
+        batch = trainer.to_device(first, non_blocking=False)
+        for _ in range(job.segment.warmup_steps):  # compilation, if any, happens here
+            trainer.step(batch)
+        trainer.sync()
+        speeds = []
+        for _ in range(windows):  # a best case: anything else running only slows it
+            start = time.perf_counter()
+            for _ in range(job.segment.steps):
+                trainer.step(batch)
+            trainer.sync()
+            speeds.append(bs * job.segment.steps / (time.perf_counter() - start))
+        return max(speeds)
+
+    outcome = run_with_backoff(resident, batch_size, job.min_batch_size)
+    return outcome.effective_batch_size, outcome.value
+
+
+def measure_input(
+    job: TrialJob, config: LoaderConfig, slot: int = 0, windows: int = CEILING_WINDOWS
+) -> InputRate:
+    """``config``'s loader over the trial's subset with the variant's device-side
+    stages and no model, the best of ``windows`` windows of as many batches as a trial
+    measures (a bound, like the ceiling: whatever runs beside it only slows it); then
+    the worker-side stages of a few samples on one core."""
+    subset, _ = prepare(job, slot, config)
+    spec = job.segment
+    device = torch.device(job.device)
+    cap_gpu_memory(job.gpu_memory_share, device)  # a device-side decode allocates there too
+    trainer = Trainer(lambda batch: None, device, job.channels_last, "the input pipeline")
+    wide = replace(spec, steps=spec.steps * windows)  # one epoch holds every window
+
+    def fetch() -> steady.Consumed:
+        stamped = next(batches)
+        on_device = batch_on_device(trainer, stamped.batch, config.pin_memory, config)
+        return steady.Consumed.of(stamped, batch_samples(on_device))
+
+    rates = []
+    makers = engine_of(config).producers()
+    with segment_batches(subset, config, wide, job.seed) as batches:
+        for _ in range(warmup_batches(config, spec)):
+            fetch()
+        for _ in range(windows):
+            trainer.sync()
+            start = time.monotonic()
+            read = [fetch() for _ in range(spec.steps)]
+            trainer.sync()
+            read[-1] = replace(read[-1], ended=time.monotonic())
+            rates.append(steady.rate(read, start, makers).samples_per_s)
+    return InputRate(max(rates), worker_side_rate(subset))
+
+
+def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
+    """Samples per second one core reads, decodes and augments (what a worker does); a
+    stream is read in order, a batch made in its pipeline counting as its samples."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if isinstance(dataset, IterableDataset):
+            items = iter(dataset)
+            for _ in range(8):  # warm the code paths
+                next(items)
+            started, count = time.perf_counter(), 0
+            while count < samples:
+                item = next(items)
+                count += batch_samples(item) if _batched(dataset) else 1
+            return count / (time.perf_counter() - started)
+        count = min(samples, len(dataset))  # type: ignore[arg-type]
+        for i in range(min(8, count)):  # warm the code paths
+            dataset[i]
+        started = time.perf_counter()
+        for i in range(count):
+            dataset[i]
+        return count / (time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _batched(dataset: Any) -> bool:
+    return getattr(dataset, "batched_in_workers", False)

@@ -1,0 +1,233 @@
+"""The profile phase: what each stage of the input pipeline costs, measured before the trials.
+
+A pipeline's speed is bounded by the training step (the ceiling), by its workers
+(how many, times what one core does per sample) and by what the training process
+itself spends per batch besides the step: receiving a batch from a worker process
+(unpickling, rebuilding it from shared memory) or a thread, and the device-side
+stages (normalizing a uint8 batch, decoding JPEGs on the device). :func:`profile`
+measures each of those once, per structure of the space (decoder x transfer, and
+worker kind for what the training process receives), in one measurement process,
+so :mod:`raytune_loader.tuning.costmodel` can predict every candidate of the space from
+them. On a CPU it runs the step's thread count, as a trial does. Where the space offers
+Ray Data and the profile runs beside an actor's bundle (the search's), it times what
+taking batches out of the object store costs the training process's node, from an
+actor on another node (:func:`raytune_loader.raydata.receive_cost.receive_seconds`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, default_collate
+
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.structure import structure
+from raytune_loader.engines import engine_of
+from raytune_loader.engines.raydata import RayDataEngine
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.measuring.measure import job_trainer, prepare, worker_side_rate
+from raytune_loader.measuring.shards import opened
+from raytune_loader.measuring.step import Trainer
+from raytune_loader.pipeline.device import collate_encoded
+from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
+from raytune_loader.sources import datasets
+
+SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
+BATCHES = 6  # batches a receive or a device-side finish is timed on
+ROUNDS = 3  # rounds of timed finishes, the quickest taken
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured costs; seconds are per batch of ``batch_size`` samples."""
+
+    batch_size: int
+    cores: int  # usable CPUs of the node (workers and the step share them on a CPU)
+    per_core: dict[str, float] = field(default_factory=dict)  # structure -> samples/s a core
+    collate_s: dict[str, float] = field(default_factory=dict)  # structure -> s a batch
+    receive_s: dict[str, float] = field(default_factory=dict)  # kind/transfer -> s a batch
+    # kind/transfer -> s a batch: a worker collating ready samples and handing the batch
+    # over (a process collates into shared memory and sends it; a thread queues it)
+    hand_over_s: dict[str, float] = field(default_factory=dict)
+    finish_s: dict[str, float] = field(default_factory=dict)  # structure -> s a batch
+    seconds: float = 0.0  # how long the profile took
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every cost, as ``best_config.json`` records it."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Profile:
+        """The profile :meth:`as_dict` recorded."""
+        return cls(**values)
+
+
+def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
+    """Every cost the cost model needs, for the given structures (one configuration of
+    each decoder x transfer x worker kind the space offers, with workers)."""
+    started = time.perf_counter()
+    # the smallest batch the trials train at: every cost here grows with the batch (the
+    # samples made, the steps between the finishes), and the model scales it to the
+    # others; at the largest (1024 on an H200) the profile took 82 s
+    batch = min(job.ceilings) if job.ceilings else structures[0].batch_size
+    threads = torch.get_num_threads()
+    torch.set_num_threads(job.segment.compute_threads)
+    per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
+    trainer: Trainer | None = None
+    remote = any(engine_of(c).remote for c in structures)
+    beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
+    try:
+        for config in structures:
+            config = config.with_batch_size(batch)
+            dataset, _ = prepare(job, 0, config)
+            key = structure(config).worker_side
+            if key not in per_core:
+                per_core[key] = worker_side_rate(dataset, SAMPLES)
+                samples = _samples(dataset, batch, config)
+                collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
+                if trainer is None:
+                    trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
+                finish_s[key] = _finish_cost(config, _collate(config)(samples), trainer)
+            kind = structure(config).receiving
+            if kind not in receive_s and config.num_workers > 0:
+                samples = _samples(dataset, batch, config)
+                receive_s[kind], hand_over_s[kind] = _receive_cost(samples, config)
+            elif kind not in receive_s and engine_of(config).remote and beside_an_actor:
+                receive_s[kind] = receive_seconds(RayDataEngine(receiver(config)).pipeline)
+    finally:
+        torch.set_num_threads(threads)
+    return Profile(
+        batch_size=batch,
+        cores=cores,
+        per_core=per_core,
+        collate_s=collate_s,
+        receive_s=receive_s,
+        hand_over_s=hand_over_s,
+        finish_s=finish_s,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def receiver(config: LoaderConfig) -> LoaderConfig:
+    """The Ray Data candidate the profile reads to time receiving ``config``'s batches:
+    one actor of one CPU, map calls of a training batch, two batches prefetched, Ray's
+    budget and blocks (what crosses, and the batch, are ``config``'s)."""
+    values = {"engine": "raydata", "max_actors": 1, "cpus_per_actor": 1.0, "prefetch_batches": 2,
+              "map_batch_size": config.batch_size, "transfer": config.transfer,
+              "decode": config.decode}  # fmt: skip
+    return LoaderConfig.from_dict(values, batch_size=config.batch_size)
+
+
+def _collate(config: LoaderConfig) -> Any:
+    return collate_encoded if config.decode == "device" else default_collate
+
+
+def _samples(dataset: Dataset[Any], count: int, config: LoaderConfig) -> list[Any]:
+    """``count`` samples of the variant, as a worker gives them to its collate."""
+    if isinstance(dataset, IterableDataset):
+        with opened(dataset) as items:
+            return _from_stream(items, count, config)
+    size = len(dataset)  # type: ignore[arg-type]
+    return [dataset[i % size] for i in range(count)]
+
+
+def _from_stream(items: Any, count: int, config: LoaderConfig) -> list[Any]:
+    first = next(items)
+    if config.batching == "workers":  # the stream makes batches: unbatch one
+        images, *rest = first
+        parts = images.files() if hasattr(images, "files") else list(images)
+        return [(parts[i], *(r[i] for r in rest)) for i in range(len(parts))][:count]
+    return [first, *(next(items) for _ in range(count - 1))]
+
+
+def _timed(action: Any, repeats: int = 3) -> float:
+    """The fastest of ``repeats`` runs of ``action``, in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _finish_cost(config: LoaderConfig, batch: Any, trainer: Trainer) -> float:
+    """The training process's device-side stages for one batch (decoding on the device,
+    converting and normalizing uint8; nothing beyond the copy for float32), timed in
+    place: each finish on its own clock, between the training steps it feeds. Timed
+    alone, a uint8 batch's conversion cost 4 to 30 ms here depending on where the
+    allocator took its 19 MB from; between steps it costs what a trial pays. (Steps
+    with the finish less steps without read a few ms beside a 20 ms step as 0 in
+    some runs: the two totals' noise is larger than the difference.)"""
+    if config.decode != "device" and config.transfer == "float32":
+        return 0.0
+
+    def finished() -> Any:
+        return trainer.to_device(batch, non_blocking=False, config=config)
+
+    for _ in range(2):  # warm: kernels, decoder handles, the allocator's pools
+        trainer.step(finished())
+
+    def finishes() -> float:
+        spent = 0.0
+        for _ in range(BATCHES):
+            trainer.sync()  # the previous step's queued work is not the finish's
+            started = time.perf_counter()
+            ready = finished()
+            trainer.sync()
+            spent += time.perf_counter() - started
+            trainer.step(ready)
+        return spent / BATCHES
+
+    return min(finishes() for _ in range(ROUNDS))  # the least disturbed round
+
+
+class _Ready(Dataset):
+    """Samples already made: a loader over it costs only what moving batches costs."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples) * 64
+
+    def __getitem__(self, index: int) -> Any:
+        return self.samples[index % len(self.samples)]
+
+
+def _receive_cost(samples: list[Any], config: LoaderConfig) -> tuple[float, float]:
+    """(receive, hand-over) seconds per batch with one worker over ready samples.
+
+    Receive: what the training process spends taking a batch from the worker (a
+    process: unpickling it, rebuilding its tensors from shared memory; a thread: a
+    queue), timed while the worker is ahead, so the wait is not counted. Hand-over:
+    the worker's pace once its queue is drained, what collating the samples and
+    handing the batch over costs it (a process collates into shared memory, whose
+    pages are new every batch); the decoding is not in it, the samples are made."""
+    prefetch = 8
+    one_worker = LoaderConfig.from_dict(
+        {"num_workers": 1, "prefetch_factor": prefetch, "workers": config.workers,
+         "decode": config.decode, "transfer": config.transfer},
+        batch_size=len(samples),
+    )  # fmt: skip
+    loader = build_dataloader(_Ready(samples), one_worker, seed=0)
+    batches = iter(loader)
+    try:
+        next(batches)  # the worker is up
+        time.sleep(0.5)  # and has its queue full
+        receive = _paced(batches, BATCHES)
+        _paced(batches, prefetch)  # what is left in the queue
+        return receive, _paced(batches, BATCHES)
+    finally:
+        del batches, loader
+
+
+def _paced(batches: Any, count: int) -> float:
+    """Seconds per batch over the next ``count`` batches."""
+    started = time.perf_counter()
+    for _ in range(count):
+        next(batches)
+    return (time.perf_counter() - started) / count

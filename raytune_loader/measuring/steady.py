@@ -1,0 +1,144 @@
+"""The steady state of a measured window: where it starts, the rate it measured, whether
+it held.
+
+A loader's workers fill every slot they have while the training loop does not read:
+while the workers start, and while the first steps are slow (cuDNN's autotuning,
+allocation, ``torch.compile``). A window that starts then is served from that stock
+and measures how deep the queue is, not how fast batches are made: the deeper the
+queue, the "faster" the loader. Three rules keep the stock out of every figure:
+
+1. **The warm-up drains what the loader holds.** After the warm-up steps, the loop
+   trains as many more batches as the candidate holds
+   (:meth:`~raytune_loader.engines.base.Engine.in_flight`: every slot it has: ready,
+   pinned, or in the making) before the window starts, so nothing made while the first
+   steps were slow is left for the window.
+2. **The rate is the slower of consuming and producing.** Every batch carries when its
+   worker began reading its first sample and when it finished the batch
+   (:class:`~raytune_loader.loaders.batches.Stamped`): the worker's own time for it, not the
+   time it waited for a task or a free slot. The window's rate (:class:`Rate`) is its
+   samples over the longer of the loop's wall time and the workers' time to make them,
+   shared among the workers that make batches at once: a loop served from a stock
+   consumes faster than the workers produce, and once the stock is gone training runs
+   at what they produce; a loop that is the limit leaves the workers idle, and its own
+   time is the longer.
+3. **The halves agree.** The window's first half and second half, each measured the
+   same way, must be within :data:`STEADY_TOLERANCE` of each other; a window whose
+   rate moved is marked not steady, and is not ranked as if it were.
+
+Nothing trains faster than the model on a resident batch (the ceiling) or than its input
+pipeline alone: :func:`above_bound` says when a figure beats either beyond
+:data:`BOUND_TOLERANCE`, which is a defect to report, not a result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the stamps' type only: this module stays free of torch
+    from raytune_loader.loaders.batches import Stamped
+
+STEADY_TOLERANCE = 0.20  # the halves' rates may differ by this share and still be steady
+HALF_BATCHES = 8  # the fewest batches a half needs for its rate to say anything
+BOUND_TOLERANCE = 0.05  # a figure this far above its bound is a defect, not noise
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """One batch the loop trained on: its samples, when its step ended (host clock,
+    ``time.monotonic``), and its worker's time to make it (None where unknown)."""
+
+    samples: int
+    ended: float
+    cost_s: float | None
+
+    @classmethod
+    def of(cls, stamped: Stamped, samples: int) -> Consumed:
+        """A batch just trained on, from its stamps."""
+        return cls(samples, time.monotonic(), stamped.made - stamped.started)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A stretch of consumed batches: its samples, the loop's wall time for them, and
+    the workers' time to make them (None when no batch has a cost)."""
+
+    samples: int
+    consumed_s: float
+    produced_s: float | None
+
+    @property
+    def wall_s(self) -> float:
+        """The stretch as it lasts once no stock is left: the longer of the two."""
+        return max(self.consumed_s, self.produced_s or 0.0)
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples over the steady wall time."""
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def stretch(self) -> float:
+        """The steady wall over the loop's own (1 when the loop is the limit)."""
+        return self.wall_s / self.consumed_s if self.consumed_s > 0 else 1.0
+
+
+def rate(batches: Sequence[Consumed], start: float, makers: int) -> Rate:
+    """The rate of ``batches``, consumed from ``start`` on, made by ``makers`` at once:
+    the workers' total cost of the batches with one, scaled to all of them, shared
+    among the makers."""
+    if not batches:
+        return Rate(0, 0.0, None)
+    consumed = batches[-1].ended - start
+    costs = [b.cost_s for b in batches if b.cost_s is not None]
+    produced = sum(costs) / makers * len(batches) / len(costs) if costs else None
+    return Rate(sum(b.samples for b in batches), consumed, produced)
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """The window's rate as a whole and whether its halves agreed."""
+
+    whole: Rate
+    ratio: float | None  # the first half's rate over the second's
+
+    @property
+    def steady(self) -> bool | None:
+        """Whether the halves agreed (None where the window was too short to tell)."""
+        return None if self.ratio is None else within(self.ratio)
+
+
+def within(ratio: float) -> bool:
+    """Two rates ``ratio`` apart, either way, agree within :data:`STEADY_TOLERANCE`."""
+    return max(ratio, 1.0 / ratio) <= 1.0 + STEADY_TOLERANCE
+
+
+def steadiness(batches: Sequence[Consumed], start: float, makers: int) -> Steadiness:
+    """The window's rate and its halves' ratio (none when a half would hold fewer than
+    :data:`HALF_BATCHES`: an interim report's, or a short window's)."""
+    whole = rate(batches, start, makers)
+    half = len(batches) // 2
+    if half < HALF_BATCHES:
+        return Steadiness(whole, None)
+    first = rate(batches[:half], start, makers)
+    second = rate(batches[half:], batches[half - 1].ended, makers)
+    if not first.samples_per_s or not second.samples_per_s:
+        return Steadiness(whole, None)
+    return Steadiness(whole, first.samples_per_s / second.samples_per_s)
+
+
+def above_ceiling(measured: float | None, ceiling: float | None) -> str | None:
+    """A sentence when ``measured`` beats the ceiling beyond noise (:func:`above_bound`)."""
+    return above_bound(measured, ceiling, "the ceiling (the model on a resident batch)")
+
+
+def above_bound(measured: float | None, bound: float | None, what: str) -> str | None:
+    """A sentence when ``measured`` beats ``bound`` beyond :data:`BOUND_TOLERANCE`."""
+    if not measured or not bound or measured <= bound * (1 + BOUND_TOLERANCE):
+        return None
+    return (
+        f"measured {measured:.0f} samples/s, above {what} ({bound:.0f}, "
+        f"+{measured / bound - 1:.0%}): a measurement defect"
+    )

@@ -1,0 +1,143 @@
+"""What Ray Data's actors run: a pipeline variant's worker side, row by row.
+
+Each actor holds a :class:`SampleMaker` (a stateful pool): a map call's rows (an image
+folder's files, a shard's members, a dataset's indices) made into the samples a
+DataLoader worker makes for the same variant (:func:`make_samples`), each stamped with
+when its making started and ended, with what the actor said of its memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raytune_loader.errors import CorruptSampleError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from torch.utils.data import Dataset as TorchDataset
+
+log = logging.getLogger(__name__)
+
+
+# The actors' side -------------------------------------------------------------------------
+
+RowDecoder = Callable[[dict[str, Any]], tuple[Any, int]]  # a row's columns -> (sample, class)
+
+
+def make_samples(
+    batch: Mapping[str, Any], transfer: str, decode: str, decoded: RowDecoder | None = None
+) -> dict[str, Any]:
+    """A map call's rows made into samples as a DataLoader worker makes them: each row
+    (a dict of its columns) through ``decoded``, the source's decoder of the variant
+    (default: rows ``path``, ``label`` of image files, each file read and passed through
+    :func:`~raytune_loader.pipeline.transforms.worker_image`), with when each row's making started
+    and ended (the stacking counted in the last row's). Images cross as one
+    (N, 3, 224, 224) array; encoded files as bytes."""
+    import numpy as np
+
+    decoded = decoded or FileImage(transfer, decode)
+    made_list: list[Any] = []
+    labels: list[int] = []
+    started, made = [], []
+    for index in range(len(next(iter(batch.values())))):
+        started.append(time.monotonic())
+        sample, label = decoded(_row(batch, index))
+        made_list.append(sample.numpy().tobytes() if decode == "device" else _array(sample))
+        labels.append(int(label))
+        made.append(time.monotonic())
+    images: np.ndarray = (
+        np.array(made_list, dtype=object) if decode == "device" else np.stack(made_list)
+    )
+    made[-1] = time.monotonic()
+    rows = len(made)
+    return {"image": images, "label": np.asarray(labels, dtype=np.int64),
+            "_started": np.array(started), "_made": np.array(made),
+            "_rss": np.full(rows, _resident()), "_free": np.full(rows, _available())}  # fmt: skip
+
+
+def _row(batch: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """One row of a numpy batch as the sources' decoders read a sample: Python scalars,
+    without the cells a reader left empty (a webdataset sample without that member)."""
+    import numpy as np
+
+    row: dict[str, Any] = {}
+    for name, values in batch.items():
+        value = values[index]
+        if isinstance(value, np.generic):
+            value = value.item()
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        row[name] = value
+    return row
+
+
+def _array(sample: Any) -> Any:
+    import numpy as np
+
+    return sample.numpy() if hasattr(sample, "numpy") else np.asarray(sample)
+
+
+@dataclass(frozen=True)
+class FileImage:
+    """An image-folder row (``path``, ``label``) as the variant's sample: the file read
+    and passed through :func:`~raytune_loader.pipeline.transforms.worker_image`."""
+
+    transfer: str
+    decode: str
+
+    def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
+        from raytune_loader.pipeline.transforms import worker_image
+
+        path = str(row["path"])
+        try:
+            return worker_image(Path(path).read_bytes(), self.transfer, self.decode), row["label"]
+        except CorruptSampleError as exc:
+            raise CorruptSampleError(f"corrupt sample {path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """A :class:`ByIndex` row (``index``) as the dataset's own sample."""
+
+    dataset: TorchDataset[Any]
+
+    def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
+        sample, label = self.dataset[int(row["index"])][:2]
+        return sample, label
+
+
+def _resident() -> int:
+    """This process's resident bytes (an actor's, as it hands a map call over)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _available() -> int:
+    """This node's available memory."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+class SampleMaker:
+    """The callable class the actors run (one per actor, so a stateful pool): the
+    variant's :func:`make_samples`, with torch's threads held to the actor's CPUs (one,
+    as in a DataLoader worker, for one CPU)."""
+
+    def __init__(
+        self, transfer: str, decode: str, threads: int, decoded: RowDecoder | None = None
+    ) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.transfer, self.decode, self.decoded = transfer, decode, decoded
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        return make_samples(batch, self.transfer, self.decode, self.decoded)

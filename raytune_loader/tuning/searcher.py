@@ -1,0 +1,277 @@
+"""The Tune searcher: Optuna's ask-and-tell behind Tune's public ``Searcher`` interface.
+
+Tune asks :meth:`LoaderSearcher.suggest` for a configuration per trial and tells
+:meth:`LoaderSearcher.on_trial_complete` its last result. Behind that sits a
+plain Optuna study (seeded, the baselines enqueued first) driven only through
+Optuna's public ``ask``/``tell``/``enqueue_trial``, with the define-by-run space of
+:class:`~raytune_loader.candidates.space.SearchSpace`. Three methods (``--search``):
+
+- ``model`` (the default): a cost model (:mod:`raytune_loader.tuning.costmodel`) predicts
+  every candidate from the profile. After the baselines, the first trials are the
+  predicted best of each structure (decoder x transfer x worker kind) the model
+  does not rule out, then TPE proposes around them; a proposal the model puts
+  below its best by more than its measured error is not run (its prediction is
+  told to TPE instead) and counted.
+- ``tpe``: TPE alone, after the baselines.
+- ``random``: random proposals, after the baselines.
+
+It stops proposing at the time budget (Tune's own budget kills running trials; the
+contract is only to stop starting new ones), and does not measure a
+configuration twice: its known result is told to Optuna and another is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import optuna
+from ray.tune.search import Searcher
+
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.candidates.structure import structure
+from raytune_loader.engines import engine_of
+from raytune_loader.measuring.job import DATA_SLOT
+from raytune_loader.measuring.records import PREDICTED
+from raytune_loader.tuning.costmodel import CostModel, median_error
+
+N_STARTUP_TRIALS = 4  # random trials before TPE models the space
+MAX_RETRIES = 20  # proposals of already-measured configurations before one is re-run
+FIRST_MARGIN = 0.25  # the model's margin before any trial measured its error
+MIN_MARGIN = 0.05  # never closer than this: the runs' own noise
+
+Key = tuple[tuple[str, Any], ...]
+
+
+def describe(seed: int, method: str = "model") -> str:
+    """The sampler as ``best_config.json`` records it."""
+    if method == "random":
+        return f"optuna RandomSampler(seed={seed})"
+    tpe = f"optuna TPESampler(seed={seed}, n_startup_trials={N_STARTUP_TRIALS})"
+    return f"cost model, then {tpe}" if method == "model" else tpe
+
+
+@contextlib.contextmanager
+def _baselines_outside_the_bounds() -> Iterator[None]:
+    """With several ranks the rule of thumb has more workers per rank than the space's
+    bound; enqueued, Optuna measures it as it is, and warns twice: not news to us."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".* out of (the )?range", UserWarning)
+        yield
+
+
+class LoaderSearcher(Searcher):
+    """Tune's searcher: Optuna proposes, the space keeps every proposal valid, the cost model
+    (``--search model``) goes first and skips what it rules out."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        metric: str,
+        seed: int = 0,
+        *,
+        deadline: float | None = None,
+        cold: bool = False,
+        n_startup_trials: int = N_STARTUP_TRIALS,
+        enqueue_baselines: bool = True,
+        method: str = "tpe",
+        model: CostModel | None = None,
+    ) -> None:
+        super().__init__(metric=metric, mode="max")
+        self._space = space
+        self._deadline = deadline
+        self._cold = cold
+        self._slots = 0
+        self._model = model if method == "model" else None
+        self._method = method
+        sampler: optuna.samplers.BaseSampler = (
+            optuna.samplers.RandomSampler(seed=seed)
+            if method == "random"
+            else optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
+        )
+        self._study = optuna.create_study(direction="maximize", sampler=sampler)
+        self._pairs: list[tuple[float, float]] = []  # (predicted, measured) samples/s
+        self._predictions: dict[tuple[Any, ...], float | None] = {}
+        first = list(space.baselines().values()) if enqueue_baselines else []
+        self._best = 0.0  # the model's best predicted objective over the space
+        if self._model is not None:
+            self._best = self._best_predicted()
+            first += self._structure_bests(first)
+        self._first = len(first)
+        with _baselines_outside_the_bounds():
+            for config in first:
+                self._study.enqueue_trial(space.as_point(config))
+        self._measured: dict[Key, float] = {}
+        self._asked: dict[str, tuple[optuna.trial.Trial, Key, float | None]] = {}
+        self.skipped = 0
+
+    # -- the cost model's part ------------------------------------------------------
+
+    def _predicted(self, config: LoaderConfig) -> float | None:
+        """The model's samples/s for ``config`` (None without a model or a prediction);
+        remembered by what the model reads of it, as the space has many alike."""
+        if self._model is None:
+            return None
+        key = (structure(config), config.num_workers, config.batch_size,
+               config.pool_size, config.actor_cpus_each)  # fmt: skip
+        if key not in self._predictions:
+            found = self._model.predict(config)
+            self._predictions[key] = found.samples_per_s if found else None
+        return self._predictions[key]
+
+    def _objective(self, config: LoaderConfig, samples_per_s: float) -> float:
+        """The objective a prediction stands for: util is samples/s over the ceiling."""
+        if self.metric != "util" or self._model is None:
+            return samples_per_s
+        return samples_per_s / (self._model.ceilings.get(config.batch_size) or 1.0)
+
+    @property
+    def margin(self) -> float:
+        """How far below its best the model must put a candidate to skip it: its median
+        error on the trials so far (FIRST_MARGIN before any)."""
+        error = median_error(self._pairs)
+        return FIRST_MARGIN if error is None else max(MIN_MARGIN, error)
+
+    def _best_predicted(self) -> float:
+        scored = [self._objective(c, p) for c in self._space.grid()
+                  if (p := self._predicted(c)) is not None]  # fmt: skip
+        return max(scored, default=0.0)
+
+    def _ruled_out(self, config: LoaderConfig, predicted: float | None) -> bool:
+        if predicted is None:
+            return False
+        return self._objective(config, predicted) < self._best * (1 - self.margin)
+
+    def _structure_bests(self, already: list[LoaderConfig]) -> list[LoaderConfig]:
+        """Each structure's predicted best, best first, leaving out the structures the
+        model rules out and configurations already enqueued; where Ray Data is offered,
+        its predicted best first in any case (its object store's cost was measured
+        elsewhere: its trial measures the model's error on it early)."""
+        bests, raydata = [], []
+        for configs in self._space.structures().values():
+            scored = [(self._objective(c, p), _preference(c), c) for c in configs
+                      if (p := self._predicted(c)) is not None]  # fmt: skip
+            if scored:
+                value, _, config = max(scored, key=lambda item: item[:2])
+                if config in already:
+                    continue
+                if not self._ruled_out(config, self._predicted(config)):
+                    bests.append((value, config))
+                elif engine_of(config).remote:
+                    raydata.append((value, config))
+        raydata += [(value, config) for value, config in bests if engine_of(config).remote]
+        first = [max(raydata, key=lambda item: item[0])[1]] if raydata else []
+        rest = [config for _, config in sorted(bests, key=lambda item: -item[0])]
+        return first + [config for config in rest if config not in first]
+
+    # -- Tune's interface -----------------------------------------------------------
+
+    def _ask(self) -> tuple[optuna.trial.Trial, dict[str, Any], Key]:
+        trial = self._study.ask()
+        with _baselines_outside_the_bounds():
+            constants = self._space.define_by_run(trial) or {}  # suggests the parameters
+        config = {**trial.params, **constants}
+        return trial, config, tuple(sorted(config.items()))
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        """The next trial's configuration (Tune asks), or None when the search has proposed all
+        it will."""
+        if self._deadline is not None and time.time() > self._deadline:
+            return Searcher.FINISHED
+        trial, config, key = self._ask()
+        predicted = self._predicted(LoaderConfig.from_trial_config(config))
+        for _ in range(MAX_RETRIES):
+            if key in self._measured:
+                self._study.tell(trial, self._measured[key])  # TPE learns from the known value
+            elif trial.number >= self._enqueued and self._ruled_out(
+                LoaderConfig.from_trial_config(config), predicted
+            ):
+                self.skipped += 1  # not run: TPE learns the prediction instead
+                self._study.tell(trial, self._objective(
+                    LoaderConfig.from_trial_config(config), predicted or 0.0))  # fmt: skip
+            else:
+                break
+            trial, config, key = self._ask()
+            predicted = self._predicted(LoaderConfig.from_trial_config(config))
+        self._asked[trial_id] = (trial, key, predicted)
+        if predicted is not None:
+            config[PREDICTED] = predicted
+        if self._cold:
+            config[DATA_SLOT] = self._slots  # a subset no earlier trial read
+            self._slots += 1
+        return config
+
+    @property
+    def _enqueued(self) -> int:
+        """Trials Optuna was given before asking (the baselines and structures' bests)."""
+        return self._first
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        """A trial ended: its objective told to Optuna, its measured rate to the model's error."""
+        asked = self._asked.pop(trial_id, None)
+        if asked is None:
+            return
+        trial, key, predicted = asked
+        if error or not result or result.get(self.metric) is None:
+            self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return
+        value = float(result[self.metric])
+        self._measured[key] = value
+        self._study.tell(trial, value)
+        measured = result.get("samples_per_s")
+        if predicted and measured and result.get("final", True) and not result.get("failure"):
+            self._pairs.append((predicted, float(measured)))
+
+    def summary(self) -> dict[str, Any]:
+        """How the search proposed, for best_config.json and the report."""
+        out: dict[str, Any] = {"method": self._method}
+        if self._model is not None:
+            out.update(
+                skipped=self.skipped,
+                skip_rule="a proposal the cost model puts below its best by more than its "
+                "median error on the trials so far is not run",
+                margin=self.margin,
+                model_median_error=median_error(self._pairs),
+                predictions=len(self._pairs),
+            )
+        return out
+
+    def save(self, checkpoint_path: str) -> None:
+        """Pickle the searcher at ``checkpoint_path`` (Tune calls it; ``--resume`` restores
+        it)."""
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump(self.__dict__, handle)
+
+    def restore(self, checkpoint_path: str) -> None:
+        """The searcher :meth:`save` pickled."""
+        with open(checkpoint_path, "rb") as handle:
+            self.__dict__.update(pickle.load(handle))
+        # a resumed search does not know how long the interruption lasted: the rest of
+        # the asked trials run whatever the original budget
+        self._deadline = None
+
+
+def _preference(config: LoaderConfig) -> tuple[Any, ...]:
+    """Among configurations the model cannot tell apart (prefetch, persistence, order,
+    start method, a Ray Data pool's bounds, map calls, budgets and blocks do not change
+    its pace), the usual choice first (for Ray Data: a fixed pool, map calls of one
+    training batch, two batches prefetched, Ray's budget and blocks)."""
+    return (
+        config.prefetch_factor == 2,
+        config.persistent_workers,
+        config.in_order,
+        config.multiprocessing_context is None,
+        -config.num_workers,
+        config.min_actors is None,
+        config.map_batch_size == config.batch_size,
+        config.prefetch_batches == 2,
+        config.object_store_bytes is None and config.block_bytes is None,
+        -config.pool_size,
+    )

@@ -1,0 +1,173 @@
+"""Verification: the best candidates and the baselines re-measured one at a time.
+
+:func:`verification_configs` picks the baselines and the top candidates of the search;
+:func:`verify` re-measures them in rotated rounds, so drift hits all alike, beside the
+ceiling in every round (one window each), until every candidate is clearly apart from
+the best or within its noise. A ceiling is a best case, which anything running beside
+it only slows, so the final ceiling is the highest of all its measurements, and every
+run's efficiency is taken against it. :func:`with_input_rates` measures the winner's
+input pipeline alone, to say whether the input or the model is the limit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.space import SearchSpace
+from raytune_loader.engines import engine_of
+from raytune_loader.errors import UserInputError, last_line
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.measuring.measurer import Measurer
+from raytune_loader.measuring.outcomes import InputRate, TrialOutcome
+from raytune_loader.measuring.records import MEASURED, TrialRecord
+from raytune_loader.progress import Progress
+from raytune_loader.verdict.selection import (
+    MIN_ROUNDS,
+    Candidate,
+    decided,
+    fitting,
+    rotation,
+    select,
+)
+
+log = logging.getLogger(__name__)
+
+
+CEILING = "ceiling"  # the ceiling's place in a verification round
+
+
+TOP_RAYDATA = "top-raydata"  # the best tuned Ray Data candidate, where no top one is
+
+
+MeasuredFn = Callable[[int, int, str, int, TrialOutcome], None]
+
+
+def verification_configs(
+    records: Sequence[TrialRecord], space: SearchSpace, top: int, objective: str
+) -> dict[str, LoaderConfig]:
+    """The baselines, then the ``top`` best distinct configurations of the search
+    (trusted trials first: a steady window and a figure within bounds; then finished
+    trials before those ASHA stopped); where the space offers Ray Data and none of them
+    is a tuned Ray Data candidate, the best one as well (``top-raydata``), so that the
+    tuned pipeline is verified beside Ray's documented one and the DataLoaders."""
+    named: dict[str, LoaderConfig] = dict(space.baselines())
+    baselines = len(named)
+    ranked = sorted(
+        (r for r in records if r.status in MEASURED and r.objective(objective) and r.config),
+        key=lambda r: (r.trusted, r.status == "ok", r.objective(objective) or 0.0),
+        reverse=True,
+    )
+    for record in ranked:
+        if len(named) >= baselines + top:
+            break
+        if record.config not in named.values():
+            named[f"top-{len(named) - baselines + 1}"] = record.config  # type: ignore[assignment]
+    tuned = list(named.values())[baselines:]
+    if space.raydata and top and not any(engine_of(c).remote for c in tuned):
+        kept = set(named.values())
+        best = next((r.config for r in ranked if r.config and engine_of(r.config).remote
+                     and r.config not in kept), None)  # fmt: skip
+        if best is not None:
+            named[TOP_RAYDATA] = best
+    return named
+
+
+@dataclass(frozen=True)
+class Verified:
+    """Each configuration's repeated runs, against the final ceiling of each batch size."""
+
+    candidates: list[Candidate]
+    ceilings: dict[int, float]
+    input_rates: dict[str, InputRate] = field(default_factory=dict)  # by candidate name
+    rounds: int = 0  # verification rounds run (fewer than asked when the runs decided)
+    probes: list[Candidate] = field(default_factory=list)  # the winner's variants (findings)
+
+
+def verify(
+    job: TrialJob,
+    configs: dict[str, LoaderConfig],
+    repeats: int,
+    measurer: Measurer,
+    *,
+    slot_base: int = 0,
+    on_measured: MeasuredFn | None = None,
+    objective: str | None = None,
+) -> Verified:
+    """Each configuration once a round, one at a time, the order rotated every round,
+    with the ceiling re-measured in each round at every batch size that has one; up to
+    ``repeats`` rounds, fewer when the runs already decide the winner (with an
+    ``objective``: :func:`raytune_loader.verdict.selection.decided`, after ``MIN_ROUNDS``)."""
+    order = list(configs) + ([CEILING] if job.ceilings else [])
+    outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in configs}
+    ceilings = dict(job.ceilings)
+    total = len(configs) * repeats
+    done = 0
+    for repeat in range(repeats):
+        for name in rotation(order, repeat):
+            if name == CEILING:
+                _remeasure(job, measurer, ceilings)
+                continue
+            done += 1
+            # --cold: verification reads samples no trial read either
+            outcome = measurer.measure(job, configs[name], slot_base + done)
+            outcomes[name].append(outcome)
+            if on_measured is not None:
+                on_measured(done, total, name, repeat + 1, outcome)
+        candidates = _candidates(configs, outcomes, ceilings)
+        if objective and repeat + 1 >= MIN_ROUNDS and decided(candidates, objective):
+            if on_measured is not None and done < total:
+                log.info("verification decided after %d rounds", repeat + 1)
+            break
+    return Verified(_candidates(configs, outcomes, ceilings), ceilings, rounds=repeat + 1)
+
+
+def _candidates(
+    configs: dict[str, LoaderConfig],
+    outcomes: dict[str, list[TrialOutcome]],
+    ceilings: dict[int, float],
+) -> list[Candidate]:
+    return [
+        Candidate(name, configs[name], tuple(_rebased(o, ceilings) for o in outcomes[name]))
+        for name in configs
+    ]
+
+
+def _remeasure(job: TrialJob, measurer: Measurer, ceilings: dict[int, float]) -> None:
+    for batch_size in sorted(job.ceilings):
+        try:
+            effective, speed = measurer.ceiling(job, batch_size, windows=1)
+        except Exception as exc:  # noqa: BLE001 - the earlier ceiling still stands
+            log.warning("re-measuring the ceiling at %d failed: %s", batch_size, last_line(exc))
+            continue
+        ceilings[effective] = max(speed, ceilings.get(effective, 0.0))
+
+
+def _rebased(outcome: TrialOutcome, ceilings: dict[int, float]) -> TrialOutcome:
+    return outcome.rebased(ceilings.get(outcome.effective_batch_size or 0))
+
+
+def with_input_rates(
+    verified: Verified, job: TrialJob, objective: str, measurer: Measurer, progress: Progress
+) -> Verified:
+    """The input pipeline alone for the configurations that matter (the one chosen and
+    the best by the objective, when they differ), to say where the limit is."""
+    selection = select(verified.candidates, objective)
+    if selection is None:
+        return verified
+    names = dict.fromkeys([selection.winner.name, selection.best_by_objective.name])
+    by_name = {c.name: c for c in verified.candidates}
+    what = "measuring the input pipeline alone (no model)"
+    rates: dict[str, InputRate] = {}
+    for i, name in enumerate(names):
+        progress.count(what, i, len(names))
+        try:
+            rates[name] = measurer.input_rate(job, fitting(by_name[name]))
+        except UserInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the result stands without it
+            progress.warn(f"cannot measure {name}'s input pipeline alone: {last_line(exc)}")
+    progress.count(what, len(names), len(names))
+    return replace(verified, input_rates=rates)
