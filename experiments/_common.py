@@ -129,3 +129,10 @@ def search_rounds(
     medians = {name: {key: statistics.median(r[key] for r in found) for key in found[0]}
                for name, found in runs.items()}  # fmt: skip
     return runs, medians
+
+
+def in_flight(config: Any) -> int:
+    """Batches a candidate holds besides the one trained on: its engine's drain."""
+    from raytune_loader.engines import engine_of
+
+    return engine_of(config).in_flight()

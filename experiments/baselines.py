@@ -22,9 +22,9 @@ from pathlib import Path
 from _common import add_images_flag, default_job, save
 from raytune_loader import SearchOptions, load_best_config, run_search
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT
 from raytune_loader.measuring.measure import run_trial
 from raytune_loader.outputs.console import freeze_at_exit
+from raytune_loader.tuning.space import HEURISTIC, PYTORCH_DEFAULT
 from raytune_loader.verdict.selection import rotated
 
 

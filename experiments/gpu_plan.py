@@ -7,28 +7,27 @@ and runs each stage with the flags given here. The table of estimates, limits an
 calls' totals goes to stderr.
 
 The device's minutes come as calls of at most BUDGET_S (8 minutes) each, and a call's
-total is all of it: the setup before its first stage (installing the wheels, the
-module check, machine.txt, this plan: rates.setup_s), and per stage its limit, the
-KILL_AFTER_S a stage past its limit may take to end after its SIGINT, and the archive
-made after it (PACK_S). A stage's limit is its estimate times MARGIN, and at least
-its estimate plus FLOOR_S (one slow CUDA start: a stage of a few seconds otherwise gets
-a limit of a few seconds more). The estimate counts what the stage runs with these
-flags (images generated, batches trained, the drain before each window, processes and
-measurements started) at the rates and fixed costs the last GPU runs measured, kept
-with their sources in results/gpu/rates.json.
+total is all of it: the setup before its first stage (installing the wheels, the module
+check, machine.txt, this plan: rates.setup_s), and per stage its limit, the KILL_AFTER_S
+a stage past its limit may take to end after its SIGINT, and the archive made after it
+(PACK_S). A stage's limit is its estimate times MARGIN, and at least its estimate plus
+FLOOR_S (one slow CUDA start: a stage of a few seconds otherwise gets a limit of a few
+seconds more). The estimate counts what the stage runs with these flags (images
+generated, batches trained, the drain before each window, processes and measurements
+started) at the rates and fixed costs the last GPU runs measured, kept with their
+sources in results/gpu/rates.json.
 
-CALLS are the next device run: ``first``, the search and the bench (its winner
-re-measured standalone, no Ray, in the same session); ``second``, the stages that read
-the first call's search (``gpu_check.sh --from``) or need none, with room left in it
-to rerun a stage of the first call but the search (whose rerun, with its bench, is a
-first call again); ``raydata``, a call of its own (a search on a cluster of two nodes:
-the trial's 4 CPUs and the GPU, 12 more CPUs for Ray Data's actors), which two full
-calls leave no device time for in one loan of 15 minutes: the loan after them, or
-the only call of one. The other stages answered their question in an earlier run
-(precision, decoders_agree, limits) or are not asked this time (shared_gpu):
-``--stages`` names them. A dry run (``--dry-run``) has tiny flags for a CPU and
-DRY_RUN_LIMIT_S per stage, runs every stage, and still checks every call against the
-budget.
+CALLS are the next device run: ``first``, the search and the bench (its winner re-
+measured standalone, no Ray, in the same session); ``second``, the stages that read the
+first call's search (``gpu_check.sh --from``) or need none, with room left in it to
+rerun a stage of the first call but the search (whose rerun, with its bench, is a first
+call again); ``raydata``, a call of its own (a search on a cluster of two nodes: the
+trial's 4 CPUs and the GPU, 12 more CPUs for Ray Data's actors), which two full calls
+leave no device time for in one loan of 15 minutes: the loan after them, or the only
+call of one. The other stages answered their question in an earlier run (precision,
+decoders_agree, limits) or are not asked this time (shared_gpu): ``--stages`` names
+them. A dry run (``--dry-run``) has tiny flags for a CPU and DRY_RUN_LIMIT_S per stage,
+runs every stage, and still checks every call against the budget.
 """
 
 from __future__ import annotations
@@ -47,10 +46,9 @@ from raydata_scaling import parse as raydata_scaling_args
 from structures import best_of
 from structures import structures as measured_structures
 
+from _common import in_flight
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.candidates.rules import DECODES
-from raytune_loader.candidates.space import SearchSpace
-from raytune_loader.engines import engine_of
 from raytune_loader.measuring.job import SegmentSpec
 from raytune_loader.measuring.measure import CEILING_WINDOWS
 from raytune_loader.measuring.profile import Profile
@@ -58,6 +56,7 @@ from raytune_loader.raydata.config import ray_docs_default
 from raytune_loader.search import get_args_parser, options_from_args
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.options import GPU_BATCH_SIZE, SearchOptions
+from raytune_loader.tuning.space import SearchSpace
 from shared_gpu import candidates, pairings
 
 RATES = Path(__file__).resolve().parent.parent / "results" / "gpu" / "rates.json"
@@ -201,11 +200,6 @@ class Rates:
         return min(self.loader_workers_samples_per_s, self.ceiling_samples_per_s)
 
 
-def _in_flight(config: LoaderConfig) -> int:
-    """Batches the candidate holds besides the one trained on (its engine's drain)."""
-    return engine_of(config).in_flight()
-
-
 def _int(flags: Flags, name: str, default: int) -> int:
     return int(flags.get(name, default))
 
@@ -227,13 +221,13 @@ def search_options(flags: Flags) -> SearchOptions:
 
 def rule_of_thumb_drain(batch: int) -> int:
     """What the heuristic (min(cores, 8) workers, prefetch 2) holds before a window."""
-    return _in_flight(LoaderConfig(batch, min(DEVICE_CORES, 8), 2))
+    return in_flight(LoaderConfig(batch, min(DEVICE_CORES, 8), 2))
 
 
 def best_drain(batch: int) -> int:
     """What a structure's best holds: up to a worker per core at prefetch 2 (the
     searcher's usual choice among the configurations the model cannot tell apart)."""
-    return _in_flight(LoaderConfig(batch, DEVICE_CORES, 2))
+    return in_flight(LoaderConfig(batch, DEVICE_CORES, 2))
 
 
 def _makespan(durations: list[float], slots: int) -> float:
@@ -327,7 +321,7 @@ def raydata_scaling(plan: dict[str, Flags], rates: Rates) -> float:
     opts = opts.for_device(args.device == "cuda")
     batch = min(opts.batch_sizes or (GPU_BATCH_SIZE,))
     node = min(rates.loader(1), (args.trial_cpus - 1) * rates.decode_per_core_samples_per_s)
-    docs = _in_flight(ray_docs_default(batch, args.cpu_node_cpus).candidate())
+    docs = in_flight(ray_docs_default(batch, args.cpu_node_cpus).candidate())
     pytorch = _segment_s(opts, rates, 0, rates.loader(0))
     rule = _segment_s(opts, rates, rule_of_thumb_drain(batch), node)
     one_actor = rates.decode_per_core_samples_per_s
@@ -371,7 +365,7 @@ def structures(plan: dict[str, Flags], rates: Rates) -> float:
     for configs in measured_structures(space).values():
         config, predicted = best_of(model, configs)
         rate = min(predicted.samples_per_s, rates.ceiling_samples_per_s)
-        runs += rates.run_s + _run_s(batch, warmup, _in_flight(config), steps, rate)
+        runs += rates.run_s + _run_s(batch, warmup, in_flight(config), steps, rate)
     ceiling = rates.run_s + _ceiling_s(rates, batch, warmup, steps, CEILING_WINDOWS)
     return rates.measurement_s + ceiling + runs
 
@@ -408,7 +402,7 @@ def compile_backoff(plan: dict[str, Flags], rates: Rates) -> float:
     (an upper bound on the one that fits)."""
     flags = plan["compile_backoff"]
     batch, steps = _int(flags, "--batch-size", 512), _int(flags, "--steps", 16)
-    drain = _in_flight(compile_config(batch, DEVICE_CORES, True))
+    drain = in_flight(compile_config(batch, DEVICE_CORES, True))
     return (
         rates.measurement_s
         + COMPILES * rates.compile_s
@@ -423,7 +417,7 @@ def ranks_one_gpu(plan: dict[str, Flags], rates: Rates) -> float:
     flags = plan["ranks_one_gpu"]
     ranks, batch = _int(flags, "--ranks", 2), _int(flags, "--batch-size", 128)
     steps = _int(flags, "--steps", 16)
-    drain = _in_flight(LoaderConfig(batch, min(DEVICE_CORES // ranks, 8), 2))
+    drain = in_flight(LoaderConfig(batch, min(DEVICE_CORES // ranks, 8), 2))
     return (
         rates.measurement_s
         + 3 * rates.rank_start_s
@@ -443,7 +437,7 @@ def shared_gpu(plan: dict[str, Flags], rates: Rates) -> float:
     def run(name: str) -> float:
         config = configs[name]
         rate = rates.loader(config.num_workers)
-        return _run_s(batch, EXPERIMENT_WARMUP, _in_flight(config), steps, rate)
+        return _run_s(batch, EXPERIMENT_WARMUP, in_flight(config), steps, rate)
 
     alone = sum(rates.measurement_s + run(name) for name in configs)
     paired = sum(rates.measurement_s + max(run(a), run(b)) for a, b in pairings(list(configs)))

@@ -18,12 +18,12 @@ import random
 import time
 
 from _common import default_job, save
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.measure import measure_ceiling, run_trial
 from raytune_loader.measuring.profile import profile
 from raytune_loader.measuring.steady import above_ceiling
 from raytune_loader.tuning.costmodel import CostModel, median_error
+from raytune_loader.tuning.space import SearchSpace
 
 OBJECTIVE = "samples_per_s"
 

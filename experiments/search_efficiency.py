@@ -38,10 +38,10 @@ import optuna
 
 from _common import RESULTS, save
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.measuring.profile import Profile
 from raytune_loader.tuning.costmodel import CostModel, median_error
 from raytune_loader.tuning.searcher import LoaderSearcher
+from raytune_loader.tuning.space import SearchSpace
 
 TOLERANCE = 0.03
 

@@ -38,6 +38,7 @@ LOOP = """
 import json, sys, time, torch
 from raytune_loader import load_best_config
 from raytune_loader.measuring.job import SegmentSpec
+from raytune_loader.engines import engine_of
 from raytune_loader.measuring.segment import warmup_batches
 from raytune_loader.measuring.models import build_model
 
@@ -113,7 +114,7 @@ def loop(best_path: Path) -> float:
     code = (
         LOOP
         + """
-warm = warmup_batches(config, spec)
+warm = warmup_batches(engine_of(config), spec)
 steps = spec.steps
 batches = iter(tuned.dataloader(dataset))
 for i in range(warm + steps):

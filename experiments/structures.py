@@ -30,7 +30,6 @@ from _common import save
 from raytune_loader import load_best_config
 from raytune_loader.bench import plan_from_config
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.candidates.structure import Structure
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
@@ -41,6 +40,7 @@ from raytune_loader.outputs.reader import recorded_options
 from raytune_loader.progress import LogProgress
 from raytune_loader.tuning.bounds import search_space
 from raytune_loader.tuning.costmodel import CostModel, Prediction
+from raytune_loader.tuning.space import SearchSpace
 
 
 def measured(structure: Structure) -> bool:

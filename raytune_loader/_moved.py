@@ -57,7 +57,7 @@ MOVED = {  # old module -> its new home, whole
     "watch": "machine.watch",
 }
 SPLIT = {  # old module -> the modules its names went to (and the ones it re-exported)
-    "space": ("candidates.config", "candidates.rules", "candidates.space",
+    "space": ("candidates.config", "candidates.rules", "tuning.space",
               "candidates.structure"),
     "measure": ("measuring.measure", "measuring.segment", "measuring.outcomes"),
     "streams": ("loaders.streams", "measuring.shards"),

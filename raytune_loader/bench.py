@@ -25,20 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT
 from raytune_loader.errors import (
     ConfigError,
-    ModelError,
     OutputError,
     RaytuneLoaderError,
     SearchFailedError,
 )
-from raytune_loader.factories import import_factory
 from raytune_loader.files import write_json
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
-from raytune_loader.measuring.models import validate_model
+from raytune_loader.measuring.models import validate_step
 from raytune_loader.measuring.outcomes import TrialOutcome
 from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.outputs.bestconfig import metrics_of
@@ -59,6 +56,7 @@ from raytune_loader.outputs.reader import (
 from raytune_loader.progress import LogProgress
 from raytune_loader.search import OneLineErrorParser
 from raytune_loader.tuning.options import job_from_options
+from raytune_loader.tuning.space import HEURISTIC, PYTORCH_DEFAULT
 from raytune_loader.verdict.selection import Candidate
 from raytune_loader.verdict.verify import verify
 
@@ -89,12 +87,8 @@ def plan_from_config(
 ) -> BenchPlan:
     """What to measure, from a validated ``best_config.json``, on this machine."""
     opts = recorded_options(best.data, str(best.path), steps, data_root)
-    model = opts.train_step or opts.model
-    assert model is not None
-    if opts.train_step:
-        import_factory(opts.train_step, kind="train step", error=ModelError)
-    else:
-        validate_model(model)
+    assert opts.train_step or opts.model
+    model = validate_step(opts.train_step, opts.model or "")
     device, note = _device(str(best.data["search"]["device"]))
     configs = {TUNED: best.loader, **recorded_baselines(best.data, str(best.path))}
     largest = max(config.batch_size for config in configs.values())

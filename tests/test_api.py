@@ -78,8 +78,8 @@ def test_where_the_gpu_runs_pipeline_stages_the_objective_counts_training_only()
     the busier but slower candidate then loses)."""
     from dataclasses import replace
 
-    from raytune_loader.candidates.space import SearchSpace
     from raytune_loader.tuning.bounds import objective_options
+    from raytune_loader.tuning.space import SearchSpace
 
     space = SearchSpace(max_workers=8, batch_sizes=(256,), cuda=True, usable_cpus=8)
     job = job_from_options(SearchOptions(), "resnet50", device="cuda", node_cpus=8)

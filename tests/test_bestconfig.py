@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT, RAY_DOCS, SearchSpace
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
 from raytune_loader.measuring.outcomes import InputRate, SegmentMetrics, TrialOutcome
 from raytune_loader.outputs.bestconfig import (
@@ -20,6 +19,7 @@ from raytune_loader.outputs.bestconfig import (
 from raytune_loader.outputs.console import limit_line
 from raytune_loader.sources.datasets import DatasetSpec
 from raytune_loader.tuning.options import SearchOptions
+from raytune_loader.tuning.space import HEURISTIC, PYTORCH_DEFAULT, RAY_DOCS, SearchSpace
 from raytune_loader.verdict.selection import Candidate, fitting
 
 

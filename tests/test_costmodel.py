@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.measuring.profile import Profile
 from raytune_loader.tuning.costmodel import CostModel, median_error, what_if
+from raytune_loader.tuning.space import SearchSpace
 
 
 def _model(per_core: float, cores: int = 4, ceiling: float = 400.0, cuda: bool = False,

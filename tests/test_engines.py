@@ -93,8 +93,9 @@ def test_a_ray_data_drain_counts_the_prefetched_batches_and_each_actors_calls() 
     assert engine_of(RayDataConfig(32, 1, 5).candidate()).producers() == 5
     spec = SegmentSpec(warmup_steps=3, steps=10)
     one = RayDataConfig(32).candidate()
-    assert warmup_batches(one, spec) == 3 + 1 + 1 + 2  # warm-up, prefetch, formatting, calls
-    assert segment_samples(one, spec) == 32 * (3 + 4 + 10)
+    engine = engine_of(one)
+    assert warmup_batches(engine, spec) == 3 + 1 + 1 + 2  # warm-up, prefetch, formatting, calls
+    assert segment_samples(engine, spec) == 32 * (3 + 4 + 10)
 
 
 # -- what it reserves -----------------------------------------------------------------------

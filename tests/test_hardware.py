@@ -86,9 +86,9 @@ def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts
     address: str | None,
     warned: bool,
 ) -> None:
-    from raytune_loader import api
     from raytune_loader.machine import hardware
     from raytune_loader.progress import LogProgress
+    from raytune_loader.tuning import setup
 
     path = _cpuinfo(tmp_path, flags)
     real = hardware.cpu_computes_in
@@ -96,7 +96,7 @@ def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts
     monkeypatch.setattr(hardware, "cuda_available", lambda: False)
     opts = SearchOptions(precision=precision, address=address, out=str(tmp_path / "out"))
     with caplog.at_level("WARNING", logger="raytune_loader.progress"):
-        _, job, _, _ = api._job(opts, LogProgress())
+        job = setup.checked(opts, LogProgress()).job
     said = [r.getMessage() for r in caplog.records if "instructions" in r.getMessage()]
     assert bool(said) == warned, caplog.text
     if warned:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from raytune_loader.measuring.job import SegmentSpec, subset_indices
+from raytune_loader.measuring.job import SegmentSpec, reserved_cpus, subset_indices
 from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.progress import LogProgress
 from raytune_loader.tuning.options import SearchOptions, job_from_options
@@ -114,3 +114,14 @@ def test_cold_warns_when_a_trial_would_read_its_block_twice(
     assert bool(progress.warnings) == warned
     if warned:
         assert "raise --samples-per-trial to 208" in progress.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("workers", "per_worker", "node", "ranks", "expected"),
+    [(0, 1.0, 2, 1, 1.0), (1, 1.0, 2, 1, 2.0), (2, 1.0, 2, 1, 2.0), (3, 0.5, 4, 1, 2.5),
+     (8, 1.0, 16, 1, 9.0), (0, 0.5, 2, 2, 2.0), (1, 0.5, 4, 2, 3.0), (7, 1.0, 32, 4, 32.0)],
+)  # fmt: skip
+def test_reservation_is_each_rank_plus_its_workers_capped_at_the_node(
+    workers: int, per_worker: float, node: float, ranks: int, expected: float
+) -> None:
+    assert reserved_cpus(workers, per_worker, node, ranks) == expected

@@ -11,6 +11,7 @@ from torch import nn
 
 from datasets_for_tests import TensorImages
 from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.engines import engine_of
 from raytune_loader.errors import DataPipelineError, ModelError
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
 from raytune_loader.measuring.measure import measure_ceiling, run_trial
@@ -256,7 +257,7 @@ def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -
     spec = SegmentSpec(warmup_steps=2, steps=12, report_every=12)
     metrics = train_segment(ReaderPids(str(log)), _trainer(), config, spec)
     readers = log.read_text().split()
-    segment = warmup_batches(config, spec) + spec.steps
+    segment = warmup_batches(engine_of(config), spec) + spec.steps
     assert segment == 22
     assert metrics.samples == 4 * 12
     assert len(readers) >= 4 * (segment + 1)  # every sample of the segment was read
@@ -307,7 +308,9 @@ def test_a_trial_in_a_reused_process_trains_as_a_fresh_one_would(
         records.append((tmp_path / f"run{run}").read_text().splitlines())
         assert _children() <= before
     assert records[0] == records[1]
-    trained = warmup_batches(config, job.segment) + job.segment.steps  # warm-up, drain, window
+    trained = (
+        warmup_batches(engine_of(config), job.segment) + job.segment.steps
+    )  # warm-up, drain, window
     assert records[0][0].startswith("init ") and len(records[0]) == 1 + trained
 
 

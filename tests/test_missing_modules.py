@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from raytune_loader import api
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.errors import DataPipelineError
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
 from raytune_loader.measuring.measure import run_trial
 from raytune_loader.sources.datasets import DatasetSpec
-from raytune_loader.tuning import trainable
+from raytune_loader.tuning import setup, trainable
 from raytune_loader.tuning.options import SearchOptions
+from raytune_loader.tuning.space import SearchSpace
 
 JOB = TrialJob(
     DatasetSpec("datasets_for_tests:fast"), "small-cnn",
@@ -101,7 +100,7 @@ def test_a_profile_that_meets_a_missing_module_is_one_warning_and_tpe(raised: Ex
     space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2, pipeline=True,
                         thread_workers=True)  # fmt: skip
     progress = _Progress()
-    model = api._cost_model(SearchOptions(), JOB, space, _Measurer(raised), 2, progress)  # type: ignore[arg-type]
+    model = setup.cost_model(SearchOptions(), JOB, space, _Measurer(raised), 2, progress)  # type: ignore[arg-type]
     assert model is None
     (warning,) = progress.warnings
     assert "torchdata" in warning and warning.endswith("searching with TPE alone")

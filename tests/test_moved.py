@@ -28,8 +28,8 @@ import pytest
 from conftest import REPO, TESTS, ray_processes, ray_processes_left
 from raytune_loader import _moved
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.tuning.costmodel import CostModel
+from raytune_loader.tuning.space import SearchSpace
 
 FOLDER = TESTS / "fixtures" / "search_made_by_0_1" / "synthetic-imagenet"
 ARGS = (

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.measuring.outcomes import SegmentMetrics, TrialOutcome
 from raytune_loader.measuring.records import (
     TRIAL_COLUMNS,
@@ -20,9 +19,11 @@ from raytune_loader.measuring.records import (
     trial_status,
     write_trials_csv,
 )
+from raytune_loader.tuning.space import SearchSpace
 from records_for_tests import record
 
 SPACE = SearchSpace(max_workers=2, batch_sizes=(16,), cuda=False, usable_cpus=2)
+SPACE_FIXED = (SPACE.constants(), SPACE.baselines())  # what the tuner hands a record
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,7 @@ def _report(config: LoaderConfig, speed: float = 300.0) -> dict:
 def test_a_record_from_tune_dicts_is_typed_and_names_its_baseline() -> None:
     heuristic = SPACE.baselines()["heuristic"]
     tune_config = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True}
-    record = record_from_report("fallback", tune_config, _report(heuristic), None, SPACE)
+    record = record_from_report("fallback", tune_config, _report(heuristic), None, *SPACE_FIXED)
     assert record.config == heuristic and record.baseline == "heuristic"
     assert (record.trial_id, record.status, record.reason) == ("abc", "ok", "")
     assert (record.samples_per_s, record.cpus_reserved, record.finished_at) == (300.0, 3.0, 17.0)
@@ -60,9 +61,9 @@ def test_a_record_from_tune_dicts_is_typed_and_names_its_baseline() -> None:
 
 
 def test_an_error_and_an_interrupted_trial_keep_their_reasons() -> None:
-    errored = record_from_report("t1", {"num_workers": 0}, {}, "ValueError: boom", SPACE)
+    errored = record_from_report("t1", {"num_workers": 0}, {}, "ValueError: boom", *SPACE_FIXED)
     assert (errored.status, errored.reason) == ("error", "ValueError: boom")
-    unsaved = record_from_report("t2", {}, {}, None, SPACE)  # before Tune saved its config
+    unsaved = record_from_report("t2", {}, {}, None, *SPACE_FIXED)  # before Tune saved its config
     assert unsaved.status == "interrupted" and "--resume" in unsaved.reason
     assert unsaved.config == LoaderConfig(16)  # the batch size the space fixes
 
@@ -70,7 +71,7 @@ def test_an_error_and_an_interrupted_trial_keep_their_reasons() -> None:
 def test_the_csv_has_the_schema_and_one_row_per_record(tmp_path: Path) -> None:
     config = LoaderConfig(16, 1, 4, False, True)
     records = [
-        record_from_report("a", config.kwargs(), _report(config), None, SPACE),
+        record_from_report("a", config.kwargs(), _report(config), None, *SPACE_FIXED),
         record("b", "interrupted", "the search was interrupted"),
     ]
     write_trials_csv(tmp_path / "trials.csv", records)

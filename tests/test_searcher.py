@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.tuning.searcher import LoaderSearcher
+from raytune_loader.tuning.space import SearchSpace
 
 
 def _searcher(space: SearchSpace, **kwargs) -> LoaderSearcher:

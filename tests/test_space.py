@@ -18,14 +18,13 @@ from raytune_loader.candidates.config import (
     RAYDATA_KEYS,
     WORKER_KEYS,
     LoaderConfig,
-    reserved_cpus,
 )
 from raytune_loader.candidates.rules import WORKER_THREADS
-from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, SearchSpace
 from raytune_loader.errors import ConfigError
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.pipeline.device import EncodedBatch
 from raytune_loader.sources.datasets import DatasetSpec, build_dataset
+from raytune_loader.tuning.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE, SearchSpace
 
 
 def _all_configs(space: SearchSpace) -> set[LoaderConfig]:
@@ -121,17 +120,6 @@ def test_enqueued_baselines_are_reproduced_by_the_space(cuda: bool) -> None:
         constants = space.define_by_run(trial) or {}
         assert LoaderConfig.from_dict({**trial.params, **constants}) == config
         assert space.baseline_name(config) == name
-
-
-@pytest.mark.parametrize(
-    ("workers", "per_worker", "node", "ranks", "expected"),
-    [(0, 1.0, 2, 1, 1.0), (1, 1.0, 2, 1, 2.0), (2, 1.0, 2, 1, 2.0), (3, 0.5, 4, 1, 2.5),
-     (8, 1.0, 16, 1, 9.0), (0, 0.5, 2, 2, 2.0), (1, 0.5, 4, 2, 3.0), (7, 1.0, 32, 4, 32.0)],
-)  # fmt: skip
-def test_reservation_is_each_rank_plus_its_workers_capped_at_the_node(
-    workers: int, per_worker: float, node: float, ranks: int, expected: float
-) -> None:
-    assert reserved_cpus(workers, per_worker, node, ranks) == expected
 
 
 def test_with_several_ranks_the_baselines_show_what_the_usual_advice_costs() -> None:
@@ -377,7 +365,7 @@ def test_ray_data_is_offered_only_with_cpus_for_its_actors_and_fits_them() -> No
     them, fixed and autoscaling pools, one and two CPUs an actor; the baseline is Ray's
     documented pipeline, and the DataLoader part of the space is what it was."""
     from raytune_loader import raydata
-    from raytune_loader.candidates.space import RAY_DOCS
+    from raytune_loader.tuning.space import RAY_DOCS
 
     plain = SearchSpace(2, (8,), False, 2, pipeline=True, decodes=("pil", "tensor"))
     offered = replace(plain, raydata_cpus=3.0)

@@ -160,7 +160,7 @@ def test_the_checks_find_a_cycle_an_arrow_up_and_a_module_off_the_map(tmp_path: 
     """The checks themselves: a cycle of three, an import from a lower layer, a map row."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
     layer = read_map(MAP.read_text())
-    assert layer["candidates/space"] < layer["measuring/segment"]
+    assert layer["candidates/config"] < layer["measuring/segment"]
     assert "candidates/config" in imports()["measuring/segment"]
     assert layer["engines/base"] == layer["engines/"] == 5
     table = "\n## Rooms, by layer\n\n| layer | module | owns |\n| --- | --- | --- |\n"

@@ -25,10 +25,10 @@ from ray.tune.trainable import wrap_function
 
 from conftest import TESTS, Searched, ray_processes
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
 from raytune_loader.sources.datasets import DatasetSpec
 from raytune_loader.tuning import tuner
+from raytune_loader.tuning.space import SearchSpace
 
 JOB = TrialJob(
     DatasetSpec("datasets_for_tests:fast"), "small-cnn", SegmentSpec(steps=60, report_every=20),

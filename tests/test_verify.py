@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
 from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
 from raytune_loader.measuring.outcomes import TrialOutcome
 from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.verdict.verify import verification_configs, verify
 from records_for_tests import record
 

@@ -6,7 +6,6 @@ threads, read by index or as a stream), what each worker sets when it starts, it
 ``engine`` (who makes the batches: :mod:`raytune_loader.engines` answers for it) and the
 knobs of a Ray Data pipeline. Each field is declared once with :func:`_knob` (its
 label and role), and every list of keys below is derived from the fields.
-:func:`reserved_cpus` is the one formula for a trial's own reservation.
 """
 
 from __future__ import annotations
@@ -329,11 +328,3 @@ def _yn(flag: bool) -> str:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(LoaderConfig) if f.name != "batch_size"}
-
-
-def reserved_cpus(
-    num_workers: int, cpus_per_worker: float, node_cpus: float, ranks: int = 1
-) -> float:
-    """CPUs a trial reserves: each of its ranks plus that rank's workers, never more than
-    the node has."""
-    return min(ranks * (1 + cpus_per_worker * num_workers), node_cpus)

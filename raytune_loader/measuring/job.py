@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from raytune_loader.candidates.config import LoaderConfig, reserved_cpus
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.sources import datasets
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,14 @@ class TrialJob:
         """CPUs a measurement of ``config`` reserves in all: its own bundle's
         (:meth:`cpus_for`) and a Ray Data candidate's actors' (on other nodes)."""
         return self.cpus_for(config.num_workers) + config.actor_cpus
+
+
+def reserved_cpus(
+    num_workers: int, cpus_per_worker: float, node_cpus: float, ranks: int = 1
+) -> float:
+    """CPUs a trial reserves: each of its ranks plus that rank's workers, never more than
+    the node has."""
+    return min(ranks * (1 + cpus_per_worker * num_workers), node_cpus)
 
 
 def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[int]:

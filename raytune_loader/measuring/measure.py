@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.engines import engine_of
+from raytune_loader.engines import Held, engine_of
 from raytune_loader.errors import (
     BatchSizeTooSmallError,
     DataPipelineError,
@@ -110,11 +110,11 @@ def run_trial(
         subset, sample_bytes = prepare(job, slot, config)
     except DataPipelineError as exc:
         return TrialOutcome(config, cpus, 0, failure=exc.reason, detail=str(exc))
+    held = engine_of(config).held(sample_bytes)
     try:
-        host = _check_memory(job, config, sample_bytes)
+        host = _check_memory(job, config.label(), held)
     except TrialRefusedError as exc:
-        host = engine_of(config).held(sample_bytes).host
-        return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
+        return TrialOutcome(config, cpus, held.host, failure=exc.reason, detail=str(exc))
     trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
 
     def segment(batch_size: int) -> SegmentMetrics:
@@ -148,13 +148,13 @@ def run_trial(
     )
 
 
-def _check_memory(job: TrialJob, config: LoaderConfig, sample_bytes: int) -> int:
-    """Refuse ``config`` when what it holds ahead would not fit in this rank's share of
-    RAM and ``/dev/shm``; its host bytes in flight."""
+def _check_memory(job: TrialJob, label: str, held: Held) -> int:
+    """Refuse a candidate (``label``) when what it holds ahead would not fit in this
+    rank's share of RAM and ``/dev/shm``; its host bytes in flight."""
     free = hardware.shm_bytes()  # with several ranks, each checks its share of both
     ram = psutil.virtual_memory().available // job.ranks
     shm = None if free is None else free // job.ranks
-    return check_bytes(config.label(), engine_of(config).held(sample_bytes), ram, shm)
+    return check_bytes(label, held, ram, shm)
 
 
 def measure_ceiling(
@@ -205,9 +205,9 @@ def measure_input(
         return steady.Consumed.of(stamped, batch_samples(on_device))
 
     rates = []
-    makers = engine_of(config).producers()
     with segment_batches(subset, config, wide, job.seed) as batches:
-        for _ in range(warmup_batches(config, spec)):
+        makers = batches.engine.producers()
+        for _ in range(warmup_batches(batches.engine, spec)):
             fetch()
         for _ in range(windows):
             trainer.sync()

@@ -58,19 +58,21 @@ def _torchvision_names() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
-def validate_model(name: str) -> None:
-    """Fail early, in the driver, on a model name no trial could build."""
-    if name == SMALL_CNN:
-        return
-    if ":" in name:
-        import_factory(name, kind="model", error=ModelError)
-        return
-    if name not in _torchvision_names():
+def validate_step(train_step: str | None, model: str) -> str:
+    """Fail early, in the driver, on a step no trial could build: the user's
+    ``--train-step``, or else the model (a torchvision name, ``small-cnn``, or a
+    ``module:function``), its factory imported. Returns what the job trains: the step's
+    ``module:function``, or the model's name."""
+    name, kind = (train_step, "train step") if train_step else (model, "model")
+    if train_step or ":" in name:
+        import_factory(name, kind=kind, error=ModelError)
+    elif name != SMALL_CNN and name not in _torchvision_names():
         examples = ", ".join(["small-cnn", "resnet18", "resnet50", "mobilenet_v3_small"])
         raise ModelError(
             f"unknown model {name!r}: use a torchvision classification model name "
             f"(e.g. {examples}) or module:function returning a torch.nn.Module"
         )
+    return name
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
@@ -85,7 +87,7 @@ def build_model(name: str, num_classes: int) -> nn.Module:
         return model
     import torchvision
 
-    validate_model(name)
+    validate_step(None, name)
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
 
 

@@ -11,12 +11,12 @@ fields, next to the code that writes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from raytune_loader.candidates.config import CONFIG_KEYS, LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.errors import ConfigError
 from raytune_loader.files import write_csv
 from raytune_loader.measuring.outcomes import FIGURES, SegmentMetrics, efficiency
@@ -171,13 +171,14 @@ def record_from_report(
     config: dict[str, Any],
     metrics: dict[str, Any],
     error: str | None,
-    space: SearchSpace,
+    constants: Mapping[str, Any],
+    baselines: Mapping[str, LoaderConfig],
 ) -> TrialRecord:
-    """A record from Tune's trial config and last report (plain dicts, Ray's boundary)."""
+    """A record from Tune's trial config and last report (plain dicts, Ray's boundary);
+    ``constants`` are what the space fixed rather than searched, ``baselines`` its
+    baselines by name."""
     try:
-        loader: LoaderConfig | None = LoaderConfig.from_trial_config(
-            {**space.constants(), **config}
-        )
+        loader: LoaderConfig | None = LoaderConfig.from_trial_config({**constants, **config})
     except (ConfigError, TypeError):  # a trial interrupted before Tune saved its config
         loader = None
     status = trial_status(metrics, errored=error is not None)
@@ -195,7 +196,7 @@ def record_from_report(
         trial_id=str(metrics.get("trial_id") or trial_id),
         status=status,
         reason=reasons.get(status, ""),
-        baseline=(space.baseline_name(loader) if loader else None) or "",
+        baseline=next((name for name, b in baselines.items() if b == loader), ""),
         config=loader,
         finished_at=metrics.get("timestamp"),
         predicted_samples_per_s=config.get(PREDICTED),

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.engines import engine_of
+from raytune_loader.engines import Engine, engine_of
 from raytune_loader.errors import (
     CorruptSampleError,
     DataPipelineError,
@@ -71,8 +71,9 @@ class _Epochs:
     """Endless batches, epoch after epoch, failures as the trial's reasons; it counts the
     epochs started and knows the current one's worker processes."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, engine: Engine) -> None:
         self.loader = loader
+        self.engine = engine  # who makes the batches: what they hold, who makes them
         self.iterator: Any = None
         self.started = 0
         self._produced = False
@@ -134,10 +135,10 @@ def segment_batches(
     with the segment's thread count (not Ray's OMP_NUM_THREADS, which follows the
     reservation). Its workers or actors are gone when the block ends, however it ends."""
     torch.set_num_threads(spec.compute_threads)
-    engine = engine_of(config)
-    samples = segment_samples(config, spec)
+    engine = engine_of(config)  # decided once for the segment: its batches say it
+    samples = segment_samples(engine, spec)
     with engine.segment_loader(dataset, samples, seed, spec.loader_timeout) as loader:
-        batches = _Epochs(loader)
+        batches = _Epochs(loader, engine)
         del loader  # the engine's block collects it once the epochs are closed
         try:
             yield batches
@@ -165,12 +166,12 @@ class _Window:
     """
 
     def __init__(
-        self, device: torch.device, config: LoaderConfig, compute_threads: int,
+        self, device: torch.device, makers: int, compute_threads: int,
         ceiling: float | None = None,
     ) -> None:  # fmt: skip
         self.cuda = device.type == "cuda"
         self.threads = compute_threads
-        self.makers = engine_of(config).producers()
+        self.makers = makers  # the engine's makers of batches at once
         self.ceiling = ceiling
         self.batches: list[steady.Consumed] = []
         self.wait_s = 0.0
@@ -228,7 +229,7 @@ class _Window:
         }
 
 
-def segment_samples(config: LoaderConfig, spec: SegmentSpec) -> int:
+def segment_samples(engine: Engine, spec: SegmentSpec) -> int:
     """Samples a rank reads in a segment: warm-up, drain and measured steps, as one epoch.
 
     A trial's subset holds a few batches; read epoch by epoch, the loader would drain
@@ -237,15 +238,15 @@ def segment_samples(config: LoaderConfig, spec: SegmentSpec) -> int:
     segment (the subset reshuffled as often as needed) measures the steady state the
     user's training sees.
     """
-    return config.batch_size * (warmup_batches(config, spec) + spec.steps)
+    return engine.config.batch_size * (warmup_batches(engine, spec) + spec.steps)
 
 
-def warmup_batches(config: LoaderConfig, spec: SegmentSpec) -> int:
+def warmup_batches(engine: Engine, spec: SegmentSpec) -> int:
     """Batches trained before the window: the warm-up steps, then every batch the
     candidate can hold (its engine's
     :meth:`~raytune_loader.engines.base.Engine.in_flight`), so the window reads none of
     the stock the workers built while the first steps were slow."""
-    return spec.warmup_steps + engine_of(config).in_flight()
+    return spec.warmup_steps + engine.in_flight()
 
 
 def train_segment(
@@ -272,7 +273,7 @@ def train_segment(
     with segment_batches(dataset, config, spec, seed) as batches:
         cpus = min(hardware.usable_cpus(), 1 + config.num_workers)
         watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
-        engine_watch = engine_of(config).segment_watch(batches.loader)
+        engine_watch = batches.engine.segment_watch(batches.loader)
 
         def fetch() -> tuple[Any, Stamped]:  # the next batch on the device, its stamps
             stamped = next(batches)
@@ -286,7 +287,7 @@ def train_segment(
             trainer.sync()
             first_batch_s = time.perf_counter() - started  # workers' start-up, shards opened
             scope = _scope(dataset, sample_nbytes(first) // max(1, batch_samples(first)))
-            warm_up = warmup_batches(config, spec)
+            warm_up = warmup_batches(batches.engine, spec)
             for done in range(warm_up):
                 trainer.step(first if done == 0 else fetch()[0])
                 _check_deadline(deadline, spec, f"{done + 1} of {warm_up} warm-up steps")
@@ -297,7 +298,8 @@ def train_segment(
                 engine_watch.window_started()
             sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
-            window = _Window(trainer.device, config, spec.compute_threads, ceiling)
+            makers = batches.engine.producers()
+            window = _Window(trainer.device, makers, spec.compute_threads, ceiling)
             for step in range(1, spec.steps + 1):
                 _check_deadline(deadline, spec, f"{step - 1} of {spec.steps} measured steps")
                 fetch_start = time.monotonic()

@@ -15,13 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import (
-    HEURISTIC,
-    PYTORCH_DEFAULT,
-    RANK_SHARE,
-    RAY_DOCS,
-    SearchSpace,
-)
 from raytune_loader.engines import engine_of
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.files import write_json
@@ -36,6 +29,13 @@ from raytune_loader.outputs.report import write_report
 from raytune_loader.progress import Progress
 from raytune_loader.tuning.costmodel import CostModel, what_if
 from raytune_loader.tuning.options import SearchOptions
+from raytune_loader.tuning.space import (
+    HEURISTIC,
+    PYTORCH_DEFAULT,
+    RANK_SHARE,
+    RAY_DOCS,
+    SearchSpace,
+)
 from raytune_loader.verdict import findings
 from raytune_loader.verdict.selection import Candidate, Selection, fitting, select
 from raytune_loader.verdict.verify import Verified

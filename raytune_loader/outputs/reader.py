@@ -22,7 +22,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE
 from raytune_loader.engines import engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
 from raytune_loader.errors import ConfigError, UserInputError
@@ -34,6 +33,7 @@ from raytune_loader.raydata.receiving import iteration_arguments
 from raytune_loader.raydata.rows import rows_of
 from raytune_loader.sources.datasets import DatasetSpec
 from raytune_loader.tuning.options import SearchOptions, dataset_options
+from raytune_loader.tuning.space import HEURISTIC, PYTORCH_DEFAULT, RANK_SHARE
 
 if TYPE_CHECKING:
     import ray.data

@@ -13,7 +13,6 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.errors import (
     ConfigError,
 )
@@ -22,6 +21,7 @@ from raytune_loader.measuring.job import TrialJob
 from raytune_loader.progress import Progress
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.options import SearchOptions
+from raytune_loader.tuning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.candidates.structure import structure
 from raytune_loader.engines import engine_of
 from raytune_loader.measuring.profile import Profile
+from raytune_loader.tuning.space import SearchSpace
 
 IMAGE_VALUES = 3 * 224 * 224  # values of one training image (uint8: bytes)
 

@@ -4,7 +4,7 @@ Tune asks :meth:`LoaderSearcher.suggest` for a configuration per trial and tells
 :meth:`LoaderSearcher.on_trial_complete` its last result. Behind that sits a
 plain Optuna study (seeded, the baselines enqueued first) driven only through
 Optuna's public ``ask``/``tell``/``enqueue_trial``, with the define-by-run space of
-:class:`~raytune_loader.candidates.space.SearchSpace`. Three methods (``--search``):
+:class:`~raytune_loader.tuning.space.SearchSpace`. Three methods (``--search``):
 
 - ``model`` (the default): a cost model (:mod:`raytune_loader.tuning.costmodel`) predicts
   every candidate from the profile. After the baselines, the first trials are the
@@ -33,12 +33,12 @@ import optuna
 from ray.tune.search import Searcher
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.candidates.structure import structure
 from raytune_loader.engines import engine_of
 from raytune_loader.measuring.job import DATA_SLOT
 from raytune_loader.measuring.records import PREDICTED
 from raytune_loader.tuning.costmodel import CostModel, median_error
+from raytune_loader.tuning.space import SearchSpace
 
 N_STARTUP_TRIALS = 4  # random trials before TPE models the space
 MAX_RETRIES = 20  # proposals of already-measured configurations before one is re-run

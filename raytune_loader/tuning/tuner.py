@@ -30,7 +30,6 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from raytune_loader.candidates.config import CONFIG_KEYS, LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.engines import engine_of
 from raytune_loader.errors import ConfigError, DataPipelineError, RaytuneLoaderError, last_line
 from raytune_loader.measuring.job import TrialJob
@@ -42,6 +41,7 @@ from raytune_loader.measuring.records import TrialRecord, record_from_report
 from raytune_loader.raydata.reservation import is_remote, remote_cpus
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.searcher import LoaderSearcher
+from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.tuning.trainable import CEILING, INPUT, MEASURE, PROFILE, Task, trial_fn
 
 log = logging.getLogger(__name__)
@@ -440,8 +440,9 @@ def _record(result: Any, space: SearchSpace) -> TrialRecord:
     error = last_line(result.error) if result.error is not None else None
     fallback_id = "_".join(Path(result.path).name.split("_")[2:4])
     return record_from_report(
-        fallback_id, dict(result.config or {}), dict(result.metrics or {}), error, space
-    )
+        fallback_id, dict(result.config or {}), dict(result.metrics or {}), error,
+        space.constants(), space.baselines(),
+    )  # fmt: skip
 
 
 def _task_options(bundle: dict[str, float], node_id: str | None) -> dict[str, Any]:

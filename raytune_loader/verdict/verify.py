@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.space import SearchSpace
 from raytune_loader.engines import engine_of
 from raytune_loader.errors import UserInputError, last_line
 from raytune_loader.measuring.job import TrialJob
@@ -24,6 +23,7 @@ from raytune_loader.measuring.measurer import Measurer
 from raytune_loader.measuring.outcomes import InputRate, TrialOutcome
 from raytune_loader.measuring.records import MEASURED, TrialRecord
 from raytune_loader.progress import Progress
+from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.verdict.selection import (
     MIN_ROUNDS,
     Candidate,

@@ -1,0 +1,102 @@
+"""After the trials: each hardware class verified on its own node, then probed.
+
+A search whose trials ran on several hardware classes (``measuring.records.by_hardware_class``)
+verifies each apart, on the node its best trial ran on, with that node's ceiling: the
+baselines and the top candidates re-measured in rounds (:mod:`~raytune_loader.verdict.verify`),
+the winner's input pipeline alone, and the probes the findings need
+(:mod:`~raytune_loader.verdict.probes`). It measures through the search's Ray tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from raytune_loader.measuring import records
+from raytune_loader.measuring.job import TrialJob
+from raytune_loader.measuring.measurer import measure_ceilings
+from raytune_loader.measuring.records import TrialRecord
+from raytune_loader.progress import Progress
+from raytune_loader.tuning.options import SearchOptions
+from raytune_loader.tuning.space import SearchSpace
+from raytune_loader.verdict import findings, probes
+from raytune_loader.verdict.verify import Verified, verification_configs, verify, with_input_rates
+
+
+def verify_classes(
+    job: TrialJob,
+    space: SearchSpace,
+    trials: list[TrialRecord],
+    opts: SearchOptions,
+    cluster: Any,
+    gpus_per_trial: float,
+    progress: Progress,
+) -> dict[str, Verified]:
+    """Every hardware class of ``trials`` verified and probed.
+
+    Args:
+        job: the search's job.
+        space: the search's space.
+        trials: every trial of the search.
+        opts: the search's options (the objective, the verification's top and repeats).
+        cluster: the Ray cluster the trials ran on.
+        gpus_per_trial: a trial's GPUs.
+        progress: where the rounds are counted.
+
+    Returns:
+        Each class's verification, the class with the most trials first.
+    """
+    by_class = records.by_hardware_class(trials)
+    return {
+        hw_class: verify_class(job, space, class_records, opts, cluster, gpus_per_trial,
+                               progress, len(by_class))
+        for hw_class, class_records in by_class.items()
+    }  # fmt: skip
+
+
+def verify_class(
+    job: TrialJob,
+    space: SearchSpace,
+    class_records: list[TrialRecord],
+    opts: SearchOptions,
+    cluster: Any,
+    gpus_per_trial: float,
+    progress: Progress,
+    classes: int,
+) -> Verified:
+    """Re-measure the top configurations and both baselines, interleaved, one at a time,
+    with the whole accelerator. With several hardware classes each is verified on the
+    node its best trial ran on; the baselines and reservations then follow that node."""
+    from raytune_loader.tuning.tuner import RayMeasurer
+
+    node_id = records.best_node(class_records, opts.objective) if classes > 1 else None
+    node_cpus = job.node_cpus
+    if node_id:
+        node = next(r.node for r in class_records if r.node.node_id == node_id)
+        node_cpus = float(node.node_cpus or job.node_cpus)
+        space = replace(space, usable_cpus=int(node_cpus))
+    configs = verification_configs(class_records, space, opts.verify_top, opts.objective)
+    # one rank: the whole GPU; several: the GPUs of a trial, as in the search
+    whole = min(1.0, cluster.max_node_gpus) if job.ranks == 1 else gpus_per_trial
+    gpus = whole if gpus_per_trial else 0.0
+    measurer = RayMeasurer(cluster, gpus, node_id)
+    job = replace(job, node_cpus=node_cpus)
+    if node_id:  # this class's own ceiling, not the one of whichever node measured first
+        job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
+    what = "verifying (each configuration alone, repeated)"
+    progress.count(what, 0, len(configs) * opts.verify_repeats)
+    verified = verify(
+        job,
+        configs,
+        opts.verify_repeats,
+        measurer,
+        on_measured=lambda done, total, *_: progress.count(what, done, total),
+        slot_base=opts.num_samples,
+        objective=opts.objective,
+    )
+    if verified.rounds < opts.verify_repeats:
+        progress.stage(f"Verification decided after {verified.rounds} of {opts.verify_repeats} "
+                       "rounds: more runs could not change the winner")  # fmt: skip
+    verified = with_input_rates(verified, job, opts.objective, measurer, progress)
+    rules = findings.Rules(opts.memory_share, opts.cpus_per_worker)
+    return probes.probe(verified, job, opts.objective, class_records, measurer, progress, rules)
