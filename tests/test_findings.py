@@ -150,6 +150,7 @@ def _job(name: str, steps: int, samples: int = 1024, root: str | None = None) ->
                     samples_per_trial=samples)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_million_python_objects_read_at_random_grow_each_worker_by_copy_on_write() -> None:
     """Reference counts touch the dataset's strings and ints in every worker: what a
     worker shares with the main process shrinks with the samples it reads, projected to

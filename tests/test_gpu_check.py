@@ -247,6 +247,7 @@ def test_a_module_that_does_not_import_is_named_with_its_error() -> None:
     assert lacking["no_such_module_of_the_gpu_check"].startswith("ModuleNotFoundError: ")
 
 
+@pytest.mark.slow
 def test_without_torchdata_the_check_stops_before_any_stage_naming_it(tmp_path: Path) -> None:
     """The device's interpreter with everything but torchdata (a package on the path
     that fails to import, as a missing one does): one line, exit 2, nothing run."""
@@ -313,6 +314,7 @@ def test_on_the_device_the_results_go_where_they_come_back() -> None:
     assert '--out "$OUT/gpu"' in result.stderr
 
 
+@pytest.mark.slow
 def test_a_second_search_beside_an_earlier_one_is_refused(tmp_path: Path) -> None:
     archive = tmp_path / "first_call.tar.gz"
     archive.write_bytes(b"")

@@ -381,6 +381,23 @@ def test_a_segment_longer_than_the_shards_lists_them_pass_after_pass() -> None:
     assert passes[0] != passes[1] and listed == raydata.shard_passes(paths, 3, seed=1)
 
 
+def test_webdataset_shards_become_ray_s_webdataset_read_of_the_same_files(
+    tiny_shards: Path,
+) -> None:
+    """The seam, without Ray: a stream over shards is read by ``read_webdataset`` of its
+    own files, with its sample count and the stream's own decoder (the slow tier reads
+    them through Ray Data, every sample once an epoch)."""
+    from raytune_loader.loaders.shard_stream import StreamVariant
+    from raytune_loader.sources import webdataset_shards
+
+    spec = DatasetSpec("webdataset", str(tiny_shards))
+    stream = webdataset_shards.SOURCE.build_stream(spec, [], StreamVariant("uint8", "device"))
+    read = raydata.rows_of(stream)
+    assert (read.reader, read.rows, read.paths) == ("webdataset", 96, stream.shards)  # type: ignore[union-attr]
+    assert read.decoded is stream.decode  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
 def test_webdataset_shards_are_read_by_ray_s_reader_every_sample_once_an_epoch(
     local_ray: None, tiny_shards: Path, tiny_imagenet: Path
 ) -> None:
@@ -426,26 +443,45 @@ def _write_parquet(images: Path, out: Path, files: int) -> None:
         }), out / f"part-{part}.parquet")  # fmt: skip
 
 
-def test_hf_parquet_files_are_read_by_read_parquet_every_row_once_an_epoch(
-    local_ray: None, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _parquet_table(images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``--dataset hf`` on three Parquet files of ``images``, as its spec."""
+    from raytune_loader.sources import hf_tables
+
+    _write_parquet(images, tmp_path / "parquet", 3)
+    monkeypatch.setattr(hf_tables._datasets().config, "HF_DATASETS_CACHE", str(tmp_path / "c"))
+    return DatasetSpec("hf", str(tmp_path / "parquet"))
+
+
+def test_hf_parquet_files_become_ray_s_read_parquet_of_the_same_files(
+    tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--dataset hf`` on Parquet files: the map-style table a trial builds and its
-    stream both say ``read_parquet`` of its files; an epoch is every row once with its
-    class; a row is the DataLoader path's sample of the same image."""
+    """The seam, without Ray: the map-style table a trial builds and its stream both say
+    ``read_parquet`` of its files, its rows and its columns (the whole table:
+    ``read_parquet`` reads files, not rows by index)."""
     from raytune_loader.loaders.shard_stream import StreamVariant
     from raytune_loader.sources import hf_tables
 
-    _write_parquet(tiny_imagenet / "train", tmp_path / "parquet", 3)
-    monkeypatch.setattr(hf_tables._datasets().config, "HF_DATASETS_CACHE", str(tmp_path / "c"))
-    spec = DatasetSpec("hf", str(tmp_path / "parquet"))
+    spec = _parquet_table(tiny_imagenet / "train", tmp_path, monkeypatch)
     table = hf_tables.SOURCE.build(spec, "uint8", "device")  # the encoded files cross
-    read = raydata.rows_of(Subset(table, [4, 1]))  # the whole table: read_parquet reads files
+    read = raydata.rows_of(Subset(table, [4, 1]))
     stream = raydata.rows_of(hf_tables.SOURCE.build_stream(spec, [], StreamVariant()))
     for each in (read, stream):
         assert (each.reader, each.rows, each.columns) == ("parquet", 96, ("image", "label"))  # type: ignore[union-attr]
         assert each.paths == tuple(
             str(tmp_path / "parquet" / f"part-{i}.parquet") for i in range(3)
         )  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_hf_parquet_files_are_read_by_read_parquet_every_row_once_an_epoch(
+    local_ray: None, tiny_imagenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epoch of ``read_parquet`` is every row once with its class; a row is the
+    DataLoader path's sample of the same image."""
+    from raytune_loader.sources import hf_tables
+
+    spec = _parquet_table(tiny_imagenet / "train", tmp_path, monkeypatch)
+    read = raydata.rows_of(hf_tables.SOURCE.build(spec, "uint8", "device"))
     folder = _folder_samples(tiny_imagenet)
     (epoch,) = _encoded_epochs(read, epochs=1, seed=2)
     assert sorted(epoch) == sorted((digest, label) for digest, (_, label) in folder.items())
@@ -1065,6 +1101,7 @@ def test_a_cpu_node_lost_during_a_measurement_fails_it_in_one_line_and_the_next_
     assert two_nodes.no_makers_within(30)
 
 
+@pytest.mark.slow
 def test_best_config_s_ray_data_pipeline_reads_the_searched_shards_every_sample_once(
     local_ray: None, tiny_shards: Path, tiny_imagenet: Path, tmp_path: Path
 ) -> None:

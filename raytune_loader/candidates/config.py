@@ -11,7 +11,7 @@ label and role), and every list of keys below is derived from the fields.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from raytune_loader.candidates.rules import _VALUE_CHECKS, ENGINES, RULES, applies
@@ -74,7 +74,7 @@ class LoaderConfig:
     locality_with_output: bool = _knob(False, "locality with output", role="raydata")
 
     def __post_init__(self) -> None:
-        values = asdict(self)
+        values = self.values()
         for name, check in _VALUE_CHECKS.items():
             problem = check(values[name])
             if problem:
@@ -144,7 +144,7 @@ class LoaderConfig:
             ``batch_size``, ``num_workers``, ``prefetch_factor``, ``pin_memory``,
             ``persistent_workers``, ``in_order`` and ``multiprocessing_context``.
         """
-        return {k: v for k, v in asdict(self).items() if k in LOADER_KEYS}
+        return {k: getattr(self, k) for k in LOADER_KEYS}
 
     def pipeline(self) -> dict[str, Any]:
         """How the pipeline around the DataLoader is built (``best_config.json``'s
@@ -254,7 +254,7 @@ class LoaderConfig:
         Returns:
             The same candidate at ``batch_size``.
         """
-        return LoaderConfig(**{**asdict(self), "batch_size": batch_size})
+        return replace(self, batch_size=batch_size)
 
     def label(self) -> str:
         """Short human-readable form for tables and progress lines: the fields that
@@ -265,7 +265,7 @@ class LoaderConfig:
         """
         if self.engine == "raydata":
             return self._raydata_label()
-        values = asdict(self)
+        values = self.values()
         shown = [f"workers={self.num_workers}"]
         if applies("prefetch_factor", values):
             shown.append(f"prefetch={self.prefetch_factor}")

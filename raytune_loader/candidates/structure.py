@@ -7,7 +7,7 @@ profiled, modelled and reported by structure (:func:`structure`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.candidates.rules import applies
@@ -50,7 +50,7 @@ class Structure:
 
 def structure(config: LoaderConfig) -> Structure:
     """``config``'s structure."""
-    kind = config.workers if applies("workers", asdict(config)) else "none"
+    kind = config.workers if applies("workers", config.values()) else "none"
     if config.engine == "raydata":
         kind = "raydata"
     return Structure(config.decode, config.transfer, kind, config.access, config.batching)

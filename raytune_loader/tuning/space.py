@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from raytune_loader.candidates.config import _DEFAULTS, LoaderConfig
@@ -293,7 +293,7 @@ class _Replay:
     and recorded, so the space's own branches say which parameters ``config`` sets."""
 
     def __init__(self, config: LoaderConfig) -> None:
-        self.values = asdict(config)
+        self.values = config.values()
         self.point: dict[str, Any] = {}
 
     def suggest_int(self, name: str, low: int, high: int) -> Any:
