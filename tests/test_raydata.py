@@ -443,6 +443,33 @@ def _write_parquet(images: Path, out: Path, files: int) -> None:
         }), out / f"part-{part}.parquet")  # fmt: skip
 
 
+@pytest.mark.slow
+def test_best_config_s_ray_data_pipeline_reads_the_searched_shards_every_sample_once(
+    local_ray: None, tiny_shards: Path, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """A Ray Data winner of a search on webdataset shards, loaded from best_config.json:
+    ``raydata_dataset()`` reads the shards the search read (with Ray's reader), and an
+    epoch iterated with the tuned arguments is every file once with its class."""
+    from raytune_loader import load_best_config
+
+    section = RayDataConfig(8, crosses="encoded", map_batch_size=8)
+    spec = {"name": "webdataset", "data_root": str(tiny_shards)}
+    best = {"schema_version": 1, "dataset": "webdataset", "model": "small-cnn",
+            "objective": "util", "engine": "raydata",
+            "loader": {"batch_size": 8, "num_workers": 1, "access": "stream"},
+            "metrics": {}, "baselines": {}, "speedup": {}, "hardware": {},
+            "search": {"dataset_spec": spec}, "created": "now",
+            "raydata": {"chosen": True, "config": section.values()}}  # fmt: skip
+    (tmp_path / "best_config.json").write_text(json.dumps(best))
+    tuned = load_best_config(tmp_path / "best_config.json")
+    epoch = [(hashlib.sha1(file.numpy().tobytes()).hexdigest(), int(label))
+             for images, labels in tuned.raydata_dataset().iter_torch_batches(
+                 **tuned.iteration_arguments())
+             for file, label in zip(images.files(), labels, strict=True)]  # fmt: skip
+    folder = _folder_samples(tiny_imagenet)
+    assert sorted(epoch) == sorted((digest, label) for digest, (_, label) in folder.items())
+
+
 def _parquet_table(images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """``--dataset hf`` on three Parquet files of ``images``, as its spec."""
     from raytune_loader.sources import hf_tables
@@ -1099,30 +1126,3 @@ def test_a_cpu_node_lost_during_a_measurement_fails_it_in_one_line_and_the_next_
     after = measurer.measure(short, LoaderConfig(8))
     assert after.failure is None and after.metrics is not None
     assert two_nodes.no_makers_within(30)
-
-
-@pytest.mark.slow
-def test_best_config_s_ray_data_pipeline_reads_the_searched_shards_every_sample_once(
-    local_ray: None, tiny_shards: Path, tiny_imagenet: Path, tmp_path: Path
-) -> None:
-    """A Ray Data winner of a search on webdataset shards, loaded from best_config.json:
-    ``raydata_dataset()`` reads the shards the search read (with Ray's reader), and an
-    epoch iterated with the tuned arguments is every file once with its class."""
-    from raytune_loader import load_best_config
-
-    section = RayDataConfig(8, crosses="encoded", map_batch_size=8)
-    spec = {"name": "webdataset", "data_root": str(tiny_shards)}
-    best = {"schema_version": 1, "dataset": "webdataset", "model": "small-cnn",
-            "objective": "util", "engine": "raydata",
-            "loader": {"batch_size": 8, "num_workers": 1, "access": "stream"},
-            "metrics": {}, "baselines": {}, "speedup": {}, "hardware": {},
-            "search": {"dataset_spec": spec}, "created": "now",
-            "raydata": {"chosen": True, "config": section.values()}}  # fmt: skip
-    (tmp_path / "best_config.json").write_text(json.dumps(best))
-    tuned = load_best_config(tmp_path / "best_config.json")
-    epoch = [(hashlib.sha1(file.numpy().tobytes()).hexdigest(), int(label))
-             for images, labels in tuned.raydata_dataset().iter_torch_batches(
-                 **tuned.iteration_arguments())
-             for file, label in zip(images.files(), labels, strict=True)]  # fmt: skip
-    folder = _folder_samples(tiny_imagenet)
-    assert sorted(epoch) == sorted((digest, label) for digest, (_, label) in folder.items())
