@@ -516,19 +516,32 @@ def test_hf_parquet_files_are_read_by_read_parquet_every_row_once_an_epoch(
     _same_as_the_folder(decoded, folder, tiny_imagenet, "uint8", "pil")
 
 
-def test_a_map_style_dataset_of_the_user_s_is_read_by_index_each_sample_once(
-    local_ray: None,
-) -> None:
-    """A dataset that is neither files nor shards: the rows are its indices, each actor
-    holds it and calls ``dataset[i]``; the trial's subset is read, each sample once an
-    epoch with its label, and another order the next."""
+def _indexed() -> tuple[Any, torch.Tensor]:
+    """A dataset that is neither files nor shards: a subset of tensors, labels i % 7."""
     from torch.utils.data import TensorDataset
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8, generator=generator)
-    dataset = Subset(TensorDataset(images, torch.arange(40) % 7), list(range(3, 27)))
+    return Subset(TensorDataset(images, torch.arange(40) % 7), list(range(3, 27))), images
+
+
+def test_a_map_style_dataset_of_the_user_s_becomes_rows_of_its_indices() -> None:
+    """The seam, without Ray: the rows are the dataset's indices, which each actor reads
+    with ``dataset[i]`` (the slow tier runs the actors)."""
+    dataset, _ = _indexed()
     rows = raydata.rows_of(dataset)
     assert isinstance(rows, raydata.ByIndex) and rows.dataset is dataset
+    assert raydata.Indexed(dataset)({"index": 5})[1] == (3 + 5) % 7
+
+
+@pytest.mark.slow
+def test_a_map_style_dataset_of_the_user_s_is_read_by_index_each_sample_once(
+    local_ray: None,
+) -> None:
+    """Each actor holds the dataset and calls ``dataset[i]``; the trial's subset is read,
+    each sample once an epoch with its label, and another order the next."""
+    dataset, images = _indexed()
+    rows = raydata.rows_of(dataset)
     config = RayDataConfig(8, crosses="uint8")
     loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=1), config)
     epochs = [[(bytes(image.numpy()), int(label)) for batch in loader
