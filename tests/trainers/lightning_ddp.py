@@ -51,3 +51,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Lightning leaves its gloo group alive; torn down at interpreter exit, its C++
+    # threads can abort the process ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,209 @@
+"""A real S3 API on loopback for the tests and the experiments: moto's server, behind a
+proxy of our own that adds what a real store has and a loopback server lacks.
+
+:class:`S3Server` starts moto's ``ThreadedMotoServer`` (the S3 protocol, in pure
+Python) and, in front of it, :class:`SlowProxy`: an HTTP/1.1 proxy that, request by
+request (keep-alive connections do not hide it), waits ``ttfb_s`` before a response's
+first byte, sends its body at ``bytes_per_s`` a request, and answers a share
+``throttle`` of GETs with S3's own ``503 SlowDown``. Clients reach it through the
+standard environment (``AWS_ENDPOINT_URL`` and test credentials, :meth:`S3Server.env`).
+Both run in threads of the calling process and stop with the context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+CHUNK = 16 * 1024  # the body's pacing unit
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class SlowProxy:
+    """What the store adds to each request: time to first byte, a bandwidth cap per
+    request, and a share of GETs throttled; what it did is counted."""
+
+    upstream: int
+    ttfb_s: float = 0.0
+    bytes_per_s: float | None = None
+    throttle: float = 0.0
+    seed: int = 0
+    port: int = field(default_factory=free_port)
+    requests: int = 0
+    throttled: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> SlowProxy:
+        ready = threading.Event()
+        self._random = random.Random(self.seed)
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            server = self._loop.run_until_complete(
+                asyncio.start_server(self._serve, "127.0.0.1", self.port, backlog=512)
+            )
+            ready.set()
+            try:
+                self._loop.run_forever()
+            finally:
+                server.close()
+                self._loop.run_until_complete(server.wait_closed())
+                self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="slow-proxy", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    async def _serve(self, client: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        try:
+            while True:
+                try:
+                    head = await client.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                method = head.split(b" ", 1)[0].upper()
+                body = await _body(client, head, request=True)
+                self.requests += 1
+                if method == b"GET" and self._random.random() < self.throttle:
+                    self.throttled += 1
+                    out.write(
+                        b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(SLOWDOWN) + SLOWDOWN
+                    )
+                    await out.drain()
+                    continue
+                up_writer.write(head + body)
+                await up_writer.drain()
+                reply = await up_reader.readuntil(b"\r\n\r\n")
+                payload = b"" if method == b"HEAD" else await _body(up_reader, reply)
+                if self.ttfb_s:
+                    await asyncio.sleep(self.ttfb_s)
+                out.write(reply)
+                await self._paced(out, payload)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            up_writer.close()
+            out.close()
+
+    async def _paced(self, out: asyncio.StreamWriter, payload: bytes) -> None:
+        if not self.bytes_per_s:
+            out.write(payload)
+            await out.drain()
+            return
+        for start in range(0, len(payload), CHUNK):
+            piece = payload[start : start + CHUNK]
+            out.write(piece)
+            await out.drain()
+            await asyncio.sleep(len(piece) / self.bytes_per_s)
+
+
+async def _body(reader: asyncio.StreamReader, head: bytes, request: bool = False) -> bytes:
+    """A message's body as it came (Content-Length, or chunked), to pass on whole."""
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    if "content-length" in fields:
+        return await reader.readexactly(int(fields["content-length"]))
+    if fields.get("transfer-encoding", "").lower() == "chunked":
+        parts = []
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            chunk = await reader.readexactly(size + 2)
+            parts.append(size_line + chunk)
+            if size == 0:
+                return b"".join(parts)
+    status = lines[0].split(" ")
+    if request or (len(status) > 1 and status[1] in ("204", "304")):
+        return b""
+    return b""  # moto sends a length with every body
+
+
+class S3Server:
+    """moto's S3 server on loopback and the proxy in front of it (see the module)."""
+
+    def __init__(self, ttfb_s: float = 0.0, bytes_per_s: float | None = None,
+                 throttle: float = 0.0) -> None:  # fmt: skip
+        from moto.server import ThreadedMotoServer
+
+        self.moto_port = free_port()
+        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
+        self.proxy = SlowProxy(self.moto_port, ttfb_s, bytes_per_s, throttle)
+
+    def __enter__(self) -> S3Server:
+        self.moto.start()
+        self.proxy.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proxy.stop()
+        self.moto.stop()
+
+    @property
+    def endpoint(self) -> str:
+        """The proxy's URL: what clients are pointed at."""
+        return f"http://127.0.0.1:{self.proxy.port}"
+
+    def env(self) -> dict[str, str]:
+        """The standard environment a client reads: the endpoint and test credentials."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}  # fmt: skip
+
+    def client(self):  # noqa: ANN201 - boto3's client, for setting up buckets
+        import boto3
+
+        direct = f"http://127.0.0.1:{self.moto_port}"  # the setup skips the proxy's delays
+        return boto3.client("s3", endpoint_url=direct, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+
+    def upload_folder(self, folder: Path, bucket: str, prefix: str) -> int:
+        """Every file under ``folder`` as ``prefix/<its path under folder>``; how many."""
+        client = self.client()
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=bucket)
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        for path in files:
+            key = "/".join(x for x in (prefix, path.relative_to(folder).as_posix()) if x)
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+        return len(files)
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` while the block runs, the environment restored after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
