@@ -48,6 +48,17 @@ NOT_NEEDED = {
     "grpc": "the Ray Data engine's spill reading only (installed with ray)",
     "lightning": "Lightning's worker seeding, under Lightning only (skipped without it)",
     "lightning_fabric": "Lightning's worker seeding, under Lightning only (skipped without it)",
+    **dict.fromkeys(
+        (
+            "botocore",
+            "botocore.auth",
+            "botocore.awsrequest",
+            "botocore.config",
+            "botocore.session",
+            "urllib3",
+        ),
+        "data on S3 only (the s3 extra)",
+    ),
 }
 
 

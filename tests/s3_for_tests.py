@@ -5,14 +5,16 @@ proxy of our own that adds what a real store has and a loopback server lacks.
 Python) and, in front of it, :class:`SlowProxy`: an HTTP/1.1 proxy that, request by
 request (keep-alive connections do not hide it), waits ``ttfb_s`` before a response's
 first byte, sends its body at ``bytes_per_s`` a request, and answers a share
-``throttle`` of GETs with S3's own ``503 SlowDown``. Clients reach it through the
-standard environment (``AWS_ENDPOINT_URL`` and test credentials, :meth:`S3Server.env`).
-Both run in threads of the calling process and stop with the context.
+``throttle`` of objects' GETs (not listings) with S3's own ``503 SlowDown``. Clients
+reach it through the standard environment (``AWS_ENDPOINT_URL`` and test credentials,
+:meth:`S3Server.env`). Both run in threads of the calling process and stop with the
+context.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import random
@@ -38,16 +40,24 @@ def free_port() -> int:
 @dataclass
 class SlowProxy:
     """What the store adds to each request: time to first byte, a bandwidth cap per
-    request, and a share of GETs throttled; what it did is counted."""
+    request, a share of objects' GETs throttled (``503 SlowDown``) and a share cut off
+    mid-body (the connection dropped); what it did is counted: requests, objects' GETs
+    answered whole by path, the most GETs in flight at once."""
 
     upstream: int
     ttfb_s: float = 0.0
     bytes_per_s: float | None = None
     throttle: float = 0.0
+    cut: float = 0.0
     seed: int = 0
     port: int = field(default_factory=free_port)
     requests: int = 0
+    gets: int = 0  # of them, objects' GETs (not listings)
     throttled: int = 0
+    cuts: int = 0
+    answered: collections.Counter[str] = field(default_factory=collections.Counter)
+    in_flight: int = 0
+    peak_in_flight: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
 
@@ -65,7 +75,7 @@ class SlowProxy:
                 self._loop.run_forever()
             finally:
                 server.close()
-                self._loop.run_until_complete(server.wait_closed())
+                self._loop.run_until_complete(_closed(server))
                 self._loop.close()
 
         self._thread = threading.Thread(target=run, name="slow-proxy", daemon=True)
@@ -87,10 +97,13 @@ class SlowProxy:
                     head = await client.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                method = head.split(b" ", 1)[0].upper()
+                method, target = head.split(b" ", 2)[:2]
+                method = method.upper()
                 body = await _body(client, head, request=True)
                 self.requests += 1
-                if method == b"GET" and self._random.random() < self.throttle:
+                fetch = method == b"GET" and b"?" not in target  # an object's GET, not a list
+                self.gets += fetch
+                if fetch and self._random.random() < self.throttle:
                     self.throttled += 1
                     out.write(
                         b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
@@ -98,15 +111,27 @@ class SlowProxy:
                     )
                     await out.drain()
                     continue
-                up_writer.write(head + body)
-                await up_writer.drain()
-                reply = await up_reader.readuntil(b"\r\n\r\n")
-                payload = b"" if method == b"HEAD" else await _body(up_reader, reply)
-                if self.ttfb_s:
-                    await asyncio.sleep(self.ttfb_s)
-                out.write(reply)
-                await self._paced(out, payload)
-        except (ConnectionError, asyncio.IncompleteReadError):
+                self.in_flight += fetch
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+                try:
+                    up_writer.write(head + body)
+                    await up_writer.drain()
+                    reply = await up_reader.readuntil(b"\r\n\r\n")
+                    payload = b"" if method == b"HEAD" else await _body(up_reader, reply)
+                    if self.ttfb_s:
+                        await asyncio.sleep(self.ttfb_s)
+                    out.write(reply)
+                    if fetch and payload and self._random.random() < self.cut:
+                        self.cuts += 1
+                        out.write(payload[: len(payload) // 2])
+                        await out.drain()
+                        return  # the connection dropped mid-body
+                    await self._paced(out, payload)
+                finally:
+                    self.in_flight -= fetch
+                if fetch and reply.split(b" ", 2)[1] in (b"200", b"206"):
+                    self.answered[target.decode().split("/", 2)[-1]] += 1
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return
         finally:
             up_writer.close()
@@ -122,6 +147,15 @@ class SlowProxy:
             out.write(piece)
             await out.drain()
             await asyncio.sleep(len(piece) / self.bytes_per_s)
+
+
+async def _closed(server: asyncio.Server) -> None:
+    """Every connection's task ended, then the server."""
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    await server.wait_closed()
 
 
 async def _body(reader: asyncio.StreamReader, head: bytes, request: bool = False) -> bytes:
@@ -149,14 +183,17 @@ class S3Server:
     """moto's S3 server on loopback and the proxy in front of it (see the module)."""
 
     def __init__(self, ttfb_s: float = 0.0, bytes_per_s: float | None = None,
-                 throttle: float = 0.0) -> None:  # fmt: skip
+                 throttle: float = 0.0, cut: float = 0.0) -> None:  # fmt: skip
         from moto.server import ThreadedMotoServer
 
         self.moto_port = free_port()
         self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
-        self.proxy = SlowProxy(self.moto_port, ttfb_s, bytes_per_s, throttle)
+        self.proxy = SlowProxy(self.moto_port, ttfb_s, bytes_per_s, throttle, cut)
 
     def __enter__(self) -> S3Server:
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
         self.moto.start()
         self.proxy.start()
         return self
@@ -207,3 +244,31 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def serve(ttfbs: list[float], bytes_per_s: float | None) -> None:
+    """moto's server and one proxy per time to first byte in ``ttfbs``, in this process,
+    until stdin closes; prints ``moto_port proxy_port...`` on one line first (a server
+    process of its own, so that a client's CPU time is its own)."""
+    import logging
+    import sys
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    moto.start()
+    proxies = [SlowProxy(port, ttfb, bytes_per_s if ttfb else None).start() for ttfb in ttfbs]
+    print(port, *(p.port for p in proxies), flush=True)
+    sys.stdin.read()
+    for proxy in proxies:
+        proxy.stop()
+    moto.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
+    serve([float(t) for t in sys.argv[1].split(",")], rate)

@@ -1,14 +1,20 @@
 """One bucket of an object store, listed once and read object by object, every retry counted.
 
-:class:`Store` reads through obstore (Rust ``object_store``: the client the package
-measured fastest per core, ``docs/object_storage.md``) with obstore's own retries off,
-so that each retry is the package's: backed off with jitter and counted by cause
-(:class:`Counts`: throttled, timed out, connection reset), which the findings read.
-Credentials, endpoint and region come from where the user set them (``AWS_*``
-environment variables, ``AWS_PROFILE`` through boto3), and ``--storage-options`` for
-anything else; no secret reaches a message or a log line. A store pickles as its URL
-and options alone: each process (a loader worker, a Ray task) opens its own client
-when it first reads, as obstore's runtime does not survive a fork.
+:class:`Store` GETs each object itself: a request signed by botocore (AWS's own
+signer and credential chain) sent over a urllib3 connection pool of this process, with
+no retry of the library's, so that each retry is the package's: backed off with jitter
+and counted by cause (:class:`Counts`: throttled, timed out, connection reset), which
+the measurement reads. Why not a client whole (s3torchconnector's CRT,
+obstore, boto3, s3fs): ``docs/object_storage.md`` (the CRT retries out of sight,
+obstore's runtime hangs in a forked DataLoader worker, boto3 costs twice the CPU a
+request). Listing, a few requests a search, goes through botocore's client.
+Credentials come from where the user set them for every other AWS tool
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
+the instance's role), the endpoint and region
+from ``AWS_ENDPOINT_URL`` and ``AWS_REGION``; ``--storage-options`` sets what is left
+(:class:`StoreOptions`), and takes no credential. No secret reaches a message or a log
+line. A store pickles as its URL and options alone: each process (a loader worker, a
+Ray task) opens its own client when it first reads.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
 from raytune_loader.stores.url import StoreUrl
@@ -30,258 +38,396 @@ ATTEMPTS = 8  # a request tried at most this many times before its error is the 
 BACKOFF_S = 0.05  # the first retry's wait at most; doubled each time, with full jitter
 BACKOFF_MAX_S = 5.0
 CAUSES = ("throttled", "timeout", "reset")  # why a request was retried
-_SECRET = ("secret", "token", "password", "key_id", "access_key", "session")
+POOL_CONNECTIONS = 64  # kept open per process: a worker's fetch threads at most
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 60.0  # between two reads of an answer: a stalled body is retried
+_CREDENTIAL_WORDS = ("secret", "token", "password", "access_key", "key_id", "credential")
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """The client's settings beyond the environment's (``--storage-options``): each None
+    takes the environment's value (``AWS_REGION``, ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``)
+    or the client's default. No credential: those come from the environment or a
+    profile, where a flag's value (shell history, process lists) would not put them."""
+
+    region: str | None = None
+    endpoint_url: str | None = None  # an S3-compatible store's (MinIO, R2, GCS's S3 API)
+    profile: str | None = None
+    force_path_style: bool | None = None  # bucket in the path; default: with an endpoint
+    unsigned: bool = False  # a public bucket, read without credentials
+
+    @classmethod
+    def from_pairs(cls, pairs: Mapping[str, str] | tuple[tuple[str, str], ...]) -> StoreOptions:
+        """From ``--storage-options``' (key, value) pairs; a ConfigError in one line for
+        a key it does not know, or one that looks like a credential."""
+        values = dict(pairs)
+        known = {f for f in cls.__dataclass_fields__}
+        for key in values:
+            if any(word in key.lower() for word in _CREDENTIAL_WORDS):
+                raise ConfigError(
+                    f"--storage-options takes no credential ({key}): set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY in the environment, or AWS_PROFILE"
+                )
+            if key not in known:
+                raise ConfigError(
+                    f"--storage-options has no key {key!r}; it takes {', '.join(sorted(known))}"
+                )
+        flags = {k: _flag(k, values[k]) for k in ("force_path_style", "unsigned") if k in values}
+        found = cls(**{**values, **flags})  # type: ignore[arg-type]
+        endpoint = found.endpoint_url
+        if endpoint is not None:
+            parsed = urlparse(endpoint)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ConfigError(f"endpoint_url must be http(s)://host[:port], got {endpoint}")
+            if parsed.username or parsed.password:
+                raise ConfigError("endpoint_url carries no credential: use the environment's")
+        return found
+
+    def resolved(self) -> StoreOptions:
+        """These options with the environment's values where they are None."""
+        env = os.environ
+        endpoint = (self.endpoint_url or env.get("AWS_ENDPOINT_URL_S3")
+                    or env.get("AWS_ENDPOINT_URL"))  # fmt: skip
+        return StoreOptions(
+            region=self.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+            endpoint_url=endpoint,
+            profile=self.profile or env.get("AWS_PROFILE"),
+            force_path_style=(
+                endpoint is not None if self.force_path_style is None else self.force_path_style
+            ),  # fmt: skip
+            unsigned=self.unsigned,
+        )
+
+
+def _flag(key: str, value: str) -> bool:
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"--storage-options {key} must be true or false, got {value!r}")
 
 
 class Counts:
-    """Requests, bytes and retries by cause, shared by every process that reads through
-    the store (a torch tensor in shared memory: loader workers add to the trial's)."""
+    """Requests, bytes, request time and retries by cause, added to by every process and
+    thread that reads through the store, read by the measurement (the trial's process).
 
-    NAMES = ("requests", "bytes", *CAUSES)
+    The figures live in a torch tensor in shared memory (loader workers inherit it, or
+    receive it through torch's sharing when they are spawned), a row per process
+    (``pid`` modulo :data:`ROWS`: the processes of one trial do not share a row), so no
+    lock crosses processes; a process's threads take its own lock."""
+
+    NAMES = ("requests", "bytes", *CAUSES, "busy_us")
+    ROWS = 4096
 
     def __init__(self) -> None:
         import torch
 
-        self.values = torch.zeros(len(self.NAMES), dtype=torch.int64).share_memory_()
+        self.values = torch.zeros(self.ROWS, len(self.NAMES), dtype=torch.int64).share_memory_()
 
-    def add(self, name: str, amount: int = 1) -> None:
-        """Count ``amount`` more of ``name``."""
-        self.values[self.NAMES.index(name)] += amount
+    def add(self, **amounts: float) -> None:
+        """Add ``amounts`` by name (``requests=1, bytes=n, ...``)."""
+        pid = os.getpid()
+        row = self.values[pid % self.ROWS]
+        with _process_lock(pid):
+            for name, amount in amounts.items():
+                row[self.NAMES.index(name)] += int(amount)
 
-    def as_dict(self) -> dict[str, int]:
-        """Every count by name."""
-        return {name: int(v) for name, v in zip(self.NAMES, self.values.tolist(), strict=True)}
+    def totals(self) -> dict[str, int]:
+        """Every count by name, all processes together."""
+        return dict(zip(self.NAMES, self.values.sum(0).tolist(), strict=True))
+
+
+_LOCKS: dict[int, threading.Lock] = {}
+
+
+def _process_lock(pid: int) -> threading.Lock:
+    """This process's lock (a forked child makes its own: its pid differs)."""
+    lock = _LOCKS.get(pid)
+    if lock is None:
+        lock = _LOCKS.setdefault(pid, threading.Lock())
+    return lock
 
 
 @dataclass
 class Store:
-    """A bucket (or container) at ``url``; ``options`` are the client's settings beyond
-    the environment's (``--storage-options``)."""
+    """A bucket at ``url``; ``options`` the client's settings beyond the environment's."""
 
     url: StoreUrl
-    options: Mapping[str, str] = field(default_factory=dict)
+    options: StoreOptions = field(default_factory=StoreOptions)
     counts: Counts | None = None
-    _client: Any = field(default=None, repr=False, compare=False)
+    _client: Transport | None = field(default=None, repr=False, compare=False)
     _pid: int = field(default=0, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": dict(self.options), "counts": self.counts,
+        return {"url": self.url, "options": self.options, "counts": self.counts,
                 "_client": None, "_pid": 0}  # fmt: skip
 
     # -- what the user set ---------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        """What ``best_config.json`` records of the store: its scheme, bucket and
-        endpoint host (no credential, no option's value)."""
-        endpoint = _endpoint(self.options)
+        """What ``best_config.json`` records of the store: its scheme, bucket, endpoint
+        host and region (no credential)."""
+        options = self.options.resolved()
+        endpoint = options.endpoint_url
         return {
             "scheme": self.url.scheme,
             "bucket": self.url.bucket,
-            "endpoint_host": urlparse(endpoint).hostname if endpoint else None,
-            "options": sorted(self.options),
+            "endpoint_host": urlparse(endpoint).netloc if endpoint else "s3.amazonaws.com",
+            "region": options.region,
         }
 
     def credentials(self) -> str:
         """Where the credentials come from, in words (never what they are)."""
         env = os.environ
-        if self.url.scheme != "s3":
-            return "the environment of the store's client"
-        if any(k.lower().startswith("aws_access_key") for k in self.options):
-            return "--storage-options"
+        options = self.options.resolved()
+        if options.unsigned:
+            return "none (unsigned requests)"
         if env.get("AWS_ACCESS_KEY_ID"):
             return "AWS_ACCESS_KEY_ID in the environment"
-        if env.get("AWS_PROFILE"):
-            return f"AWS_PROFILE {env['AWS_PROFILE']}"
+        if options.profile:
+            return f"profile {options.profile}"
         if env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
             return "AWS_WEB_IDENTITY_TOKEN_FILE in the environment"
-        return "none found (no AWS_ACCESS_KEY_ID, AWS_PROFILE): the instance's role, if any"
+        return "none in the environment (no AWS_ACCESS_KEY_ID, AWS_PROFILE): the instance's role"
 
     # -- reading -------------------------------------------------------------------------
 
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
-        """Every object under ``prefix`` (relative to the store's own), as (key, bytes),
-        in key order; one listing request per thousand keys."""
-        import obstore
-
+        """Every object under ``prefix`` (a folder, relative to the store's own), as (key,
+        bytes), in key order; one listing request per thousand keys."""
+        where = self._folder(prefix)
         found: list[tuple[str, int]] = []
-        where = self.url.key(prefix) or None
-        try:
-            for chunk in obstore.list(self.client(), where, chunk_size=1000):
-                found += [(meta["path"], int(meta["size"])) for meta in chunk]
-        except Exception as exc:  # noqa: BLE001 - obstore's errors, said in one line
-            raise self._refused(exc, where or "") from None
+        for page in self._pages(Prefix=where):
+            found += [(item["Key"], int(item["Size"])) for item in page.get("Contents", ())]
+        return sorted(found)
+
+    def folders(self, prefix: str = "") -> list[str]:
+        """The keys' first level under ``prefix`` (relative to the store's own): the
+        "folders" (common prefixes) a ``/`` delimiter finds, each a key prefix without
+        its trailing slash, in key order."""
+        where = self._folder(prefix)
+        found: list[str] = []
+        for page in self._pages(Prefix=where, Delimiter="/"):
+            found += [p["Prefix"].rstrip("/") for p in page.get("CommonPrefixes", ())]
         return sorted(found)
 
     def get(self, key: str) -> bytes:
         """The object ``key``, retried with backoff where the store throttled, timed out
         or dropped the connection (each retry counted); a CorruptSampleError naming it
         where it is gone, a DatasetError for what no retry mends (access denied)."""
-        import obstore
-
         for attempt in range(ATTEMPTS):
-            try:
-                data = bytes(obstore.get(self.client(), key).bytes())
-            except Exception as exc:  # noqa: BLE001 - classified below; the rest re-raised
-                cause = retry_cause(exc)
-                if cause is None or attempt == ATTEMPTS - 1:
-                    raise self._failed(exc, key) from None
-                self._count(cause)
-                time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2**attempt)))
-                continue
-            self._count("requests")
-            self._count("bytes", len(data))
-            return data
+            started = time.perf_counter()
+            status, data, cause = self._transport().get(self.url.bucket, key)
+            if status == 200:
+                self._count(requests=1, bytes=len(data), busy_us=_us(time.perf_counter() - started))
+                return data
+            if cause is None or attempt == ATTEMPTS - 1:
+                raise self._failed(status, data, key)
+            self._count(**{cause: 1, "busy_us": _us(time.perf_counter() - started)})
+            time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2**attempt)))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def check(self) -> None:
         """Before any trial: the bucket exists, the credentials read it, and the prefix
         holds objects; each otherwise a DatasetError in one line naming the bucket and
         where the credentials came from."""
-        if not self.list_some():
+        page = next(iter(self._pages(Prefix=self._folder(""), PaginationConfig={"MaxItems": 1})))
+        if not page.get("Contents"):
             raise DatasetError(
                 f"{self.url} holds no object (bucket {self.url.bucket}, credentials: "
                 f"{self.credentials()}): check the prefix"
             )
 
-    def list_some(self) -> bool:
-        """Whether the prefix holds at least one object (one listing request)."""
-        import obstore
-
-        where = self.url.key() or None
-        try:
-            stream = obstore.list(self.client(), where, chunk_size=1)
-            return any(chunk for chunk in (next(iter(stream), []),))
-        except Exception as exc:  # noqa: BLE001 - obstore's errors, said in one line
-            raise self._refused(exc, where or "") from None
-
-    def client(self) -> Any:
-        """This process's obstore client (opened on first use, again after a fork)."""
+    def _transport(self) -> Transport:
+        """This process's transport (opened on first use, again after a fork)."""
         if self._client is None or self._pid != os.getpid():
-            self._client, self._pid = _open(self.url, self.options), os.getpid()
+            self._client, self._pid = Transport(self.options.resolved()), os.getpid()
         return self._client
 
-    def _count(self, name: str, amount: int = 1) -> None:
+    def _pages(self, **query: Any) -> Iterator[dict[str, Any]]:
+        """ListObjectsV2's pages (botocore's paginator, its standard retries), its
+        errors in one line naming the bucket and the credentials' source."""
+        where = query.get("Prefix", "")
+        try:
+            pages = self._transport().lister().get_paginator("list_objects_v2")
+            yield from pages.paginate(Bucket=self.url.bucket, **query)
+        except Exception as exc:  # noqa: BLE001 - botocore's errors, said in one line
+            raise self._refused(exc, where) from None
+
+    def _folder(self, prefix: str) -> str:
+        key = self.url.key(prefix)
+        return f"{key}/" if key else ""
+
+    def _count(self, **amounts: float) -> None:
         if self.counts is not None:
-            self.counts.add(name, amount)
+            self.counts.add(**amounts)
 
     def _refused(self, exc: Exception, where: str) -> DatasetError:
         said = _said(exc)
         place = self.url.of(where) if where else f"{self.url.scheme}://{self.url.bucket}"
         why = "cannot be listed"
-        if "nosuchbucket" in said.replace(" ", "") or "bucket does not exist" in said:
-            why = "does not exist"
-        elif _denied(exc, said):
+        if "nosuchbucket" in said or "bucket does not exist" in said:
+            place, why = f"{self.url.scheme}://{self.url.bucket}", "does not exist"
+        elif _denied(said):
             why = "refused these credentials (access denied)"
         return DatasetError(
-            f"{place} {why}: bucket {self.url.bucket}, credentials: {self.credentials()}"
-            f"{_endpoint_words(self.options)} ({_first_line(exc)})"
+            f"{place} {why}: bucket {self.url.bucket}, credentials: {self.credentials()}, "
+            f"endpoint {self.describe()['endpoint_host']} ({_first_line(exc)})"
         )
 
-    def _failed(self, exc: Exception, key: str) -> Exception:
-        said = _said(exc)
-        if _not_found(exc, said):
+    def _failed(self, status: int, body: bytes, key: str) -> Exception:
+        said = body[:2000].decode("utf-8", "replace")
+        code = re.search(r"<Code>([^<]+)</Code>", said)
+        words = f"HTTP {status}" + (f" {code[1]}" if code else "") if status else said
+        if status == 404 and (code is None or code[1] == "NoSuchKey"):
             return CorruptSampleError(f"{self.url.of(key)} was listed but is gone")
-        if _denied(exc, said):
-            return self._refused(exc, key)
-        return DatasetError(f"{self.url.of(key)} could not be read: {_first_line(exc)}")
+        if status in (403, 404):
+            return self._refused(OSError(words), key)
+        return DatasetError(f"{self.url.of(key)} could not be read ({words}), {ATTEMPTS} tries")
 
 
-def retry_cause(exc: Exception) -> str | None:
-    """Why a failed request is worth another try (``throttled``, ``timeout``, ``reset``),
-    or None: it is not."""
-    said = _said(exc)
-    if any(w in said for w in ("503", "slowdown", "slow down", "service unavailable", "429",
-                               "too many requests", "throttl")):  # fmt: skip
-        return "throttled"
-    if "timed out" in said or "timeout" in said:
-        return "timeout"
-    if any(w in said for w in ("connection reset", "reset by peer", "broken pipe",
-                               "error sending request", "incomplete", "unexpected eof",
-                               "connection closed", "connection refused", "500",
-                               "internal error")):  # fmt: skip
-        return "reset"
-    return None
+class Transport:
+    """This process's way to the store: signed GETs over a urllib3 connection pool (no
+    retry of urllib3's: :meth:`Store.get` retries and counts), and botocore's client
+    for listing. The credentials are botocore's chain (the environment, ``AWS_PROFILE``
+    and its files, the instance's role), refreshed as botocore refreshes them."""
+
+    def __init__(self, options: StoreOptions) -> None:
+        try:
+            import botocore.session
+            import urllib3
+        except ImportError:
+            raise ConfigError(
+                "reading an object store needs botocore: pip install 'raytune_loader[s3]'"
+            ) from None
+        self.options = options
+        self.region = options.region or "us-east-1"
+        self.session = botocore.session.Session(profile=options.profile)
+        self.credentials = None if options.unsigned else self.session.get_credentials()
+        self.pool = urllib3.PoolManager(
+            maxsize=POOL_CONNECTIONS, retries=False,
+            timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+        )  # fmt: skip
+        self._lister: Any = None
+
+    def url(self, bucket: str, key: str) -> str:
+        """The object's URL: in the path (an endpoint's default) or the bucket's host."""
+        path = quote(key, safe="/~")
+        endpoint = self.options.endpoint_url or f"https://s3.{self.region}.amazonaws.com"
+        if self.options.force_path_style:
+            return f"{endpoint.rstrip('/')}/{bucket}/{path}"
+        parts = urlparse(endpoint)
+        return f"{parts.scheme}://{bucket}.{parts.netloc}/{path}"
+
+    def get(self, bucket: str, key: str) -> tuple[int, bytes, str | None]:
+        """One GET: (status, body, why it is worth another try or None); status 0 where
+        no answer came (the body then says why)."""
+        import urllib3
+
+        url = self.url(bucket, key)
+        try:
+            answer = self.pool.request("GET", url, headers=self._signed(url))
+        except urllib3.exceptions.TimeoutError as exc:
+            return 0, _first_line(exc).encode(), "timeout"
+        except urllib3.exceptions.HTTPError as exc:  # reset, cut mid-body, refused
+            return 0, _first_line(exc).encode(), "reset"
+        status = answer.status
+        cause = {429: "throttled", 503: "throttled", 500: "reset", 502: "reset", 504: "timeout"}
+        return status, answer.data, cause.get(status)
+
+    def lister(self) -> Any:
+        """botocore's S3 client, for listing (with botocore's standard retries)."""
+        if self._lister is None:
+            from botocore import UNSIGNED
+            from botocore.config import Config
+
+            style = "path" if self.options.force_path_style else "auto"
+            signature = UNSIGNED if self.options.unsigned else None
+            config = Config(s3={"addressing_style": style}, retries={"mode": "standard"},
+                            signature_version=signature)  # fmt: skip
+            self._lister = self.session.create_client(
+                "s3", region_name=self.region, endpoint_url=self.options.endpoint_url,
+                config=config,
+            )  # fmt: skip
+        return self._lister
+
+    def _signed(self, url: str) -> dict[str, str]:
+        if self.credentials is None:
+            return {}
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method="GET", url=url)
+        S3SigV4Auth(self.credentials.get_frozen_credentials(), "s3", self.region).add_auth(request)
+        return dict(request.headers.items())
 
 
-def _open(url: StoreUrl, options: Mapping[str, str]) -> Any:
-    """An obstore client for ``url``'s bucket, the environment's settings under
-    ``options``; obstore's own retries off (ours count)."""
-    try:
-        from obstore.store import from_url
-    except ImportError:
-        raise ConfigError(
-            f"reading {url} needs an object store client: pip install 'raytune_loader[s3]' "
-            "(obstore)"
-        ) from None
-    from datetime import timedelta
-
-    client_options: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
-    if (_endpoint(options) or "").startswith("http://"):
-        client_options["allow_http"] = True
-    extra: dict[str, Any] = {}
-    if url.scheme == "s3" and os.environ.get("AWS_PROFILE") and not _has_keys(options):
-        extra["credential_provider"] = _profile_credentials()
-    retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}
-    try:
-        return from_url(f"{url.scheme}://{url.bucket}", config=dict(options) or None,
-                        client_options=client_options, retry_config=retry, **extra)  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 - obstore's configuration errors
-        keys = ", ".join(sorted(options)) or "none"
-        raise ConfigError(
-            f"{url}: the store client refused its settings (--storage-options keys: "
-            f"{keys}): {_first_line(exc)}"
-        ) from None
-
-
-def _profile_credentials() -> Any:
-    try:
-        import boto3
-        from obstore.auth.boto3 import Boto3CredentialProvider
-    except ImportError:
-        raise ConfigError("AWS_PROFILE is read through boto3: pip install boto3") from None
-    return Boto3CredentialProvider(boto3.Session(profile_name=os.environ["AWS_PROFILE"]))
-
-
-def _endpoint(options: Mapping[str, str]) -> str | None:
-    for key in ("aws_endpoint", "aws_endpoint_url", "endpoint", "endpoint_url"):
-        if options.get(key):
-            return str(options[key])
-    env = os.environ
-    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
-
-
-def _endpoint_words(options: Mapping[str, str]) -> str:
-    endpoint = _endpoint(options)
-    return f", endpoint {urlparse(endpoint).netloc}" if endpoint else ""
-
-
-def _has_keys(options: Mapping[str, str]) -> bool:
-    return any(k.lower().startswith("aws_access_key") for k in options)
+def _us(seconds: float) -> int:
+    return round(seconds * 1e6)
 
 
 def _said(exc: Exception) -> str:
     return str(exc).lower()
 
 
-def _denied(exc: Exception, said: str) -> bool:
-    name = type(exc).__name__
-    return name in ("PermissionDeniedError", "UnauthenticatedError") or any(
-        w in said for w in ("accessdenied", "access denied", "403", "forbidden",
-                            "invalidaccesskeyid", "signaturedoesnotmatch", "credential")
-    )  # fmt: skip
-
-
-def _not_found(exc: Exception, said: str) -> bool:
-    return type(exc).__name__ == "NotFoundError" or "nosuchkey" in said or "404" in said
+def _denied(said: str) -> bool:
+    return any(w in said for w in ("accessdenied", "access denied", "403", "forbidden",
+                                   "invalidaccesskeyid", "signaturedoesnotmatch",
+                                   "credential"))  # fmt: skip
 
 
 def _first_line(exc: Exception) -> str:
-    """The error's first line, any option's value that looks secret left out."""
+    """What the client said, in short: its first line, without any address (the
+    endpoint is named apart) and cut at 200 characters."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return line[:300]
+    line = re.sub(r"https?://\S+", "the store", line)
+    return line[:200]
 
 
-def redacted(options: Mapping[str, str]) -> dict[str, str]:
-    """``options`` as a log line may show them: what looks like a secret hidden."""
-    return {k: "***" if any(s in k.lower() for s in _SECRET) else str(v)
-            for k, v in options.items()}  # fmt: skip
+def count_requests(dataset: Any) -> Counts | None:
+    """Start counting the requests of the store that ``dataset`` (or a dataset it wraps:
+    a ``Subset``, a measurement's) reads through, in a new :class:`Counts`; None where
+    it reads no store."""
+    while dataset is not None:
+        store = vars(dataset).get("store") if hasattr(dataset, "__dict__") else None
+        if isinstance(store, Store):
+            store.counts = Counts()
+            return store.counts
+        dataset = getattr(dataset, "dataset", None)
+    return None
+
+
+class StoreWatch:
+    """What a measured window asked of the store (the measurement's figures): requests,
+    retries by cause, a request's mean time, and the requests in flight on average
+    (request-seconds over the window's seconds)."""
+
+    def __init__(self, counts: Counts) -> None:
+        self.counts = counts
+        self._started: tuple[dict[str, int], float] | None = None
+        self._ended: tuple[dict[str, int], float] | None = None
+
+    def window_started(self) -> None:
+        """Called when the measured window starts."""
+        self._started = (self.counts.totals(), time.monotonic())
+
+    def window_ended(self) -> None:
+        """Called when the measured window ends."""
+        self._ended = (self.counts.totals(), time.monotonic())
+
+    def figures(self) -> dict[str, Any]:
+        """The window's figures by ``SegmentMetrics``' names."""
+        if self._started is None or self._ended is None:
+            return {}
+        (before, start), (after, end) = self._started, self._ended
+        took = {name: after[name] - before[name] for name in Counts.NAMES}
+        requests, wall = took["requests"], max(end - start, 1e-9)
+        return {
+            "store_requests": requests,
+            "store_throttled": took["throttled"],
+            "store_timeouts": took["timeout"],
+            "store_resets": took["reset"],
+            "store_request_s": took["busy_us"] / 1e6 / requests if requests else None,
+            "store_in_flight": took["busy_us"] / 1e6 / wall,
+        }

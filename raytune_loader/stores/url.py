@@ -2,9 +2,10 @@
 
 :func:`parse` tells them apart once; :class:`StoreUrl` keeps an object store URL whole
 (``s3://bucket/key`` must not become ``s3:/bucket/key``, as a ``Path`` makes it) and
-joins keys under it. The schemes are those of the store clients the package reads
-with: ``s3`` (and ``s3a``), ``gs``, ``az`` (and ``abfs``); any other ``scheme://``
-is refused in one line.
+joins keys under it. The package reads ``s3://`` (and ``s3a://``): AWS S3 and every
+store that speaks its API (MinIO, Cloudflare R2, Ceph, Google Cloud Storage's XML API
+with HMAC keys) through ``AWS_ENDPOINT_URL``; any other ``scheme://`` is refused in one
+line that says so.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from dataclasses import dataclass
 
 from raytune_loader.errors import DatasetError
 
-SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "abfs": "az"}
+SCHEMES = {"s3": "s3", "s3a": "s3"}
+_THROUGH_S3 = {
+    "gs": "Google Cloud Storage serves S3's API: s3://bucket/prefix with "
+    "AWS_ENDPOINT_URL=https://storage.googleapis.com and an HMAC key as AWS_ACCESS_KEY_ID",
+    "gcs": "Google Cloud Storage serves S3's API: s3://bucket/prefix with "
+    "AWS_ENDPOINT_URL=https://storage.googleapis.com and an HMAC key as AWS_ACCESS_KEY_ID",
+}
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<bucket>[^/]*)/?(?P<prefix>.*)$")
 
 
@@ -62,10 +69,9 @@ def parse(location: str) -> StoreUrl:
         raise DatasetError(f"{location} is not an object store URL (scheme://bucket/prefix)")
     scheme = SCHEMES.get(found["scheme"])
     if scheme is None:
-        raise DatasetError(
-            f"{location}: {found['scheme']}:// is not an object store read here; use "
-            "s3://, gs:// or az:// (or a local path)"
-        )
+        hint = _THROUGH_S3.get(found["scheme"], "use s3:// (any S3-compatible store) or a "
+                               "local path (a mounted bucket)")  # fmt: skip
+        raise DatasetError(f"{location}: {found['scheme']}:// is not read here; {hint}")
     if not found["bucket"]:
         raise DatasetError(f"{location} names no bucket: use {scheme}://bucket/prefix")
     return StoreUrl(scheme, found["bucket"], found["prefix"].strip("/"))
