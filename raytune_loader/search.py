@@ -10,6 +10,7 @@ user mistake, 1 when the search itself failed, 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from typing import NoReturn
@@ -70,7 +71,19 @@ def get_args_parser() -> argparse.ArgumentParser:
         default=sources.DEFAULT,
         help=sources.help_text(),
     )
-    p.add_argument("--data-root", help="where the data is")
+    p.add_argument(
+        "--data-root",
+        help="where the data is: a local path, or an object store's URL (s3://bucket/prefix; "
+        "credentials, endpoint and region from AWS_* as your other tools read them)",
+    )
+    p.add_argument(
+        "--storage-options",
+        type=storage_options,
+        metavar="JSON",
+        help="the object store's settings beyond the environment's, as a JSON object: region, "
+        "endpoint_url, profile, force_path_style, unsigned (no credential: those come from "
+        "the environment or a profile)",
+    )
     p.add_argument("--download", action="store_true", help="let torchvision download cifar/mnist")
     p.add_argument(
         "--synthetic-images",
@@ -272,6 +285,22 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
+def storage_options(text: str) -> tuple[tuple[str, str], ...]:
+    """``--storage-options``' JSON object as (key, value) pairs (its values never echoed:
+    a credential put there by mistake stays out of the error)."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        found = None
+    scalar = (str, int, float, bool)
+    if not isinstance(found, dict) or not all(isinstance(v, scalar) for v in found.values()):
+        raise argparse.ArgumentTypeError(
+            'must be a JSON object of strings, such as \'{"region": "eu-west-1"}\''
+        )
+    return tuple(sorted((str(k), str(v).lower() if isinstance(v, bool) else str(v))
+                        for k, v in found.items()))  # fmt: skip
+
+
 def options_from_args(args: argparse.Namespace) -> SearchOptions:
     """The :class:`~raytune_loader.tuning.options.SearchOptions` parsed flags describe."""
     objective = "samples_per_s" if args.objective == "throughput" else args.objective
@@ -279,7 +308,8 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         dataset=args.dataset, data_root=args.data_root, download=args.download,
         synthetic_images=args.synthetic_images, image_column=args.image_column,
         label_column=args.label_column, shuffle_buffer=args.shuffle_buffer,
-        model=args.model, num_samples=args.num_samples, search=args.search,
+        storage_options=args.storage_options or (), model=args.model, num_samples=args.num_samples,
+        search=args.search,
         time_budget_s=args.time_budget, max_concurrent=args.max_concurrent,
         gpus_per_trial=args.gpus_per_trial, cpus_per_worker=args.cpus_per_worker,
         ranks_per_node=args.ranks_per_node,

@@ -48,7 +48,10 @@ class LoaderConfig:
     With ``engine="raydata"`` the batches are made by Ray Data actors running the same
     worker side (``transfer`` and ``decode`` say which; ``decode="device"``: the encoded
     files cross the object store), the DataLoader's arguments are inert and the Ray
-    Data knobs apply; ``None`` in one of them is Ray's default."""
+    Data knobs apply; ``None`` in one of them is Ray's default. ``fetch_threads`` is how
+    many of a batch's objects a worker fetches at once from an object store (requests in
+    flight per worker: what sets the rate against a store's latency); 1 reads them one
+    after another, as a local folder's files are."""
 
     batch_size: int = field(metadata={"label": "batch", "role": "loader", "shown_as": None})
     num_workers: int = _knob(0, "workers")
@@ -62,6 +65,7 @@ class LoaderConfig:
     workers: str = _knob("process", "worker kind", role="pipeline")
     access: str = _knob("map", "access", role="pipeline")
     batching: str = _knob("loader", "batching", role="pipeline")
+    fetch_threads: int = _knob(1, "fetch threads", role="pipeline")
     worker_threads: int | None = _knob(None, "worker threads", role="worker")
     engine: str = _knob("dataloader", "engine", role="engine")
     max_actors: int | None = _knob(None, "actors", role="raydata")
@@ -278,6 +282,7 @@ class LoaderConfig:
         shown += [{"pil": "", "tensor": "tensor-decode", "device": "device-decode"}[self.decode]]
         shown += ["stream" if self.access == "stream" else ""]
         shown += ["batched-in-workers" if self.batching == "workers" else ""]
+        shown += [f"fetch={self.fetch_threads}" if self.fetch_threads > 1 else ""]
         shown += ["threads" if self.workers == "thread" else ""]  # each inert where it
         shown += ["" if self.in_order else "unordered"]  # does not apply: nothing shown
         shown += [self.multiprocessing_context or ""]

@@ -43,6 +43,9 @@ START_METHODS = (None, "forkserver", "spawn")  # None: the platform's default (f
 WORKER_THREADS = (None, 1)  # each worker's BLAS/OpenMP/torch threads: the libraries' own, or 1
 
 
+FETCH_THREADS = (1, 4, 16, 64)  # a batch's objects in flight per worker, from an object store
+
+
 ENGINES = ("dataloader", "raydata")  # who makes the batches: a DataLoader, or Ray Data's actors
 
 
@@ -160,6 +163,14 @@ RULES = (
         "loader",
         "batching in the workers is a choice of streams (access stream)",
     ),  # fmt: skip
+    Rule(
+        "fetch_threads",
+        lambda v: v["engine"] == "dataloader" and v["access"] == "map",
+        1,
+        "fetch_threads fetches a batch's objects by index: it needs engine dataloader and "
+        "access map",
+        default=1,
+    ),  # fmt: skip
     _raydata_rule("max_actors", default=1),
     Rule(
         "min_actors",
@@ -230,6 +241,7 @@ _VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "workers": _one_of(WORKER_KINDS),
     "access": _one_of(ACCESSES),
     "batching": _one_of(BATCHINGS),
+    "fetch_threads": _integer(1, "a positive integer"),
     "worker_threads": _optional(_integer(1, "a positive integer or null")),
     "engine": _one_of(ENGINES),
     "max_actors": _optional(_integer(1, "a positive integer or null")),

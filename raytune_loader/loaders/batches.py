@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,6 +88,10 @@ class _TimedMap(Dataset):  # type: ignore[type-arg]
         _reading()
         return self.dataset[index]
 
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        _reading()
+        return fetch_batch(self.dataset, indices)
+
 
 class _TimedStream(IterableDataset):  # type: ignore[type-arg]
     def __init__(self, dataset: IterableDataset[Any]) -> None:
@@ -107,6 +111,27 @@ class _TimedStream(IterableDataset):  # type: ignore[type-arg]
         if name == "dataset":
             raise AttributeError(name)  # while unpickling, before it is set
         return getattr(self.dataset, name)
+
+
+def fetch_batch(dataset: Dataset[Any], indices: Sequence[int]) -> list[Any]:
+    """A batch's samples, as a DataLoader worker fetches them: in one call where the
+    dataset has ``__getitems__`` (a remote dataset's objects fetched together, a
+    ``Subset`` passing it on), else one index at a time."""
+    many = getattr(dataset, "__getitems__", None)
+    if many is not None:
+        return list(many(list(indices)))
+    return [dataset[i] for i in indices]
+
+
+def set_fetch_threads(dataset: Dataset[Any], threads: int) -> None:
+    """Give ``threads`` to the dataset under ``dataset``'s wrappers (``Subset``, the
+    measurement's) that fetches a batch's objects with that many at once: a remote
+    dataset's ``fetch_threads``; a dataset without one is left as it is."""
+    while dataset is not None:
+        if "fetch_threads" in vars(dataset):
+            dataset.fetch_threads = threads  # type: ignore[attr-defined]
+            return
+        dataset = getattr(dataset, "dataset", None)  # type: ignore[assignment]
 
 
 def timed(dataset: Dataset[Any]) -> Dataset[Any]:

@@ -47,8 +47,10 @@ from raytune_loader.loaders.batches import (
     WorkerThreads,
     close_at_exit,
     counted_iterator,
+    fetch_batch,
     load_sampler_state,
     sampler_state,
+    set_fetch_threads,
     timed,
 )
 from raytune_loader.loaders.sharding import RankBatches, ShardSampler, process_group
@@ -115,6 +117,7 @@ def build_dataloader(
             dataset, config, kwargs, set(overrides), drop_last=drop_last, timeout_s=timeout_s,
             stamp=stamp, seed=seed, shuffle=shuffle, samples_per_epoch=samples_per_epoch,
         )  # fmt: skip
+    set_fetch_threads(dataset, config.fetch_threads)  # a remote dataset's requests in flight
     if config.worker_threads is not None:  # worker processes only (LoaderConfig checks)
         then = kwargs.get("worker_init_fn")  # the user's own runs after ours
         kwargs["worker_init_fn"] = WorkerThreads(config.worker_threads, then)
@@ -228,7 +231,7 @@ class ThreadLoader:
 
         def batch(numbered: tuple[int, Sequence[int]]) -> tuple[int, Any]:
             index, indices = numbered  # which of the pass's batches: for its state
-            return index, collate_fn([dataset[i] for i in indices])
+            return index, collate_fn(fetch_batch(dataset, indices))
 
         self.dataset = dataset
         self._batches = RankBatches(batch_sampler)

@@ -15,5 +15,5 @@ measures through: in this process (the bench, the experiments) or in Ray tasks (
 search). Nothing here imports Ray.
 
 May import: the foundations, ``machine``, ``candidates``, ``pipeline``, ``loaders``,
-``sources``, ``raydata``, ``engines``.
+``stores``, ``sources``, ``raydata``, ``engines``.
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -79,6 +80,9 @@ class TrialJob:
     )
     stream_workers: int | None = None  # the most loader workers a rank's stream can keep busy
     stream_note: str | None = None  # why, when that bound binds
+    # what the source listed before any trial (an object store's keys), handed to each
+    # measurement so that no trial, rank or worker lists the store again
+    listing: Any = field(default=None, compare=False, repr=False)
 
     def cpus_for(self, num_workers: int) -> float:
         """CPUs a measurement with ``num_workers`` loader workers per rank reserves."""

@@ -62,6 +62,7 @@ def prepare(
     pipeline variant: the trial's subset, or its stream over the trial's shards; and
     the bytes of one of its samples."""
     config = config or LoaderConfig(batch_size=1)
+    datasets.adopt_listing(job.dataset, job.listing)  # the driver's: no listing again here
     config = engine_of(config).source_variant(job.dataset.source.accesses(job.dataset))
     if config.access == "stream":
         stream = shards.stream_for_trial(job, config, slot)

@@ -97,6 +97,13 @@ class SegmentMetrics:
     actor_free_bytes: int | None = _figure("least", None)  # its node's available memory, least
     actor_uss_ray_bytes: int | None = _figure("worst", None)  # Ray Data's figure: max task USS
     backpressure_s: float | None = _figure("worst", None)  # the executor held tasks back
+    # an object store's (stores.StoreWatch): what the window asked of it
+    store_requests: int | None = _figure("total", None)  # GETs answered in the window
+    store_throttled: int | None = _figure("total", None)  # retried: the store said slow down
+    store_timeouts: int | None = _figure("total", None)  # retried: timed out
+    store_resets: int | None = _figure("total", None)  # retried: connection dropped
+    store_request_s: float | None = _figure("worst", None)  # a GET's mean time, whole
+    store_in_flight: float | None = _figure("total", None)  # requests in flight, on average
     watch: Watch | None = _figure("first", None, flat=False)  # all the watcher read
     memory: MemoryFit | None = _figure("first", None, flat=False)  # its fit
     waits: tuple[float, ...] = _figure("most_waiting", (), flat=False)  # each step's wait

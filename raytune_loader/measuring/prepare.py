@@ -10,6 +10,7 @@ once, before Ray starts.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from raytune_loader.errors import DatasetError
 from raytune_loader.measuring import shards
@@ -33,13 +34,14 @@ def prepare_data(job: TrialJob, largest_batch: int, progress: Progress | None = 
     if "stream" in accesses:
         job = shards.prepare_stream(job, largest_batch, progress)
     if "map" in accesses:
-        _prepare_map(job, largest_batch, progress)
+        job = _prepare_map(job, largest_batch, progress)
     return job
 
 
-def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> None:
+def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> TrialJob:
     spec = job.dataset
     full = datasets.build_dataset(spec)
+    job = replace(job, listing=datasets.listing_of(full))  # handed on: listed once
     length = len(full)  # type: ignore[arg-type]
     if min(length, job.samples_per_trial) < largest_batch:
         raise DatasetError(
@@ -60,3 +62,4 @@ def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> None:
     if files and not job.cold:
         progress.stage(f"Pre-warming {len(files)} files of the trial subset")
         log.info("pre-warmed %.1f MB", prewarm(files) / 1e6)
+    return job

@@ -40,6 +40,7 @@ from raytune_loader.measuring.job import SegmentSpec
 from raytune_loader.measuring.memory import sample_nbytes
 from raytune_loader.measuring.outcomes import SegmentMetrics
 from raytune_loader.measuring.step import Trainer, batch_samples
+from raytune_loader.stores.store import StoreWatch, count_requests
 
 log = logging.getLogger(__name__)
 
@@ -270,10 +271,12 @@ def train_segment(
     deadline = time.monotonic() + spec.time_limit_s
     non_blocking = config.pin_memory
     sampler: nvml.UtilizationSampler | None = None
+    counts = count_requests(dataset)  # before the workers start: they add to it
     with segment_batches(dataset, config, spec, seed) as batches:
         cpus = min(hardware.usable_cpus(), 1 + config.num_workers)
         watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
         engine_watch = batches.engine.segment_watch(batches.loader)
+        watches = [w for w in (engine_watch, counts and StoreWatch(counts)) if w is not None]
 
         def fetch() -> tuple[Any, Stamped]:  # the next batch on the device, its stamps
             stamped = next(batches)
@@ -294,8 +297,8 @@ def train_segment(
             first = None if warm_up else first  # trained in the warm-up, or measured
             trainer.sync()
             watcher.window_started()
-            if engine_watch is not None:
-                engine_watch.window_started()
+            for each in watches:
+                each.window_started()
             sampler = nvml.UtilizationSampler(_device_uuid(trainer.device))
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
             makers = batches.engine.producers()
@@ -326,8 +329,8 @@ def train_segment(
             window.batches[-1] = replace(window.batches[-1], ended=time.monotonic())
             reading = sampler.stop()
             watcher.window_ended()
-            if engine_watch is not None:
-                engine_watch.window_ended()
+            for each in watches:
+                each.window_ended()
             epoch_start_s = _epoch_start(batches, fetch, trainer)
         finally:
             if sampler is not None:
@@ -348,7 +351,7 @@ def train_segment(
         epoch_start_s=epoch_start_s,
         **window.wait_figures(figures["wall_s"]),
         **watched_figures(seen, fit),
-        **(engine_watch.figures() if engine_watch is not None else {}),
+        **{k: v for each in watches for k, v in each.figures().items()},
         watch=seen,
         memory=fit,
     )

@@ -260,7 +260,7 @@ def best_config(
             },
             "segment": asdict(ctx.job.segment),
             "samples_per_trial": ctx.opts.samples_per_trial,
-            "dataset_spec": asdict(ctx.job.dataset),
+            "dataset_spec": asdict(ctx.job.dataset),  # storage options hold no credential
             "device": ctx.job.device,
             "seed": ctx.opts.seed,
             "verification": {

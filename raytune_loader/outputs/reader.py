@@ -364,7 +364,9 @@ def recorded_options(
     # a file written before the job section trained with PyTorch's own precision settings
     job = data.get("job") or {"precision": None, "channels_last": False}
     try:
-        spec = DatasetSpec(**search["dataset_spec"])
+        written = search["dataset_spec"]
+        pairs = tuple(tuple(pair) for pair in written.get("storage_options", ()))
+        spec = DatasetSpec(**{**written, "storage_options": pairs})
         segment = SegmentSpec(**search["segment"])
         train_step = job.get("train_step") or None
         return SearchOptions(

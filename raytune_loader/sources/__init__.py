@@ -10,7 +10,7 @@ turns a ``--dataset`` name into the dataset a measurement reads;
 no torch: this face imports its names only on first use). A new data format is one
 module here and one line in the registry.
 
-May import: the foundations, ``machine``, ``pipeline``, ``loaders``.
+May import: the foundations, ``machine``, ``pipeline``, ``loaders``, ``stores``.
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ class Spec(Protocol):
     def shuffle_buffer(self) -> int | None:
         """A stream's shuffle buffer (None: its format's usual)."""
 
+    @property
+    def storage_options(self) -> tuple[tuple[str, str], ...]:
+        """An object store client's settings beyond the environment's."""
+
 
 def prewarm(files: list[str]) -> int:
     """Read each file once so every trial starts with the same page-cache state."""
@@ -172,6 +176,12 @@ class Source(abc.ABC):
         stream must split its shards by :func:`raytune_loader.loaders.sharding.worker_share`,
         which knows threads; a stream of the user's splits by ``get_worker_info``)."""
         return self.pipeline_searched(spec)
+
+    def fetches(self, spec: Spec) -> bool:
+        """Whether its samples are objects fetched from a store (each a request with a
+        time to first byte): then how many a worker has in flight (``fetch_threads``) is
+        searched too."""
+        return False
 
     def describe(self, spec: Spec) -> dict[str, Any]:
         """What ``best_config.json``'s ``source`` section says about it."""

@@ -21,6 +21,8 @@ from raytune_loader import sources
 from raytune_loader.errors import DatasetError
 from raytune_loader.progress import Progress
 from raytune_loader.sources import Source, synthetic
+from raytune_loader.sources.remote_folder import Listing, remember
+from raytune_loader.stores.store import StoreOptions
 
 SYNTHETIC = sources.DEFAULT
 
@@ -36,6 +38,9 @@ class DatasetSpec:
     image_column: str = "image"  # tables (Hugging Face datasets, Parquet): the image
     label_column: str = "label"  # and the class
     shuffle_buffer: int | None = None  # a stream's shuffle buffer; None: its format's usual
+    # an object store's settings beyond the environment's (--storage-options: region,
+    # endpoint_url, profile, force_path_style, unsigned); never a credential
+    storage_options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         sources.source_for(self.name)  # an unknown name is a DatasetError listing the known
@@ -90,6 +95,20 @@ def dataset_for_trial(
 def num_classes(spec: DatasetSpec, dataset: Dataset[Any]) -> int:
     """Classes for the model's head; 1000 when the dataset does not say."""
     return spec.source.num_classes(dataset)
+
+
+def listing_of(dataset: Dataset[Any]) -> Any:
+    """What building ``dataset`` listed (an object store's keys), to hand to the other
+    processes that build it (:func:`adopt_listing`); None where it listed nothing."""
+    found = getattr(dataset, "listing", None)
+    return found if isinstance(found, Listing) else None
+
+
+def adopt_listing(spec: DatasetSpec, found: Any) -> None:
+    """Take ``found`` (:func:`listing_of`, in another process) as this process's listing
+    of ``spec``'s store: building the dataset here lists nothing."""
+    if found is not None:
+        remember(found, StoreOptions.from_pairs(spec.storage_options))
 
 
 def sample_files(spec: DatasetSpec, dataset: Dataset[Any], indices: list[int]) -> list[str]:

@@ -20,6 +20,9 @@ from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
 from raytune_loader.pipeline.transforms import imagenet_train_transform
 from raytune_loader.sources import synthetic
 from raytune_loader.sources.base import Source, Spec
+from raytune_loader.sources.remote_folder import RemoteImageFolder, listing
+from raytune_loader.stores.store import StoreOptions
+from raytune_loader.stores.url import StoreUrl, is_remote, parse
 
 if TYPE_CHECKING:
     from raytune_loader.progress import Progress
@@ -76,9 +79,19 @@ class ImageFolders(Source):
             raise DatasetError(f"{spec.name} needs --data-root pointing at {where}")
         return root / self.subfolder if self.subfolder else root
 
+    def remote(self, spec: Spec) -> StoreUrl | None:
+        """The folder's URL where ``--data-root`` names an object store, else None."""
+        if not is_remote(spec.data_root):
+            return None
+        return parse(str(spec.data_root)).child(self.subfolder)
+
     def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
         from torchvision.datasets import ImageFolder
 
+        url = self.remote(spec)
+        if url is not None:  # listed once in this process, read object by object
+            options = StoreOptions.from_pairs(spec.storage_options)
+            return RemoteImageFolder(listing(url, options), options, transfer, decode)
         folder = self.folder(spec)
         layout = f"{folder}/<class>/<image>.JPEG"
         if not folder.is_dir():
@@ -104,12 +117,19 @@ class ImageFolders(Source):
     def pipeline_searched(self, spec: Spec) -> bool:
         return True
 
+    def fetches(self, spec: Spec) -> bool:
+        return self.remote(spec) is not None
+
     def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         """PIL or tensors in the workers; nvJPEG on a CUDA device when the files are
         JPEGs (the first one is looked at)."""
         found = ("pil", "tensor")
         if not cuda:
             return found
+        url = self.remote(spec)
+        if url is not None:  # the first key's name says JPEG: its bytes cost a request
+            first = listing(url, StoreOptions.from_pairs(spec.storage_options)).samples[0][0]
+            return (*found, "device") if first.lower().endswith((".jpg", ".jpeg")) else found
         try:
             first = self.build(spec, "uint8", "device").samples[0][0]  # type: ignore[attr-defined]
         except DatasetError:
@@ -131,6 +151,13 @@ class SyntheticImageNet(ImageFolders):
 
     def prepare(self, spec: Spec, progress: Progress) -> None:
         from raytune_loader.machine import hardware
+
+        if is_remote(spec.data_root):
+            raise DatasetError(
+                f"synthetic-imagenet is generated on this machine, not in {spec.data_root}: "
+                "upload it and search it with --dataset imagenet --data-root "
+                f"{spec.data_root}"
+            )
 
         root = self.root(spec)
         assert root is not None  # a synthetic spec always resolves to a folder

@@ -13,5 +13,5 @@ search. Importing this room imports no Ray: only ``tuner``, ``trainable`` and
 ``searcher`` do.
 
 May import: the foundations, ``machine``, ``candidates``, ``pipeline``, ``loaders``,
-``sources``, ``raydata``, ``engines``, ``measuring``.
+``stores``, ``sources``, ``raydata``, ``engines``, ``measuring``.
 """

@@ -13,9 +13,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from raytune_loader.errors import (
-    ConfigError,
-)
+from raytune_loader.candidates.rules import FETCH_THREADS
+from raytune_loader.errors import ConfigError
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.progress import Progress
@@ -66,6 +65,7 @@ def search_space(
         stream_workers=job.stream_workers,
         raydata_cpus=raydata_cpus,
         locality_works=raydata_cpus >= 1 and _locality_works(),
+        fetch_threads=FETCH_THREADS if source.fetches(spec) else (1,),
     )  # fmt: skip
 
 

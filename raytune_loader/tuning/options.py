@@ -9,7 +9,7 @@ into a :class:`~raytune_loader.errors.ConfigError` that names the flag.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raytune_loader.errors import ConfigError
@@ -36,6 +36,9 @@ class SearchOptions:
     image_column: str = "image"  # Hugging Face datasets and Parquet: the image's column
     label_column: str = "label"  # and the class's
     shuffle_buffer: int | None = None  # a stream's; None: its format's usual (1000)
+    # --storage-options: an object store client's settings beyond the environment's (never
+    # shown: they may hold secrets)
+    storage_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     model: str | None = None
     num_samples: int = 10
     search: str = "model"  # how trials are proposed: model (cost model + TPE), tpe, random
@@ -194,7 +197,7 @@ def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
     """What the options say to load (:func:`dataset_options` reads it back)."""
     return datasets.DatasetSpec(
         opts.dataset, opts.data_root, opts.download, opts.synthetic_images,
-        opts.image_column, opts.label_column, opts.shuffle_buffer,
+        opts.image_column, opts.label_column, opts.shuffle_buffer, opts.storage_options,
     )  # fmt: skip
 
 
@@ -204,6 +207,7 @@ def dataset_options(spec: datasets.DatasetSpec) -> dict[str, Any]:
         "dataset": spec.name, "data_root": spec.data_root, "download": spec.download,
         "synthetic_images": spec.synthetic_images, "image_column": spec.image_column,
         "label_column": spec.label_column, "shuffle_buffer": spec.shuffle_buffer,
+        "storage_options": spec.storage_options,
     }  # fmt: skip
 
 

@@ -67,6 +67,7 @@ class SearchSpace:
     stream_workers: int | None = None  # the most workers a rank's stream keeps busy
     raydata_cpus: float = 0.0  # CPUs a Ray Data candidate's actors may take (0: none offered)
     locality_works: bool = False  # Ray honours locality_with_output (2.60 does not)
+    fetch_threads: tuple[int, ...] = (1,)  # a batch's objects in flight per worker (a store's)
 
     def __post_init__(self) -> None:
         if "device" in self.decodes and not self.cuda:
@@ -75,6 +76,8 @@ class SearchSpace:
             raise ConfigError(f"--max-workers must be >= 0, got {self.max_workers}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise ConfigError(f"batch sizes must be positive integers, got {self.batch_sizes}")
+        if not self.fetch_threads or min(self.fetch_threads) < 1:
+            raise ConfigError(f"fetch threads must be positive integers, got {self.fetch_threads}")
         if self.raydata_cpus < 0:
             raise ConfigError(f"--remote-cpus must be >= 0, got {self.raydata_cpus:g}")
 
@@ -134,6 +137,7 @@ class SearchSpace:
         if values["access"] == "stream" and self.stream_workers is not None:
             most = min(most, self.stream_workers)
         yield "num_workers", list(range(0, most + 1))
+        yield "fetch_threads", list(self.fetch_threads) if len(self.fetch_threads) > 1 else None
         yield "batching", list(self.batchings) if len(self.batchings) > 1 else None
         yield "decode", list(self.decodes) if self.pipeline and len(self.decodes) > 1 else None
         yield "workers", list(WORKER_KINDS) if self.pipeline and self.thread_workers else None

@@ -9,5 +9,5 @@ what would break training hours later, each with its fix. They measure through t
 experiments run them without Ray.
 
 May import: the foundations, ``machine``, ``candidates``, ``pipeline``, ``loaders``,
-``sources``, ``raydata``, ``engines``, ``measuring``, ``tuning``.
+``stores``, ``sources``, ``raydata``, ``engines``, ``measuring``, ``tuning``.
 """
