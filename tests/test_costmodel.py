@@ -45,6 +45,27 @@ def test_free_data_wants_no_workers_on_a_cpu() -> None:
     assert none.samples_per_s >= two.samples_per_s  # type: ignore[union-attr]
 
 
+def test_a_store_s_latency_is_paid_per_wave_of_requests_in_flight_and_takes_no_core() -> None:
+    """30 ms a request, 1000 samples/s a core, a 4000 samples/s step: one request at a
+    time, two workers make 2 / (32 x 31 ms) batches a second; 16 in flight, two waves a
+    batch; 64, one wave.
+    Waiting takes no core, so the cores are not the bound a local read would make them."""
+    local = _model(per_core=1000.0, cores=2, ceiling=4000.0)
+    remote = replace(local, profile=replace(local.profile, fetch_s=0.030))
+    rates = {f: remote.predict(_with(2, fetch_threads=f)) for f in (1, 16, 64)}
+    one = 2 * 32 / (32 / 1000 + 0.002 + 32 * 0.030)
+    assert rates[1].samples_per_s == pytest.approx(one)  # type: ignore[union-attr]
+    assert rates[1].bound == rates[16].bound == "workers"  # type: ignore[union-attr]
+    assert rates[1].samples_per_s < rates[16].samples_per_s < rates[64].samples_per_s  # type: ignore[union-attr]
+    assert rates[16].samples_per_s == pytest.approx(  # type: ignore[union-attr]
+        2 * 32 / (32 / 1000 + 0.002 + 2 * 0.030)
+    )
+    fast = local.predict(_with(2, fetch_threads=64))
+    assert rates[64].samples_per_s < fast.samples_per_s  # type: ignore[union-attr]
+    for f in (1, 16, 64):  # without a store the threads change nothing
+        assert local.predict(_with(2, fetch_threads=f)) == fast
+
+
 def test_on_a_gpu_the_step_and_the_workers_do_not_share_the_cores() -> None:
     cpu, gpu = _model(per_core=100.0, cores=2), _model(per_core=100.0, cores=2, cuda=True)
     assert gpu.predict(_with(4)).samples_per_s > cpu.predict(_with(4)).samples_per_s  # type: ignore[union-attr]

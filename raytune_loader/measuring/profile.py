@@ -35,6 +35,7 @@ from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
 from raytune_loader.sources import datasets
+from raytune_loader.stores.store import count_requests
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 BATCHES = 6  # batches a receive or a device-side finish is timed on
@@ -54,6 +55,9 @@ class Profile:
     # over (a process collates into shared memory and sends it; a thread queues it)
     hand_over_s: dict[str, float] = field(default_factory=dict)
     finish_s: dict[str, float] = field(default_factory=dict)  # structure -> s a batch
+    # an object store's request: its mean seconds, first byte to last (0: local data);
+    # per_core is then the CPU's pace alone, this wait taken out
+    fetch_s: float = 0.0
     seconds: float = 0.0  # how long the profile took
 
     def as_dict(self) -> dict[str, Any]:
@@ -77,6 +81,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     threads = torch.get_num_threads()
     torch.set_num_threads(job.segment.compute_threads)
     per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
+    fetch_s = 0.0
     trainer: Trainer | None = None
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
@@ -86,7 +91,8 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             dataset, _ = prepare(job, 0, config)
             key = structure(config).worker_side
             if key not in per_core:
-                per_core[key] = worker_side_rate(dataset, SAMPLES)
+                per_core[key], request_s = _worker_side(dataset)
+                fetch_s = max(fetch_s, request_s)
                 samples = _samples(dataset, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
                 if trainer is None:
@@ -108,8 +114,28 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         receive_s=receive_s,
         hand_over_s=hand_over_s,
         finish_s=finish_s,
+        fetch_s=fetch_s,
         seconds=time.perf_counter() - started,
     )
+
+
+def _worker_side(dataset: Dataset[Any]) -> tuple[float, float]:
+    """One core's samples/s on the worker side, and the mean seconds of an object store's
+    request (0 for local data). The samples are read one at a time, so each request's
+    wait is time its sample spent off the CPU: taken out, the rate is the CPU's alone,
+    and the cost model adds the wait back as the candidate's requests in flight allow."""
+    counts = count_requests(dataset)
+    before = counts.totals() if counts is not None else None
+    rate = worker_side_rate(dataset, SAMPLES)
+    if counts is None or before is None:
+        return rate, 0.0
+    after = counts.totals()
+    requests = after["requests"] - before["requests"]
+    if not requests:
+        return rate, 0.0
+    request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests
+    # a GET a sample; a sample never costs less than a tenth of its measured time
+    return 1.0 / max(1.0 / rate - request_s, 0.1 / rate), request_s
 
 
 def receiver(config: LoaderConfig) -> LoaderConfig:

@@ -13,6 +13,10 @@ the pace of its slowest part:
 - on a CPU, the cores: every CPU-second of a batch, the step's and the workers',
   shared by the usable cores (the step and the workers run on the same cores).
 
+Data on an object store adds, to whoever makes a batch, the wait for its objects: the
+profile's mean request time for each wave of ``fetch_threads`` requests in flight
+(a batch of B in ceil(B / fetch_threads) waves); the wait takes no core.
+
 Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
 as its margin.
@@ -137,19 +141,21 @@ class CostModel:
         collate = self.profile.collate_s.get(side, 0.0)
         if config.num_workers:  # what a worker of this kind pays to hand a batch over
             collate = max(collate, self.profile.hand_over_s.get(receiving, 0.0))
-        worker = batch / per_core + collate * scale
+        # an object store's requests: a batch's objects in waves of fetch_threads
+        fetch = math.ceil(batch / config.fetch_threads) * self.profile.fetch_s
+        worker = batch / per_core + collate * scale + fetch
         rank_cores = (cores or self.profile.cores) / self.ranks
         if engine_of(config).remote:
-            return self._raydata(config, step + finish, batch / per_core, rank_cores)
+            return self._raydata(config, step + finish, batch / per_core + fetch, rank_cores)
         if config.num_workers == 0:
             main = step + worker + finish
             parts = {"step": main}
-            cpu_seconds = main
+            cpu_seconds = main - fetch  # waiting for a request takes no core
         else:
             receive = self.profile.receive_s.get(receiving, 0.0) * scale
             main = step + receive + finish
             parts = {"step": main, "workers": worker / config.num_workers}
-            cpu_seconds = main + worker
+            cpu_seconds = main + worker - fetch
         if not self.cuda:  # the step and the workers share the cores
             parts["cores"] = cpu_seconds / max(1.0, rank_cores)
         bound = max(parts, key=lambda k: parts[k])

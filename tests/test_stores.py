@@ -1,0 +1,307 @@
+"""Data in an object store: a real S3 API on loopback (moto's server) behind the tests'
+proxy (tests/s3_for_tests.py), which adds latency, throttling and dropped connections
+request by request. The seams: URLs, options, listing once, reading every sample once,
+retries counted by cause, errors in one line without secrets, requests in flight."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from s3_for_tests import S3Server, environment
+
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.sources import remote_folder
+from raytune_loader.sources.datasets import DatasetSpec, build_dataset, listing_of
+from raytune_loader.stores.store import Counts, Store, StoreOptions, StoreWatch, count_requests
+from raytune_loader.stores.url import is_remote, parse
+
+pytest.importorskip("botocore")
+pytest.importorskip("moto")
+
+BUCKET = "training-data"
+SECRET = "wJalrXUtnFEMI-do-not-print-me"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_imagenet: Path) -> Iterator[S3Server]:
+    """The S3 server holding the tiny dataset under ``imagenet/train``, its environment set
+    (a distinctive secret, to look for in every message)."""
+    with S3Server() as found:
+        found.upload_folder(tiny_imagenet / "train", BUCKET, "imagenet/train")
+        env = {**found.env(), "AWS_SECRET_ACCESS_KEY": SECRET}
+        with environment(env):
+            yield found
+
+
+@pytest.fixture(autouse=True)
+def _fresh(server: S3Server) -> Iterator[None]:
+    """Each test starts with no listing remembered and a store that answers at once."""
+    remote_folder._LISTINGS.clear()
+    server.proxy.throttle = server.proxy.cut = server.proxy.ttfb_s = 0.0
+    server.proxy.peak_in_flight = 0
+    yield
+    remote_folder._LISTINGS.clear()
+
+
+def _spec(root: str = f"s3://{BUCKET}/imagenet", **options: str) -> DatasetSpec:
+    return DatasetSpec("imagenet", root, storage_options=tuple(sorted(options.items())))
+
+
+# -- where the data is ---------------------------------------------------------------------
+
+
+def test_an_s3_url_is_kept_whole_and_told_from_a_local_path() -> None:
+    url = parse("s3://my-bucket/imagenet/")
+    assert (url.scheme, url.bucket, url.prefix) == ("s3", "my-bucket", "imagenet")
+    assert str(url.child("train")) == "s3://my-bucket/imagenet/train"  # the // kept
+    assert is_remote("s3://b/x") and not is_remote("/data/s3:/b") and not is_remote(None)
+    with pytest.raises(DatasetError, match="storage.googleapis.com"):
+        parse("gs://bucket/imagenet")  # read through GCS's S3 API: said how
+    with pytest.raises(DatasetError, match="names no bucket"):
+        parse("s3:///imagenet")
+
+
+def test_storage_options_take_settings_and_refuse_credentials_and_unknown_keys() -> None:
+    found = StoreOptions.from_pairs({"region": "eu-west-1", "force_path_style": "true"})
+    assert found.region == "eu-west-1" and found.force_path_style is True
+    with pytest.raises(ConfigError, match="no credential .*AWS_ACCESS_KEY_ID"):
+        StoreOptions.from_pairs({"aws_secret_access_key": SECRET})
+    with pytest.raises(ConfigError, match="no key 'regoin'.*region"):
+        StoreOptions.from_pairs({"regoin": "eu-west-1"})
+    with pytest.raises(ConfigError, match="no credential"):
+        StoreOptions.from_pairs({"endpoint_url": f"http://me:{SECRET}@host:9000"})
+
+
+def test_the_storage_options_flag_reads_a_json_object_and_never_echoes_it() -> None:
+    from raytune_loader.search import get_args_parser, storage_options
+
+    assert storage_options('{"region": "eu-west-1", "unsigned": true}') == (
+        ("region", "eu-west-1"), ("unsigned", "true"),
+    )  # fmt: skip
+    with pytest.raises(argparse.ArgumentTypeError, match="JSON object") as caught:
+        storage_options(f'{{"region": "{SECRET}"')  # not JSON
+    assert SECRET not in str(caught.value)
+    parser = get_args_parser()
+    assert parser.parse_args(["--storage-options", "{}"]).storage_options == ()
+    assert parser.parse_args([]).storage_options is None  # the environment's
+
+
+# -- listing once --------------------------------------------------------------------------
+
+
+def test_a_remote_folder_lists_classes_and_images_as_the_local_one_does(
+    server: S3Server, tiny_imagenet: Path
+) -> None:
+    from torchvision.datasets import ImageFolder
+
+    local = ImageFolder(str(tiny_imagenet / "train"))
+    before = server.proxy.requests
+    remote = build_dataset(_spec())
+    listed = server.proxy.requests - before
+    assert remote.classes == local.classes
+    names = [tuple(key.rsplit("/", 2)[-2:]) for key, _ in remote.listing.samples]
+    assert names == [Path(p).parts[-2:] for p, _ in local.samples]
+    assert [label for _, label in remote.listing.samples] == local.targets
+    # one request to check the prefix, one for the class folders, one per class
+    assert listed == 2 + len(local.classes)
+    again = server.proxy.requests
+    build_dataset(_spec())  # this process's listing, remembered
+    assert server.proxy.requests == again
+
+
+def test_a_listing_handed_on_is_not_repeated_by_workers_or_another_process(
+    server: S3Server,
+) -> None:
+    spec = _spec()
+    dataset = build_dataset(spec, "uint8", "tensor")
+    listings = server.proxy.requests - server.proxy.gets
+    loader = build_dataloader(dataset, LoaderConfig(batch_size=16, num_workers=2), seed=0)
+    assert sum(len(labels) for _, labels in loader) == len(dataset) // 16 * 16
+    assert server.proxy.requests - server.proxy.gets == listings  # the workers listed nothing
+    remote_folder._LISTINGS.clear()  # as in another process (a trial): the job's listing
+    from raytune_loader.sources.datasets import adopt_listing
+
+    adopt_listing(spec, listing_of(dataset))
+    build_dataset(spec)
+    assert server.proxy.requests - server.proxy.gets == listings
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def test_a_remote_sample_is_the_local_sample(server: S3Server, tiny_imagenet: Path) -> None:
+    from raytune_loader.sources.datasets import DatasetSpec as Spec
+
+    local = build_dataset(Spec("imagefolder", str(tiny_imagenet / "train")), "uint8", "tensor")
+    remote = build_dataset(_spec(), "uint8", "tensor")
+    for index in (0, 37, len(local) - 1):
+        torch.manual_seed(index)  # the same random crop and flip
+        want, want_label = local[index]
+        torch.manual_seed(index)
+        got, got_label = remote[index]
+        assert got_label == want_label and torch.equal(got, want)
+
+
+def test_an_epoch_reads_every_sample_once_whatever_was_retried(server: S3Server) -> None:
+    server.proxy.throttle, server.proxy.cut = 0.15, 0.1
+    dataset = build_dataset(_spec(), "uint8", "tensor")
+    counts = count_requests(dataset)
+    before = server.proxy.answered.copy()
+    config = LoaderConfig.from_dict({"num_workers": 2, "fetch_threads": 4}, batch_size=8)
+    labels = torch.cat([y for _, y in build_dataloader(dataset, config, seed=1, drop_last=False)])
+    assert len(labels) == len(dataset)
+    assert sorted(labels.tolist()) == sorted(dataset.targets)
+    answered = server.proxy.answered - before
+    assert set(answered.values()) == {1} and len(answered) == len(dataset)  # each key once
+    totals = counts.totals()  # the workers' counts reached the parent's tensor
+    assert totals["requests"] == len(dataset)
+    assert totals["throttled"] == server.proxy.throttled > 0
+    assert totals["reset"] == server.proxy.cuts > 0
+
+
+def test_fetch_threads_put_a_batch_s_requests_in_flight_together(server: S3Server) -> None:
+    server.proxy.ttfb_s = 0.05
+    dataset = build_dataset(_spec(), "uint8", "tensor")
+    peaks = {}
+    for threads in (1, 8):
+        server.proxy.peak_in_flight = 0
+        config = LoaderConfig.from_dict({"num_workers": 0, "fetch_threads": threads}, 16)
+        loader = build_dataloader(dataset, config, seed=0)
+        next(iter(loader))
+        peaks[threads] = server.proxy.peak_in_flight
+    assert peaks == {1: 1, 8: 8}
+
+
+def test_workers_forked_after_the_training_process_fetched_in_threads_read_every_sample(
+    server: S3Server,
+) -> None:
+    """A trial's process fetches a batch on its threads (a loader without workers), then a
+    loader forks two workers from it: each makes its own threads (the parent's did not
+    come with the fork: a task given them would wait forever, a DataLoader timeout)."""
+    dataset = build_dataset(_spec(), "uint8", "tensor")
+    config = LoaderConfig.from_dict({"num_workers": 0, "fetch_threads": 8}, 16)
+    next(iter(build_dataloader(dataset, config, seed=0)))  # the pool made here
+    forked = LoaderConfig.from_dict(
+        {"num_workers": 2, "fetch_threads": 8, "multiprocessing_context": "fork"}, 16
+    )
+    loader = build_dataloader(dataset, forked, seed=0, timeout=60)
+    labels = torch.cat([labels for _, labels in loader])
+    assert sorted(labels.tolist()) == sorted(dataset.targets)
+
+
+def test_the_window_s_figures_count_the_store_s_requests(server: S3Server) -> None:
+    server.proxy.ttfb_s, server.proxy.throttle = 0.02, 0.2
+    store = Store(parse(f"s3://{BUCKET}/imagenet"), StoreOptions(), Counts())
+    keys = [key for key, _ in store.list()][:12]
+    watch, throttled = StoreWatch(store.counts), server.proxy.throttled
+    watch.window_started()
+    for key in keys:
+        store.get(key)
+    watch.window_ended()
+    figures = watch.figures()
+    assert figures["store_requests"] == len(keys)
+    assert figures["store_throttled"] == server.proxy.throttled - throttled > 0
+    assert figures["store_request_s"] >= 0.02  # at least the time to first byte
+    assert 0.5 < figures["store_in_flight"] <= 1.05  # one request at a time
+
+
+# -- errors, in one line, without secrets --------------------------------------------------
+
+
+def test_a_missing_bucket_or_prefix_is_one_line_naming_the_bucket_and_credentials(
+    server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(DatasetError) as missing:
+        build_dataset(_spec("s3://no-such-bucket/imagenet"))
+    said = str(missing.value)
+    assert "s3://no-such-bucket does not exist" in said and "\n" not in said
+    assert "AWS_ACCESS_KEY_ID in the environment" in said
+    with pytest.raises(DatasetError, match=f"s3://{BUCKET}/elsewhere/train holds no object"):
+        build_dataset(_spec(f"s3://{BUCKET}/elsewhere"))
+    assert SECRET not in said and SECRET not in caplog.text
+
+
+def test_a_key_listed_but_gone_or_corrupt_is_named(server: S3Server) -> None:
+    dataset = build_dataset(_spec())
+    gone, corrupt = dataset.listing.samples[3][0], dataset.listing.samples[5][0]
+    client = server.client()
+    original = client.get_object(Bucket=BUCKET, Key=corrupt)["Body"].read()
+    client.delete_object(Bucket=BUCKET, Key=gone)
+    client.put_object(Bucket=BUCKET, Key=corrupt, Body=b"not a jpeg")
+    try:
+        with pytest.raises(
+            CorruptSampleError, match=f"s3://{BUCKET}/{gone} was listed but is gone"
+        ):
+            dataset[3]
+        with pytest.raises(CorruptSampleError, match=f"corrupt sample s3://{BUCKET}/{corrupt}"):
+            dataset[5]
+    finally:
+        client.put_object(Bucket=BUCKET, Key=corrupt, Body=original)
+        client.put_object(Bucket=BUCKET, Key=gone, Body=original)
+
+
+def test_the_command_line_refuses_a_missing_bucket_before_any_trial(
+    server: S3Server, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "raytune_loader.search", "--dataset", "imagenet",
+               "--data-root", "s3://no-such-bucket/imagenet", "--out", str(tmp_path / "out"),
+               "--storage-options", '{"region": "us-east-1"}']  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "s3://no-such-bucket does not exist" in last and "credentials:" in last
+    assert SECRET not in done.stderr + done.stdout
+    assert not (tmp_path / "out" / "best_config.json").exists()
+
+
+# -- a search over a store -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
+    server: S3Server, tmp_path: Path
+) -> None:
+    """The command line on an ``s3://`` root 30 ms from its first byte: the listing is made
+    once for the whole search, every trial's window counts its GETs, the space holds
+    requests in flight, and the winner keeps more than one in flight per worker (one at a
+    time, 30 ms each, is slower than anything else a trial does here)."""
+    import csv
+    import json
+
+    from conftest import TINY_SEARCH, ray_processes, run_cli
+
+    before, server.proxy.ttfb_s = ray_processes(), 0.03
+    requests, gets = server.proxy.requests, server.proxy.gets
+    args = [a for a in TINY_SEARCH if a not in ("synthetic-imagenet", "--synthetic-images",
+                                                "96", "--dataset")]  # fmt: skip
+    result = run_cli(
+        *args, "--dataset", "imagenet", "--data-root", f"s3://{BUCKET}/imagenet",
+        "--num-samples", "6", "--verify-repeats", "1", "--out", str(tmp_path / "out"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert SECRET not in result.stderr + result.stdout
+    folder = tmp_path / "out" / "imagenet"
+    best = json.loads((folder / "best_config.json").read_text())
+    with open(folder / "trials.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
+    assert {int(r["fetch_threads"]) for r in rows} - {1}, "requests in flight not searched"
+    for row in rows:
+        # a GET a sample: the window's, less what workers fetched before it started
+        assert int(row["samples"]) / 2 <= int(row["store_requests"]) <= 2 * int(row["samples"])
+        assert float(row["store_request_s"]) >= 0.03, row  # the first byte's wait at least
+    assert best["pipeline"]["fetch_threads"] > 1, best["pipeline"]
+    assert dict(map(tuple, best["search"]["dataset_spec"]["storage_options"])) == {}
+    # listed once: the prefix's check, its class folders, each class (8); the rest GETs
+    assert (server.proxy.requests - requests) - (server.proxy.gets - gets) == 2 + 8
+    assert ray_processes() <= before
