@@ -305,3 +305,14 @@ def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
     # listed once: the prefix's check, its class folders, each class (8); the rest GETs
     assert (server.proxy.requests - requests) - (server.proxy.gets - gets) == 2 + 8
     assert ray_processes() <= before
+    # in training, the README's way: the bucket's images with the tuned requests in flight
+    from raytune_loader import load_best_config
+
+    tuned = load_best_config(folder / "best_config.json")
+    dataset = tuned.image_dataset(f"s3://{BUCKET}/imagenet/train")
+    images, labels = next(iter(tuned.dataloader(dataset)))
+    assert dataset.fetch_threads == best["pipeline"]["fetch_threads"]
+    assert len(labels) == best["loader"]["batch_size"] and images.dtype in (
+        torch.float32,
+        torch.uint8,
+    )

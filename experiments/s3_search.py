@@ -1,0 +1,119 @@
+"""What a search gains a user whose images are objects on S3, 30 and 80 ms away.
+
+    python experiments/s3_search.py [--images 512] [--num-samples 8]
+
+The default dataset's JPEG files, one object each, in moto's S3 on loopback behind the
+tests' proxy (tests/s3_for_tests.py): one proxy adds 30 ms to each request's first
+byte, one 80 ms, both hold each request to 100 Mbit/s. The same search runs on the
+local folder and on each proxy, one after another in one run; each search measures its
+winner beside the baselines in rotated verification rounds, and the ratios are those
+medians' (``best_config.json``'s ``speedup``). Also recorded: the winner's requests in
+flight, its input pipeline alone (``limit``), the cost model's median error, and the
+time to an answer against the search on local files. Writes
+results/benchmarks/s3_search.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import save
+from raytune_loader.sources import synthetic
+
+BUCKET = "images"
+TTFBS = (0.030, 0.080)
+BYTES_PER_S = 100e6 / 8  # 100 Mbit/s a request
+SEARCH = ["--batch-size", "16", "--steps", "12", "--warmup-steps", "2", "--report-every", "4",
+          "--samples-per-trial", "256", "--verify-top", "1", "--verify-repeats", "3"]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=512)
+    parser.add_argument("--num-samples", type=int, default=8)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, _server() as (moto, *proxies):
+        root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1"}  # fmt: skip
+        _upload(root / "train", moto)
+        flags = [*SEARCH, "--num-samples", str(args.num_samples), "--dataset", "imagenet"]
+        found = {"local": _search([*flags, "--data-root", str(root)], Path(tmp) / "local", env)}
+        for ttfb, proxy in zip(TTFBS, proxies, strict=True):
+            remote = {**env, "AWS_ENDPOINT_URL": proxy}
+            where = [*flags, "--data-root", f"s3://{BUCKET}/imagenet"]
+            found[f"{int(ttfb * 1000)}ms"] = _search(where, Path(tmp) / f"s3-{ttfb}", remote)
+    local_s = found["local"]["wall_time_s"]
+    for figures in found.values():
+        figures["time_vs_local"] = round(figures["wall_time_s"] / local_s, 3)
+    save("s3_search", {"images": args.images, "ttfb_s": list(TTFBS),
+                       "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
+                       "flags": flags, "searches": found})  # fmt: skip
+
+
+def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One search's figures, from its best_config.json and trials.csv."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "raytune_loader.search", *flags, "--out",
+                           str(out)], env=env, capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(done.stderr[-3000:])
+    best = json.loads((out / "imagenet" / "best_config.json").read_text())
+    model, limit = best["search"].get("model", {}), best.get("limit") or {}
+    figures = {
+        "wall_time_s": round(time.perf_counter() - started, 1),
+        "tuned_samples_per_s": best["metrics"]["samples_per_s"]["median"],
+        "vs_heuristic": best["speedup"]["vs_heuristic"],
+        "vs_pytorch_default": best["speedup"]["vs_pytorch_default"],
+        "num_workers": best["loader"]["num_workers"],
+        "fetch_threads": best["pipeline"]["fetch_threads"],
+        "input_alone_samples_per_s": limit.get("input_samples_per_s"),
+        "limit_bound": limit.get("bound"),
+        "model_median_error": model.get("model_median_error"),
+        "fetch_s": model.get("profile", {}).get("fetch_s"),
+        "trials": best["search"]["trials"],
+    }
+    print(out.name, figures, flush=True)
+    return figures
+
+
+def _upload(folder: Path, endpoint: str) -> None:
+    """The folder's files as ``imagenet/train/...`` objects (straight to moto)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+    client.create_bucket(Bucket=BUCKET)
+    for path in sorted(folder.rglob("*.JPEG")):
+        key = f"imagenet/train/{path.relative_to(folder).as_posix()}"
+        client.put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes())
+
+
+class _server:  # noqa: N801 - a context manager, used as one
+    """The S3 server in a process of its own: moto's URL, then one proxy's per TTFBS."""
+
+    def __enter__(self) -> tuple[str, ...]:
+        script = Path(__file__).resolve().parent.parent / "tests" / "s3_for_tests.py"
+        ttfbs = ",".join(str(t) for t in (0, *TTFBS))
+        self.process = subprocess.Popen([sys.executable, str(script), ttfbs, str(BYTES_PER_S)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True)  # fmt: skip
+        ports = self.process.stdout.readline().split()  # type: ignore[union-attr]
+        return (f"http://127.0.0.1:{ports[0]}",
+                *(f"http://127.0.0.1:{p}" for p in ports[2:]))  # fmt: skip
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.stdin.close()  # type: ignore[union-attr]
+        self.process.wait(30)
+
+
+if __name__ == "__main__":
+    main()
