@@ -47,7 +47,8 @@ BACKPRESSURE_WAIT = 0.10  # while the loop waited this share of the window
 class Finding:
     """One thing that would break or slow training later."""
 
-    kind: str  # memory, threads, stragglers, epoch_start; spilled, actor_memory, backpressure
+    kind: str  # memory, threads, stragglers, epoch_start; spilled, actor_memory,
+    # backpressure (Ray Data); throttled (an object store)
     figure: str  # what was measured, in words
     fix: str
     projection: dict[str, Any] | None = None  # where it leads, for memory
@@ -113,7 +114,34 @@ def findings(
         _stragglers(winner, probed),
         _epoch_start(winner, probed),
     ]
-    return [f for f in found if f is not None] + raydata_findings(winner)
+    return [f for f in found if f is not None] + raydata_findings(winner) + store_findings(winner)
+
+
+def store_findings(candidate: Candidate) -> list[Finding]:
+    """What an object store did to the candidate's runs: throttled it (503 SlowDown, 429)."""
+    throttled = _median(candidate, "store_throttled")
+    requests = _median(candidate, "store_requests")
+    wall = _median(candidate, "wall_s")
+    if not throttled or not requests or not wall:
+        return []
+    config = candidate.config
+    in_flight = config.fetch_threads * max(1, config.num_workers)
+    allowed = (requests - throttled) / wall
+    figure = (
+        f"the object store answered {throttled:.0f} of the window's {requests:.0f} GETs with "
+        f"503 SlowDown or 429 (retried, backed off): it allowed about {allowed:.0f} "
+        f"requests/s to {in_flight} in flight ({config.num_workers} workers x "
+        f"{config.fetch_threads} fetch threads)"
+    )
+    fix = (
+        "fewer requests in flight (fetch_threads or workers), or fewer, larger objects: "
+        "the images in webdataset tar shards (experiments/to_shards.py), a request per "
+        "shard rather than per image; a bucket's limit is per prefix, so shards spread "
+        "over several prefixes"
+    )
+    values = {"throttled": throttled, "requests": requests, "allowed_requests_per_s": allowed,
+              "in_flight": in_flight}  # fmt: skip
+    return [Finding("throttled", figure, fix, None, values)]
 
 
 def _fit(winner: Candidate) -> MemoryFit | None:
