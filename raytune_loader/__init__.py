@@ -33,6 +33,7 @@ _PUBLIC = {
     "TrialRecord": "measuring.records",
     "BestConfig": "outputs.reader",
     "HardwareMismatchWarning": "outputs.reader",
+    "StoreMismatchWarning": "outputs.reader",
     "load_best_config": "outputs.reader",
     "to_device": "pipeline.device",
     "SearchOptions": "tuning.options",
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # the same names for type checkers and editors (a test keeps 
     from raytune_loader.measuring.records import TrialRecord as TrialRecord
     from raytune_loader.outputs.reader import BestConfig as BestConfig
     from raytune_loader.outputs.reader import HardwareMismatchWarning as HardwareMismatchWarning
+    from raytune_loader.outputs.reader import StoreMismatchWarning as StoreMismatchWarning
     from raytune_loader.outputs.reader import load_best_config as load_best_config
     from raytune_loader.pipeline.device import to_device as to_device
     from raytune_loader.tuning.options import SearchOptions as SearchOptions

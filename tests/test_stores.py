@@ -264,6 +264,47 @@ def test_the_command_line_refuses_a_missing_bucket_before_any_trial(
     assert not (tmp_path / "out" / "best_config.json").exists()
 
 
+def test_a_config_tuned_on_local_files_warns_on_a_bucket_and_the_other_way_round(
+    server: S3Server, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """Requests in flight chosen for one latency do not hold at another: a config used
+    on the other kind of data says so, and still builds the dataset (with its settings)."""
+    import json
+    import warnings
+
+    from raytune_loader import StoreMismatchWarning, load_best_config
+    from raytune_loader.machine.hardware import cpu_and_gpu_summary
+
+    def written(name: str, source: dict[str, object]) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({
+            "schema_version": 1, "dataset": "imagenet", "model": "tiny", "objective": "util",
+            "loader": {"batch_size": 8, "num_workers": 0, "prefetch_factor": None,
+                       "pin_memory": False, "persistent_workers": False, "in_order": True,
+                       "multiprocessing_context": None},
+            "pipeline": {"transfer": "uint8", "decode": "tensor", "fetch_threads": 4},
+            "metrics": {}, "baselines": {}, "speedup": {}, "source": source,
+            "hardware": cpu_and_gpu_summary(), "search": {}, "created": "now",
+        }))  # fmt: skip
+        return path
+
+    bucket = f"s3://{BUCKET}/imagenet/train"
+    local = load_best_config(written("local.json", {"kind": "imagenet"}))
+    store = {"scheme": "s3", "bucket": BUCKET, "request_s": 0.031}
+    remote = load_best_config(written("remote.json", {"kind": "imagenet", "store": store}))
+    with pytest.warns(StoreMismatchWarning, match="tuned on local files.*fetch_threads"):
+        dataset = local.image_dataset(bucket)
+    assert len(dataset) == 96
+    with pytest.warns(StoreMismatchWarning, match=f"tuned on s3://{BUCKET} .*0.031 s"):
+        remote.image_dataset(tiny_imagenet / "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StoreMismatchWarning)
+        on_its_store = remote.image_dataset(bucket)
+        next(iter(remote.dataloader(on_its_store)))
+        local.image_dataset(tiny_imagenet / "train")
+    assert on_its_store.fetch_threads == 4  # the loader set it
+
+
 # -- a search over a store -----------------------------------------------------------------
 
 
@@ -302,6 +343,9 @@ def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
         assert float(row["store_request_s"]) >= 0.03, row  # the first byte's wait at least
     assert best["pipeline"]["fetch_threads"] > 1, best["pipeline"]
     assert dict(map(tuple, best["search"]["dataset_spec"]["storage_options"])) == {}
+    store = best["source"]["store"]
+    assert (store["scheme"], store["bucket"], store["region"]) == ("s3", BUCKET, "us-east-1")
+    assert store["endpoint_host"] == server.endpoint.split("//")[1] and store["request_s"] >= 0.03
     # listed once: the prefix's check, its class folders, each class (8); the rest GETs
     assert (server.proxy.requests - requests) - (server.proxy.gets - gets) == 2 + 8
     assert ray_processes() <= before

@@ -234,7 +234,7 @@ def best_config(
         **_raydata_section(ctx, selection, loader),
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
         **({"pipeline": loader.config.pipeline()} if ctx.space.pipeline else {}),
-        "source": source_section(ctx.job, fitting(winner)),
+        "source": source_section(ctx.job, fitting(winner), winner),
         **_what_if(ctx, fitting(winner)),
         "trainers": trainers.section(),
         "hardware": _hardware(ctx, records),
@@ -338,11 +338,17 @@ def _what_if(ctx: SearchContext, config: LoaderConfig) -> dict[str, Any]:
     }}  # fmt: skip
 
 
-def source_section(job: TrialJob, config: LoaderConfig) -> dict[str, Any]:
+def source_section(
+    job: TrialJob, config: LoaderConfig, winner: Candidate | None = None
+) -> dict[str, Any]:
     """What the data was and how the winner reads it: for a stream, its shards, the
-    user's shuffle settings (recorded, never tuned) and where batches are made."""
+    user's shuffle settings (recorded, never tuned) and where batches are made; for a
+    bucket, the store and the request time the winner's runs measured."""
     spec = job.dataset
     out: dict[str, Any] = {**spec.source.describe(spec), "access": config.access}
+    if "store" in out and winner is not None:
+        request_s = winner.stats("store_request_s")
+        out["store"]["request_s"] = request_s.median if request_s else None
     if config.access == "stream":
         buffer = shards.variant(job, config).shuffle_buffer
         out.update(

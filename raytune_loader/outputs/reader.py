@@ -52,6 +52,11 @@ class HardwareMismatchWarning(UserWarning):
     """The config was tuned on a machine unlike this one; re-run the search or the bench."""
 
 
+class StoreMismatchWarning(UserWarning):
+    """The config was tuned on local files and is used on a bucket, or the other way round:
+    the requests in flight it chose were measured against another latency."""
+
+
 @dataclass(frozen=True)
 class BestConfig:
     """A validated best_config.json."""
@@ -173,8 +178,30 @@ class BestConfig:
         """
         from raytune_loader.sources.datasets import DatasetSpec, build_dataset
 
+        self._same_kind_of_store(root)
         spec = DatasetSpec("imagefolder", str(root))
         return build_dataset(spec, self.loader.transfer, self.loader.decode)
+
+    def _same_kind_of_store(self, root: str | os.PathLike[str] | None) -> None:
+        """A StoreMismatchWarning where ``root`` is a bucket and the search read local
+        files, or the other way round."""
+        from raytune_loader.stores.url import is_remote
+
+        if root is None:
+            return
+        tuned = (self.data.get("source") or {}).get("store")
+        if is_remote(str(root)) and not tuned:
+            words = (f"{self.path} was tuned on local files, and {root} is a bucket: its "
+                     "requests in flight (fetch_threads) were not searched; re-run the "
+                     f"search with --data-root {root}")  # fmt: skip
+        elif tuned and not is_remote(str(root)):
+            words = (f"{self.path} was tuned on s3://{tuned.get('bucket')} (a request "
+                     f"{tuned.get('request_s') or 0:.3f} s), and {root} is local: its workers "
+                     "and fetch_threads were chosen for the store's latency; re-run the "
+                     "search on the local files")  # fmt: skip
+        else:
+            return
+        warnings.warn(words, StoreMismatchWarning, stacklevel=3)
 
     def dataset(self, data_root: str | os.PathLike[str] | None = None) -> Dataset[Any]:
         """The tuned dataset, for training: the search's dataset (under ``data_root``
@@ -205,7 +232,9 @@ class BestConfig:
         if not isinstance(recorded, dict) or "name" not in recorded:
             raise ConfigError(f"{self.path} does not say which dataset was searched; re-run it")
         root = str(data_root) if data_root is not None else recorded.get("data_root")
-        spec = DatasetSpec(**{**recorded, "data_root": root})
+        self._same_kind_of_store(root)
+        pairs = tuple(tuple(pair) for pair in recorded.get("storage_options", ()))
+        spec = DatasetSpec(**{**recorded, "data_root": root, "storage_options": pairs})
         if loader.access != "stream":
             return spec.source.build(spec, loader.transfer, loader.decode)
         source = self.data.get("source") or {}

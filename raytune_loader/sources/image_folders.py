@@ -21,7 +21,7 @@ from raytune_loader.pipeline.transforms import imagenet_train_transform
 from raytune_loader.sources import synthetic
 from raytune_loader.sources.base import Source, Spec
 from raytune_loader.sources.remote_folder import RemoteImageFolder, listing
-from raytune_loader.stores.store import StoreOptions
+from raytune_loader.stores.store import Store, StoreOptions
 from raytune_loader.stores.url import StoreUrl, is_remote, parse
 
 if TYPE_CHECKING:
@@ -119,6 +119,15 @@ class ImageFolders(Source):
 
     def fetches(self, spec: Spec) -> bool:
         return self.remote(spec) is not None
+
+    def describe(self, spec: Spec) -> dict[str, Any]:
+        """The source, and for a bucket its store: scheme, bucket, endpoint host, region."""
+        found = super().describe(spec)
+        url = self.remote(spec)
+        if url is not None:
+            options = StoreOptions.from_pairs(spec.storage_options)
+            found["store"] = Store(url, options).describe()
+        return found
 
     def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         """PIL or tensors in the workers; nvJPEG on a CUDA device when the files are
