@@ -11,17 +11,25 @@ medians' (``best_config.json``'s ``speedup``). Also recorded: the winner's reque
 flight, its input pipeline alone (``limit``), the cost model's median error, and the
 time to an answer against the search on local files. Writes
 results/benchmarks/s3_search.json.
+
+    python experiments/s3_search.py --throttle 0.01
+
+runs the 30 ms search alone with that share of GETs answered 503 SlowDown, and writes
+whether it completed, the 503s its trials counted and its findings to
+results/benchmarks/s3_search_throttled.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +47,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--throttle", type=float, default=0.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, _server() as (moto, *proxies):
+    if args.throttle:
+        return _throttled(args)
+    with tempfile.TemporaryDirectory() as tmp, _server(TTFBS) as (moto, *proxies):
         root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
         env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1"}  # fmt: skip
@@ -57,6 +68,34 @@ def main() -> None:
     save("s3_search", {"images": args.images, "ttfb_s": list(TTFBS),
                        "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
                        "flags": flags, "searches": found})  # fmt: skip
+
+
+def _throttled(args: argparse.Namespace) -> None:
+    """The 30 ms search with ``args.throttle`` of the GETs answered 503."""
+    with tempfile.TemporaryDirectory() as tmp, _server([f"{TTFBS[0]}/{args.throttle}"]) as (
+        moto, proxy,
+    ):  # fmt: skip
+        root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
+        _upload(root / "train", moto)
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": proxy}  # fmt: skip
+        flags = [*SEARCH, "--num-samples", str(args.num_samples), "--dataset", "imagenet",
+                 "--data-root", f"s3://{BUCKET}/imagenet"]  # fmt: skip
+        out = Path(tmp) / "out"
+        figures = _search(flags, out, env)
+        best = json.loads((out / "imagenet" / "best_config.json").read_text())
+        with open(out / "imagenet" / "trials.csv") as handle:
+            rows = list(csv.DictReader(handle))
+    counted = sum(int(r["store_throttled"] or 0) for r in rows)
+    save("s3_search_throttled", {
+        "images": args.images, "ttfb_s": TTFBS[0], "throttle": args.throttle, "flags": flags,
+        "completed": True, "trials_ok": sum(r["status"] == "ok" for r in rows),
+        "trials": len(rows), "throttled_in_windows": counted,
+        "findings": [f["kind"] for f in best.get("findings", [])],
+        "throttled_finding": next((f["figure"] for f in best.get("findings", [])
+                                   if f["kind"] == "throttled"), None),  # fmt: skip
+        **figures,
+    })  # fmt: skip
 
 
 def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -98,11 +137,15 @@ def _upload(folder: Path, endpoint: str) -> None:
 
 
 class _server:  # noqa: N801 - a context manager, used as one
-    """The S3 server in a process of its own: moto's URL, then one proxy's per TTFBS."""
+    """The S3 server in a process of its own: moto's URL, then one proxy's per entry of
+    ``ttfbs`` (``0.03``, or ``0.03/0.01`` throttling 1% of GETs too)."""
+
+    def __init__(self, ttfbs: Sequence[object]) -> None:
+        self.ttfbs = ttfbs
 
     def __enter__(self) -> tuple[str, ...]:
         script = Path(__file__).resolve().parent.parent / "tests" / "s3_for_tests.py"
-        ttfbs = ",".join(str(t) for t in (0, *TTFBS))
+        ttfbs = ",".join(str(t) for t in (0, *self.ttfbs))
         self.process = subprocess.Popen([sys.executable, str(script), ttfbs, str(BYTES_PER_S)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True)  # fmt: skip

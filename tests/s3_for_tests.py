@@ -246,10 +246,11 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def serve(ttfbs: list[float], bytes_per_s: float | None) -> None:
-    """moto's server and one proxy per time to first byte in ``ttfbs``, in this process,
-    until stdin closes; prints ``moto_port proxy_port...`` on one line first (a server
-    process of its own, so that a client's CPU time is its own)."""
+def serve(ttfbs: list[str], bytes_per_s: float | None) -> None:
+    """moto's server and one proxy per time to first byte in ``ttfbs`` (``0.03``, or
+    ``0.03/0.01`` to throttle 1% of the GETs too), in this process, until stdin closes;
+    prints ``moto_port proxy_port...`` on one line first (a server process of its own, so
+    that a client's CPU time is its own)."""
     import logging
     import sys
 
@@ -259,7 +260,11 @@ def serve(ttfbs: list[float], bytes_per_s: float | None) -> None:
     port = free_port()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     moto.start()
-    proxies = [SlowProxy(port, ttfb, bytes_per_s if ttfb else None).start() for ttfb in ttfbs]
+    proxies = []
+    for spec in ttfbs:
+        ttfb, _, throttle = spec.partition("/")
+        pace = bytes_per_s if float(ttfb) else None
+        proxies.append(SlowProxy(port, float(ttfb), pace, float(throttle or 0)).start())
     print(port, *(p.port for p in proxies), flush=True)
     sys.stdin.read()
     for proxy in proxies:
@@ -271,4 +276,4 @@ if __name__ == "__main__":
     import sys
 
     rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    serve([float(t) for t in sys.argv[1].split(",")], rate)
+    serve(sys.argv[1].split(","), rate)

@@ -64,6 +64,14 @@ def test_a_store_s_latency_is_paid_per_wave_of_requests_in_flight_and_takes_no_c
     assert rates[64].samples_per_s < fast.samples_per_s  # type: ignore[union-attr]
     for f in (1, 16, 64):  # without a store the threads change nothing
         assert local.predict(_with(2, fetch_threads=f)) == fast
+    # a store that answered at most 300 GETs/s caps every candidate there, whatever it has
+    # in flight; with two ranks each has half
+    capped = replace(remote, profile=replace(remote.profile, store_rate=300.0))
+    top = capped.predict(_with(2, fetch_threads=64))
+    assert (top.samples_per_s, top.bound) == (pytest.approx(300.0), "store")  # type: ignore[union-attr]
+    assert capped.predict(_with(2, fetch_threads=1)) == rates[1]  # slower than the cap
+    two = replace(capped, ranks=2).predict(_with(2, fetch_threads=64))
+    assert two.samples_per_s == pytest.approx(300.0)  # type: ignore[union-attr]
 
 
 def test_on_a_gpu_the_step_and_the_workers_do_not_share_the_cores() -> None:

@@ -35,7 +35,8 @@ from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
 from raytune_loader.sources import datasets
-from raytune_loader.stores.store import count_requests
+from raytune_loader.sources.remote_folder import keys_of
+from raytune_loader.stores.store import count_requests, store_of, top_rate
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 BATCHES = 6  # batches a receive or a device-side finish is timed on
@@ -58,6 +59,7 @@ class Profile:
     # an object store's request: its mean seconds, first byte to last (0: local data);
     # per_core is then the CPU's pace alone, this wait taken out
     fetch_s: float = 0.0
+    store_rate: float = 0.0  # GETs/s the store answered at most (ramped); 0: local data
     seconds: float = 0.0  # how long the profile took
 
     def as_dict(self) -> dict[str, Any]:
@@ -81,7 +83,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     threads = torch.get_num_threads()
     torch.set_num_threads(job.segment.compute_threads)
     per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
-    fetch_s = 0.0
+    fetch_s = store_rate = 0.0
     trainer: Trainer | None = None
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
@@ -93,6 +95,9 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             if key not in per_core:
                 per_core[key], request_s = _worker_side(dataset)
                 fetch_s = max(fetch_s, request_s)
+                store = store_of(dataset)
+                if store is not None and not store_rate and (keys := keys_of(dataset)):
+                    store_rate = top_rate(store, keys)
                 samples = _samples(dataset, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
                 if trainer is None:
@@ -115,6 +120,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         hand_over_s=hand_over_s,
         finish_s=finish_s,
         fetch_s=fetch_s,
+        store_rate=store_rate,
         seconds=time.perf_counter() - started,
     )
 

@@ -147,3 +147,17 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
             return worker_image(blob, self.transfer, self.decode)
         except CorruptSampleError as exc:
             raise CorruptSampleError(f"corrupt sample {self.store.url.of(key)}: {exc}") from None
+
+
+def keys_of(dataset: Any) -> list[str]:
+    """The object keys of the remote folder ``dataset`` (or a dataset it wraps) reads,
+    in its order (the samples a Subset picked first)."""
+    indices = None
+    while dataset is not None and not isinstance(dataset, RemoteImageFolder):
+        if indices is None and isinstance(getattr(dataset, "indices", None), Sequence):
+            indices = list(dataset.indices)
+        dataset = getattr(dataset, "dataset", None)
+    if dataset is None:
+        return []
+    samples = dataset.listing.samples
+    return [samples[i][0] for i in (indices if indices is not None else range(len(samples)))]

@@ -25,7 +25,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlparse
@@ -385,17 +386,47 @@ def _first_line(exc: Exception) -> str:
     return line[:200]
 
 
-def count_requests(dataset: Any) -> Counts | None:
-    """Start counting the requests of the store that ``dataset`` (or a dataset it wraps:
-    a ``Subset``, a measurement's) reads through, in a new :class:`Counts`; None where
-    it reads no store."""
+def store_of(dataset: Any) -> Store | None:
+    """The store that ``dataset`` (or a dataset it wraps: a ``Subset``, a measurement's)
+    reads through; None where it reads none."""
     while dataset is not None:
         store = vars(dataset).get("store") if hasattr(dataset, "__dict__") else None
         if isinstance(store, Store):
-            store.counts = Counts()
-            return store.counts
+            return store
         dataset = getattr(dataset, "dataset", None)
     return None
+
+
+def count_requests(dataset: Any) -> Counts | None:
+    """Start counting the requests of the store ``dataset`` reads through, in a new
+    :class:`Counts`; None where it reads no store."""
+    store = store_of(dataset)
+    if store is None:
+        return None
+    store.counts = Counts()
+    return store.counts
+
+
+RAMP = (4, 16, 64)  # requests in flight the top rate is tried at
+RAMP_GAIN = 1.10  # a step that gains less than this has found the top
+
+
+def top_rate(store: Store, keys: Sequence[str], per_thread: int = 4) -> float:
+    """The most GETs a second the store answered this process, its requests in flight
+    ramped through :data:`RAMP` until a step gains less than 10% (the store's limit, or
+    this node's path to it, as a trial would meet it)."""
+    best = 0.0
+    for threads in RAMP:
+        chosen = [keys[i % len(keys)] for i in range(threads * per_thread)]
+        with ThreadPoolExecutor(threads, "raytune-ramp") as pool:
+            started = time.perf_counter()
+            for _ in pool.map(store.get, chosen):
+                pass
+            rate = len(chosen) / (time.perf_counter() - started)
+        gained, best = rate >= best * RAMP_GAIN, max(best, rate)
+        if not gained:
+            break
+    return best
 
 
 class StoreWatch:

@@ -15,7 +15,9 @@ the pace of its slowest part:
 
 Data on an object store adds, to whoever makes a batch, the wait for its objects: the
 profile's mean request time for each wave of ``fetch_threads`` requests in flight
-(a batch of B in ceil(B / fetch_threads) waves); the wait takes no core.
+(a batch of B in ceil(B / fetch_threads) waves); the wait takes no core. The store
+itself is a part too: no candidate reads faster than the most GETs a second it answered
+the profile's ramp of requests in flight (``store_rate``), shared by the ranks.
 
 Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
@@ -110,7 +112,7 @@ class Prediction:
     ``cores``) and the CPUs it reserves."""
 
     samples_per_s: float
-    bound: str  # what sets the pace: "step", "workers", "actors" or "cores"
+    bound: str  # what sets the pace: "step", "workers", "actors", "cores" or "store"
     cpus: float  # CPUs busy: the training process and its workers (or actors), per rank
 
 
@@ -158,6 +160,7 @@ class CostModel:
             cpu_seconds = main + worker - fetch
         if not self.cuda:  # the step and the workers share the cores
             parts["cores"] = cpu_seconds / max(1.0, rank_cores)
+        parts.update(self._store(batch))
         bound = max(parts, key=lambda k: parts[k])
         return Prediction(
             samples_per_s=self.ranks * batch / parts[bound],
@@ -185,8 +188,15 @@ class CostModel:
         if not self.cuda:
             busy = main if self.remote_actors else main + actor
             parts["cores"] = busy / max(1.0, cores)
+        parts.update(self._store(batch))
         bound = max(parts, key=lambda k: parts[k])
         return Prediction(self.ranks * batch / parts[bound], bound, 1.0 + config.actor_cpus)
+
+    def _store(self, batch: int) -> dict[str, float]:
+        """An object store's part: a rank's batch at its share of the most GETs a second
+        the store answered the profile (a GET a sample); none for local data."""
+        rate = self.profile.store_rate
+        return {"store": batch * self.ranks / rate} if rate else {}
 
     def actors_needed(self, config: LoaderConfig) -> float | None:
         """How many of ``config``'s actors make batches as fast as its training process
