@@ -118,19 +118,21 @@ def findings(
 
 
 def store_findings(candidate: Candidate) -> list[Finding]:
-    """What an object store did to the candidate's runs: throttled it (503 SlowDown, 429)."""
-    throttled = _median(candidate, "store_throttled")
-    requests = _median(candidate, "store_requests")
-    wall = _median(candidate, "wall_s")
-    if not throttled or not requests or not wall:
+    """What an object store did to the candidate's runs: throttled it (503 SlowDown, 429).
+    Counted over all its measured windows: one throttled GET in any of them is one."""
+    runs = [o.metrics for o in candidate.ok if o.metrics is not None and o.metrics.store_requests]
+    throttled = sum(m.store_throttled or 0 for m in runs)
+    requests = sum(m.store_requests or 0 for m in runs)
+    wall = sum(m.wall_s or 0.0 for m in runs)
+    if not throttled or not wall:
         return []
     config = candidate.config
     in_flight = config.fetch_threads * max(1, config.num_workers)
     allowed = (requests - throttled) / wall
     figure = (
-        f"the object store answered {throttled:.0f} of the window's {requests:.0f} GETs with "
-        f"503 SlowDown or 429 (retried, backed off): it allowed about {allowed:.0f} "
-        f"requests/s to {in_flight} in flight ({config.num_workers} workers x "
+        f"the object store answered {throttled} of {requests} GETs in the {len(runs)} measured "
+        f"windows with 503 SlowDown or 429 (retried, backed off): it allowed about "
+        f"{allowed:.0f} requests/s to {in_flight} in flight ({config.num_workers} workers x "
         f"{config.fetch_threads} fetch threads)"
     )
     fix = (
