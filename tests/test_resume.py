@@ -199,4 +199,13 @@ def test_resume_after_every_stop_finishes_the_search_without_losing_a_trial(
     assert (chain.folder / "best_config.json").exists()
     assert (chain.folder / "report.md").exists()
     assert not (chain.folder / "trials.partial.csv").exists()
+    # the Optuna study on disk holds the trials from before every stop, as trials.csv does
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(chain.folder / "study.journal")))
+    (study,) = optuna.get_all_study_summaries(storage)
+    trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
+    assert sorted(t.user_attrs["trial_id"] for t in trials) == sorted(r["trial_id"] for r in rows)
     assert ray_processes() <= chain.ray_before

@@ -227,3 +227,50 @@ def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(tmp_path: 
 
 def metrics_median(best: dict) -> float:
     return best["metrics"]["samples_per_s"]["median"]
+
+
+def test_the_study_opens_in_optuna_dashboard_with_every_trial_and_the_best_value(
+    searched: Searched,
+) -> None:
+    """study.journal holds one Optuna trial per trials.csv row, its parameters as the
+    row's, its state as the row's status; optuna-dashboard's own server (its WSGI app,
+    as ``optuna-dashboard study.journal`` runs it) lists the study with the CSV's best."""
+    import io
+    from wsgiref.util import setup_testing_defaults
+
+    optuna = pytest.importorskip("optuna")
+    dashboard = pytest.importorskip("optuna_dashboard")
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path = searched.folder / "study.journal"
+    with open(searched.folder / "trials.csv") as handle:
+        rows = {row["trial_id"]: row for row in csv.DictReader(handle)}
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    objective = study.user_attrs["objective"]
+    assert {t.user_attrs["trial_id"] for t in study.trials} == set(rows)
+    states = {"ok": "COMPLETE", "stopped_early": "PRUNED"}
+    for trial in study.trials:
+        row = rows[trial.user_attrs["trial_id"]]
+        assert trial.state.name == states.get(row["status"], "FAIL")
+        params = {k: "" if v is None else str(v) for k, v in trial.params.items()}
+        assert params == {k: row[k] for k in trial.params}
+    best_csv = max(float(r[objective]) for r in rows.values() if r["status"] == "ok")
+    assert study.best_value == pytest.approx(best_csv)
+
+    def get(route: str) -> dict:
+        environ: dict = {"PATH_INFO": route, "REQUEST_METHOD": "GET"}
+        setup_testing_defaults(environ)
+        environ["wsgi.input"] = io.BytesIO()
+        answer: list[str] = []
+        body = dashboard.wsgi(str(path))(environ, lambda status, headers, *_: answer.append(status))
+        assert answer[0].startswith("200"), (route, answer)
+        return json.loads(b"".join(body))
+
+    (listed,) = get("/api/studies")["study_summaries"]
+    assert listed["study_name"] == summary.study_name
+    shown = get(f"/api/studies/{listed['study_id']}")
+    assert len(shown["trials"]) == len(rows)  # the dashboard's trial list, as the CSV
+    assert [t["values"] for t in shown["best_trials"]] == [[pytest.approx(best_csv)]]

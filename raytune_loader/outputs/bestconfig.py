@@ -26,6 +26,7 @@ from raytune_loader.measuring.records import TrialRecord
 from raytune_loader.outputs import trainers
 from raytune_loader.outputs.reader import SCHEMA_VERSION
 from raytune_loader.outputs.report import write_report
+from raytune_loader.outputs.study import STUDY_FILE, write_study
 from raytune_loader.progress import Progress
 from raytune_loader.tuning.costmodel import CostModel, what_if
 from raytune_loader.tuning.options import SearchOptions
@@ -410,8 +411,9 @@ def write_results(
     progress: Progress,
 ) -> tuple[dict[str, Any], list[TrialRecord]]:
     """Write ``best_config.json``, ``trials.csv`` and the report into ``out_dir`` (per
-    hardware class too, when the trials ran on several), and drop the interrupted
-    search's partial files.
+    hardware class too, when the trials ran on several), every trial as an Optuna study
+    (``study.journal``, for optuna-dashboard), and drop the interrupted search's
+    partial files.
 
     Args:
         out_dir: the results folder of the dataset.
@@ -447,6 +449,8 @@ def write_results(
         key=lambda r: r.finished_at or 0,
     )
     write_folder(out_dir, best, trials)
+    study_name = f"raytune_loader-{context.job.dataset.name}"
+    write_study(out_dir / STUDY_FILE, context.space, trials, context.opts.objective, study_name)
     (out_dir / "trials.partial.csv").unlink(missing_ok=True)
     return best, trials
 

@@ -257,6 +257,13 @@ class SearchSpace:
         self.define_by_run(replay)
         return replay.point
 
+    def choices_of(self, config: LoaderConfig) -> dict[str, tuple[Any, ...]]:
+        """For each parameter of :meth:`as_point`, what the space offered it there: an
+        integer's ``("int", low, high)``, a choice's ``("choice", *choices)``."""
+        replay = _Replay(config)
+        self.define_by_run(replay)
+        return replay.offered
+
     def grid(self) -> list[LoaderConfig]:
         """Every configuration of the space: the branches of :meth:`define_by_run`,
         walked one suggestion at a time (once per space: it grows with the cores)."""
@@ -299,11 +306,14 @@ class _Replay:
     def __init__(self, config: LoaderConfig) -> None:
         self.values = config.values()
         self.point: dict[str, Any] = {}
+        self.offered: dict[str, tuple[Any, ...]] = {}
 
     def suggest_int(self, name: str, low: int, high: int) -> Any:
+        self.offered[name] = ("int", low, high)
         return self._answer(name)
 
     def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        self.offered[name] = ("choice", *choices)
         return self._answer(name)
 
     def _answer(self, name: str) -> Any:
