@@ -16,25 +16,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import os
 import random
-import socket
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from env_for_tests import environment, free_port  # noqa: F401 - the tests' import
 
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
 CHUNK = 16 * 1024  # the body's pacing unit
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -229,21 +222,6 @@ class S3Server:
             key = "/".join(x for x in (prefix, path.relative_to(folder).as_posix()) if x)
             client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
         return len(files)
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` while the block runs, the environment restored after."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def serve(ttfbs: list[str], bytes_per_s: float | None) -> None:

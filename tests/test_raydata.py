@@ -6,14 +6,12 @@ every sample of an epoch once, the split parts, a steady rate and Ctrl-C (slow t
 from __future__ import annotations
 
 import ast
-import contextlib
 import csv
 import hashlib
 import inspect
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from env_for_tests import environment, free_port
 from torch.utils.data import Subset, default_collate
 
 from raytune_loader import raydata
@@ -646,27 +645,6 @@ CPU_NODE = "raydata_cpu_node"  # the CPU-only node's
 MAKER = "MapWorker(MapBatches(SampleMaker))"  # Ray Data's name for our actors
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """This process's environment with ``values``, for the processes started meanwhile."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 class TwoNodes:
     """A head node for the trials (2 CPUs, ``TRAINER``) and a CPU-only node (2 CPUs,
     ``CPU_NODE``), with the dashboard on a free port for the state API."""
@@ -675,11 +653,11 @@ class TwoNodes:
         from ray.cluster_utils import Cluster
 
         store = 200 * 2**20
-        port = _free_port()
+        port = free_port()
         # its workers ask this cluster's state API, not whichever /tmp/ray names last
         # (Ray Train's placement-group cleaner asks it whether its controller lives)
         api = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
-        with _environment(api):
+        with environment(api):
             self.cluster = Cluster(
                 initialize_head=True,
                 head_node_args={"num_cpus": 2, "resources": {TRAINER: 1},
