@@ -34,6 +34,7 @@ from torch.utils.data.dataloader import (
 
 from raytune_loader.errors import ConfigError
 from raytune_loader.loaders.sharding import ShardSampler, process_group
+from raytune_loader.wrapped import wrapped
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,10 @@ def set_fetch_threads(dataset: Dataset[Any], threads: int) -> None:
     """Give ``threads`` to the dataset under ``dataset``'s wrappers (``Subset``, the
     measurement's) that fetches a batch's objects with that many at once: a remote
     dataset's ``fetch_threads``; a dataset without one is left as it is."""
-    while dataset is not None:
-        if "fetch_threads" in vars(dataset):
-            dataset.fetch_threads = threads  # type: ignore[attr-defined]
+    for layer in wrapped(dataset):
+        if "fetch_threads" in vars(layer):
+            layer.fetch_threads = threads
             return
-        dataset = getattr(dataset, "dataset", None)  # type: ignore[assignment]
 
 
 def timed(dataset: Dataset[Any]) -> Dataset[Any]:

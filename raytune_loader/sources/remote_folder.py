@@ -25,6 +25,7 @@ from raytune_loader.errors import CorruptSampleError, DatasetError
 from raytune_loader.pipeline.transforms import worker_image
 from raytune_loader.stores.store import Store, StoreOptions
 from raytune_loader.stores.url import StoreUrl, parse
+from raytune_loader.wrapped import wrapped
 
 log = logging.getLogger(__name__)
 LIST_THREADS = 16  # class folders listed at once
@@ -40,12 +41,6 @@ class Listing:
     url: str
     classes: tuple[str, ...]
     samples: tuple[tuple[str, int], ...]
-    bytes: int
-
-    @property
-    def mean_object_bytes(self) -> float:
-        """The images' mean size (the profile's figure for what a request carries)."""
-        return self.bytes / max(1, len(self.samples))
 
 
 def listing(url: StoreUrl, options: StoreOptions) -> Listing:
@@ -63,17 +58,14 @@ def listing(url: StoreUrl, options: StoreOptions) -> Listing:
     with ThreadPoolExecutor(LIST_THREADS, "raytune-list") as pool:
         listed = list(pool.map(lambda name: store.list(name), classes))
     samples: list[tuple[str, int]] = []
-    size = 0
     for index, found in enumerate(listed):
-        images = [(key, n) for key, n in found if key.lower().endswith(IMAGE_SUFFIXES)
-                  and "/" not in key[len(url.key(classes[index])) + 1 :]]  # fmt: skip
-        samples += [(key, index) for key, _ in images]
-        size += sum(n for _, n in images)
+        samples += [(key, index) for key, _ in found if key.lower().endswith(IMAGE_SUFFIXES)
+                    and "/" not in key[len(url.key(classes[index])) + 1 :]]  # fmt: skip
     if not samples:
         raise DatasetError(
             f"no images under {url} in the ImageFolder layout {url}/<class>/<image>.JPEG"
         )
-    _LISTINGS[cache] = Listing(str(url), tuple(classes), tuple(samples), size)
+    _LISTINGS[cache] = Listing(str(url), tuple(classes), tuple(samples))
     log.info("listed %s: %d images in %d classes", url, len(samples), len(classes))
     return _LISTINGS[cache]
 
@@ -153,11 +145,12 @@ def keys_of(dataset: Any) -> list[str]:
     """The object keys of the remote folder ``dataset`` (or a dataset it wraps) reads,
     in its order (the samples a Subset picked first)."""
     indices = None
-    while dataset is not None and not isinstance(dataset, RemoteImageFolder):
-        if indices is None and isinstance(getattr(dataset, "indices", None), Sequence):
-            indices = list(dataset.indices)
-        dataset = getattr(dataset, "dataset", None)
-    if dataset is None:
-        return []
-    samples = dataset.listing.samples
-    return [samples[i][0] for i in (indices if indices is not None else range(len(samples)))]
+    for layer in wrapped(dataset):
+        if isinstance(layer, RemoteImageFolder):
+            samples = layer.listing.samples
+            return [
+                samples[i][0] for i in (indices if indices is not None else range(len(samples)))
+            ]
+        if indices is None and isinstance(getattr(layer, "indices", None), Sequence):
+            indices = list(layer.indices)
+    return []

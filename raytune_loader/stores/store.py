@@ -33,6 +33,7 @@ from urllib.parse import quote, urlparse
 
 from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
 from raytune_loader.stores.url import StoreUrl
+from raytune_loader.wrapped import wrapped
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 8  # a request tried at most this many times before its error is the trial's
@@ -110,7 +111,7 @@ def _flag(key: str, value: str) -> bool:
 
 
 class Counts:
-    """Requests, bytes, request time and retries by cause, added to by every process and
+    """Requests, request time and retries by cause, added to by every process and
     thread that reads through the store, read by the measurement (the trial's process).
 
     The figures live in a torch tensor in shared memory (loader workers inherit it, or
@@ -118,7 +119,7 @@ class Counts:
     (``pid`` modulo :data:`ROWS`: the processes of one trial do not share a row), so no
     lock crosses processes; a process's threads take its own lock."""
 
-    NAMES = ("requests", "bytes", *CAUSES, "busy_us")
+    NAMES = ("requests", *CAUSES, "busy_us")
     ROWS = 4096
 
     def __init__(self) -> None:
@@ -127,7 +128,7 @@ class Counts:
         self.values = torch.zeros(self.ROWS, len(self.NAMES), dtype=torch.int64).share_memory_()
 
     def add(self, **amounts: float) -> None:
-        """Add ``amounts`` by name (``requests=1, bytes=n, ...``)."""
+        """Add ``amounts`` by name (``requests=1, busy_us=n, ...``)."""
         pid = os.getpid()
         row = self.values[pid % self.ROWS]
         with _process_lock(pid):
@@ -221,7 +222,7 @@ class Store:
             started = time.perf_counter()
             status, data, cause = self._transport().get(self.url.bucket, key)
             if status == 200:
-                self._count(requests=1, bytes=len(data), busy_us=_us(time.perf_counter() - started))
+                self._count(requests=1, busy_us=_us(time.perf_counter() - started))
                 return data
             if cause is None or attempt == ATTEMPTS - 1:
                 raise self._failed(status, data, key)
@@ -389,11 +390,10 @@ def _first_line(exc: Exception) -> str:
 def store_of(dataset: Any) -> Store | None:
     """The store that ``dataset`` (or a dataset it wraps: a ``Subset``, a measurement's)
     reads through; None where it reads none."""
-    while dataset is not None:
-        store = vars(dataset).get("store") if hasattr(dataset, "__dict__") else None
+    for layer in wrapped(dataset):
+        store = vars(layer).get("store") if hasattr(layer, "__dict__") else None
         if isinstance(store, Store):
             return store
-        dataset = getattr(dataset, "dataset", None)
     return None
 
 
