@@ -44,6 +44,7 @@ WORKER_THREADS = (None, 1)  # each worker's BLAS/OpenMP/torch threads: the libra
 
 
 FETCH_THREADS = (1, 4, 16, 64)  # a batch's objects in flight per worker, from an object store
+READ_AHEAD = (1, 2, 4)  # a stream's shards fetched at once per worker (each held whole)
 
 
 ENGINES = ("dataloader", "raydata")  # who makes the batches: a DataLoader, or Ray Data's actors
@@ -165,10 +166,10 @@ RULES = (
     ),  # fmt: skip
     Rule(
         "fetch_threads",
-        lambda v: v["engine"] == "dataloader" and v["access"] == "map",
+        lambda v: v["engine"] == "dataloader",
         1,
-        "fetch_threads fetches a batch's objects by index: it needs engine dataloader and "
-        "access map",
+        "fetch_threads is how many objects a DataLoader worker fetches at once (a batch's "
+        "by index, or shards ahead of a stream): it needs engine dataloader",
         default=1,
     ),  # fmt: skip
     _raydata_rule("max_actors", default=1),

@@ -122,6 +122,10 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         self.loader_batch = batch_size or 1  # the loader's batches, which ranks count
         self.drop_last = False
         self.classes = classes
+        # shards fetched at once per worker, where the reader fetches them from a store
+        # (its ``reads``); the store, where there is one, for the measurement's counts
+        self.fetch_threads = 1
+        self.store = getattr(reader, "store", None)
         self.clock = EpochClock()  # shared with the loaders' copies (for_loader)
         self._pass = _shared(2)  # [epoch, batches worker 0 skips, worker 1's...]
         self._for_loader = False
@@ -221,11 +225,13 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         low, high = worker_range(cut, self.loader_batch, worker, workers)
         start = rank * cut.per_rank
         order = shard_order(len(self.shards), self.seed, epoch, self.shuffle)
+        wanted = [(self.shards[span.shard], span.start, span.stop)
+                  for span in spans(self.sizes, order, start + low, start + high)]  # fmt: skip
+        reads = getattr(self.reader, "reads", None)  # a store's reader: shards fetched ahead
         raw: Iterator[Any] = (
-            sample
-            for span in spans(self.sizes, order, start + low, start + high)
-            for sample in self.reader.read(self.shards[span.shard], span.start, span.stop)
-        )
+            reads(wanted, self.fetch_threads) if reads is not None
+            else (sample for path, a, b in wanted for sample in self.reader.read(path, a, b))
+        )  # fmt: skip
         if self.shuffle_buffer > 0:
             rng = random.Random(f"{self.seed}:{epoch}:{rank}:{worker}")
             raw = _shuffled(raw, self.shuffle_buffer, rng)

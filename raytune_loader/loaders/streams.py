@@ -95,6 +95,7 @@ def stream_loader(
             seed=seed, shuffle=shuffle,
         )  # fmt: skip
         in_workers = stream.batched_in_workers
+        stream.fetch_threads = config.fetch_threads  # shards fetched ahead, from a store
     else:
         stream = dataset
         in_workers = config.batching == "workers" or getattr(dataset, "batched_in_workers", False)

@@ -220,6 +220,9 @@ def measure_input(
     return InputRate(max(rates), worker_side_rate(subset))
 
 
+WARM_SAMPLES = 8  # read before a worker side is timed, to warm its code paths
+
+
 def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
     """Samples per second one core reads, decodes and augments (what a worker does); a
     stream is read in order, a batch made in its pipeline counting as its samples."""
@@ -228,7 +231,7 @@ def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
     try:
         if isinstance(dataset, IterableDataset):
             items = iter(dataset)
-            for _ in range(8):  # warm the code paths
+            for _ in range(WARM_SAMPLES):  # warm the code paths
                 next(items)
             started, count = time.perf_counter(), 0
             while count < samples:
@@ -236,7 +239,7 @@ def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
                 count += batch_samples(item) if _batched(dataset) else 1
             return count / (time.perf_counter() - started)
         count = min(samples, len(dataset))  # type: ignore[arg-type]
-        for i in range(min(8, count)):  # warm the code paths
+        for i in range(min(WARM_SAMPLES, count)):  # warm the code paths
             dataset[i]
         started = time.perf_counter()
         for i in range(count):

@@ -29,7 +29,12 @@ from raytune_loader.engines import engine_of
 from raytune_loader.engines.raydata import RayDataEngine
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.measuring.job import TrialJob
-from raytune_loader.measuring.measure import job_trainer, prepare, worker_side_rate
+from raytune_loader.measuring.measure import (
+    WARM_SAMPLES,
+    job_trainer,
+    prepare,
+    worker_side_rate,
+)
 from raytune_loader.measuring.shards import opened
 from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
@@ -37,6 +42,7 @@ from raytune_loader.raydata.receive_cost import in_placement_group, receive_seco
 from raytune_loader.sources import datasets
 from raytune_loader.sources.remote_folder import keys_of
 from raytune_loader.stores.store import count_requests, store_of, top_rate
+from raytune_loader.stores.url import is_remote, parse
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 BATCHES = 6  # batches a receive or a device-side finish is timed on
@@ -59,6 +65,7 @@ class Profile:
     # an object store's request: its mean seconds, first byte to last (0: local data);
     # per_core is then the CPU's pace alone, this wait taken out
     fetch_s: float = 0.0
+    requests_per_sample: float = 1.0  # a GET an object; a shard's GET over its samples
     store_rate: float = 0.0  # GETs/s the store answered at most (ramped); 0: local data
     seconds: float = 0.0  # how long the profile took
 
@@ -84,6 +91,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     torch.set_num_threads(job.segment.compute_threads)
     per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
     fetch_s = store_rate = 0.0
+    requests_per_sample = 1.0
     trainer: Trainer | None = None
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
@@ -93,10 +101,11 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             dataset, _ = prepare(job, 0, config)
             key = structure(config).worker_side
             if key not in per_core:
-                per_core[key], request_s = _worker_side(dataset)
-                fetch_s = max(fetch_s, request_s)
+                per_core[key], request_s, per_sample = _worker_side(dataset)
+                if request_s > fetch_s:
+                    fetch_s, requests_per_sample = request_s, per_sample
                 store = store_of(dataset)
-                if store is not None and not store_rate and (keys := keys_of(dataset)):
+                if store is not None and not store_rate and (keys := _keys(dataset)):
                     store_rate = top_rate(store, keys)
                 samples = _samples(dataset, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
@@ -120,28 +129,42 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         hand_over_s=hand_over_s,
         finish_s=finish_s,
         fetch_s=fetch_s,
+        requests_per_sample=requests_per_sample,
         store_rate=store_rate,
         seconds=time.perf_counter() - started,
     )
 
 
-def _worker_side(dataset: Dataset[Any]) -> tuple[float, float]:
-    """One core's samples/s on the worker side, and the mean seconds of an object store's
-    request (0 for local data). The samples are read one at a time, so each request's
+def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
+    """One core's samples/s on the worker side, the mean seconds of an object store's
+    request (0 for local data), and the requests a sample takes (a GET an object, a
+    shard's GET over its samples). The samples are read one at a time, so each request's
     wait is time its sample spent off the CPU: taken out, the rate is the CPU's alone,
     and the cost model adds the wait back as the candidate's requests in flight allow."""
     counts = count_requests(dataset)
     before = counts.totals() if counts is not None else None
     rate = worker_side_rate(dataset, SAMPLES)
     if counts is None or before is None:
-        return rate, 0.0
+        return rate, 0.0, 1.0
     after = counts.totals()
     requests = after["requests"] - before["requests"]
     if not requests:
-        return rate, 0.0
-    request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests
-    # a GET a sample; a sample never costs less than a tenth of its measured time
-    return 1.0 / max(1.0 / rate - request_s, 0.1 / rate), request_s
+        return rate, 0.0, 1.0
+    busy_s = (after["busy_us"] - before["busy_us"]) / 1e6
+    read = SAMPLES + WARM_SAMPLES  # what worker_side_rate read, its warm-up included
+    # a sample never costs less than a tenth of its measured time
+    per_sample = 1.0 / max(1.0 / rate - busy_s / read, 0.1 / rate)
+    return per_sample, busy_s / requests, min(1.0, requests / read)
+
+
+def _keys(dataset: Dataset[Any]) -> list[str]:
+    """The object keys ``dataset`` reads from its store: an image folder's, or a stream's
+    shards'."""
+    found = keys_of(dataset)
+    shards = getattr(dataset, "shards", None)
+    if found or not shards or not is_remote(shards[0]):
+        return found
+    return [parse(url).prefix for url in shards]
 
 
 def receiver(config: LoaderConfig) -> LoaderConfig:

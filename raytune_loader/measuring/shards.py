@@ -83,7 +83,9 @@ def prepare_stream(job: TrialJob, largest_batch: int, progress: Progress) -> Tri
             "per rank (a worker without a shard of its own has nothing to read)"
         )
     log.info("the trials read %d shards, %d samples", len(infos), read)
-    return replace(job, stream_shards=len(infos), stream_workers=workers, stream_note=note)
+    listed = spec.source.listed(spec) or job.listing  # a store's shards: handed on, not redone
+    return replace(job, stream_shards=len(infos), stream_workers=workers, stream_note=note,
+                   listing=listed)  # fmt: skip
 
 
 def _prepare_own_stream(job: TrialJob, progress: Progress) -> TrialJob:

@@ -177,6 +177,12 @@ class Source(abc.ABC):
         which knows threads; a stream of the user's splits by ``get_worker_info``)."""
         return self.pipeline_searched(spec)
 
+    def listed(self, spec: Spec) -> Any:
+        """What this process listed and counted of an object store's data (its keys, its
+        shards' samples), for the job to hand to the trials' processes (the object's
+        ``adopt()`` takes it there); None where nothing was listed."""
+        return None
+
     def fetches(self, spec: Spec) -> bool:
         """Whether its samples are objects fetched from a store (each a request with a
         time to first byte): then how many a worker has in flight (``fetch_threads``) is

@@ -107,8 +107,10 @@ def listing_of(dataset: Dataset[Any]) -> Any:
 def adopt_listing(spec: DatasetSpec, found: Any) -> None:
     """Take ``found`` (:func:`listing_of`, in another process) as this process's listing
     of ``spec``'s store: building the dataset here lists nothing."""
-    if found is not None:
+    if isinstance(found, Listing):
         remember(found, StoreOptions.from_pairs(spec.storage_options))
+    elif found is not None:  # another source's (a store's shards): it knows its own
+        found.adopt()
 
 
 def sample_files(spec: DatasetSpec, dataset: Dataset[Any], indices: list[int]) -> list[str]:

@@ -14,15 +14,27 @@ webdataset's own rule; a span that starts inside a shard seeks past the members
 before it. Samples pass a shuffle buffer (``--shuffle-buffer``, the shards' order
 shuffled too) as training would; the buffer is the user's, never shrunk. Batches
 are made by the loader or in each worker, a searched choice.
+
+Shards in an object store (``s3://bucket/shards-{0000..0127}.tar``, or a prefix whose
+``.tar`` objects are the shards) are read where they live: each span's shard fetched
+whole by one GET through :class:`~raytune_loader.stores.store.Store` (retried and
+counted as every request is), and ``fetch_threads`` shards fetched ahead in each worker
+while the current one is decoded (the read-ahead that hides a store's latency).
+A brace pattern is expanded without a request; a prefix is listed once per process.
 """
 
 from __future__ import annotations
 
+import collections
 import glob
+import io
+import itertools
 import os
 import re
 import tarfile
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +45,31 @@ from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
 from raytune_loader.loaders.shard_stream import ShardStream, StreamVariant
 from raytune_loader.pipeline.transforms import worker_image
 from raytune_loader.sources.base import ShardInfo, Source, Spec
+from raytune_loader.stores.store import Store, StoreOptions
+from raytune_loader.stores.url import StoreUrl, is_remote, parse
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEY = "cls"
 INSTALL = "pip install webdataset"
+_LISTED: dict[tuple[str, StoreOptions], tuple[str, ...]] = {}  # this process's prefixes
+_COUNTED: dict[str, int] = {}  # a store's shard URL -> its samples, counted in this process
+
+
+@dataclass(frozen=True)
+class ShardListing:
+    """What the search's driver learned of shards in a store (their URLs, the samples of
+    those it counted), handed to the trials' processes in the job so that they list and
+    count nothing again (a count is a whole shard's GET)."""
+
+    root: str
+    options: StoreOptions
+    shards: tuple[str, ...]
+    counted: tuple[tuple[str, int], ...]
+
+    def adopt(self) -> None:
+        """Take it as this process's own."""
+        _LISTED[(self.root, self.options)] = self.shards
+        _COUNTED.update(self.counted)
 
 
 def _webdataset() -> Any:
@@ -63,7 +96,12 @@ class WebDatasetShards(Source):
         return ("loader", "workers")
 
     def ray_data_reads(self, spec: Spec) -> bool:
-        return True  # the trial's shards through ray.data.read_webdataset (ShardStream.ray_read)
+        # the trial's shards through ray.data.read_webdataset (ShardStream.ray_read); shards
+        # in a bucket are read by the DataLoader candidates only
+        return not is_remote(spec.data_root)
+
+    def fetches(self, spec: Spec) -> bool:
+        return is_remote(spec.data_root)
 
     def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
         return []  # its shards are pre-warmed as they are counted (measuring.shards)
@@ -78,6 +116,8 @@ class WebDatasetShards(Source):
                 "like /data/shards-{0000..0127}.tar"
             )
         root = spec.data_root
+        if is_remote(root):
+            return list(_remote_shards(root, StoreOptions.from_pairs(spec.storage_options)))
         if Path(root).is_dir():
             found = sorted(glob.glob(os.path.join(root, "*.tar")))
         else:
@@ -86,18 +126,29 @@ class WebDatasetShards(Source):
             raise DatasetError(f"webdataset: {root} matches no .tar shard")
         return found
 
+    def listed(self, spec: Spec) -> ShardListing | None:
+        """For shards in a store: what this process listed and counted, to hand on."""
+        if not is_remote(spec.data_root):
+            return None
+        options = StoreOptions.from_pairs(spec.storage_options)
+        shards = _remote_shards(str(spec.data_root), options)
+        counted = tuple((url, _COUNTED[url]) for url in shards if url in _COUNTED)
+        return ShardListing(str(spec.data_root), options, shards, counted)
+
     def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         found = ("pil", "tensor")
         if not cuda:
             return found
-        first = _first_image(self.shards(spec)[0])
+        first = _first_image(self.shards(spec)[0], _store(spec))
         return (*found, "device") if first[:3] == b"\xff\xd8\xff" else found
 
     def read_shard(self, spec: Spec, path: str) -> ShardInfo:
         samples: dict[str, set[str]] = {}
         member = "its first member"
+        store = _store(spec)
+        blob = _fetched(store, path) if store is not None else None
         try:
-            with tarfile.open(path, "r|*") as tar:
+            with _tar(path, blob, stream=True) as tar:
                 for entry in tar:
                     member = entry.name
                     if entry.isfile():
@@ -117,7 +168,10 @@ class WebDatasetShards(Source):
                     f"(it has {', '.join(sorted(exts)) or 'nothing'}); every sample needs an "
                     f"image ({', '.join(IMAGE_KEYS)}) and a {LABEL_KEY}"
                 )
-        return ShardInfo(path, len(samples), Path(path).stat().st_size)
+        if blob is None:
+            return ShardInfo(path, len(samples), Path(path).stat().st_size)
+        _COUNTED[path] = len(samples)
+        return ShardInfo(path, len(samples), len(blob))
 
     def build_stream(
         self, spec: Spec, shards: list[str], variant: StreamVariant
@@ -126,7 +180,7 @@ class WebDatasetShards(Source):
 
         _webdataset()  # installed, or the error says how
         shards = shards or self.shards(spec)
-        reader = _TarShards()
+        reader = _TarShards(_store(spec))
         collate = collate_encoded if variant.decode == "device" else default_collate
         return ShardStream(
             shards, [reader.count(path) for path in shards], reader,
@@ -136,7 +190,64 @@ class WebDatasetShards(Source):
         )  # fmt: skip
 
     def describe(self, spec: Spec) -> dict[str, Any]:
-        return {"kind": "webdataset", "shards": len(self.shards(spec))}
+        found: dict[str, Any] = {"kind": "webdataset", "shards": len(self.shards(spec))}
+        store = _store(spec)
+        if store is not None:
+            found["store"] = store.describe()
+        return found
+
+
+def _store(spec: Spec) -> Store | None:
+    """The bucket the shards are in (a Store at its root), or None for local shards."""
+    if not is_remote(spec.data_root):
+        return None
+    url = parse(str(spec.data_root).split("{", 1)[0])
+    return Store(StoreUrl(url.scheme, url.bucket), StoreOptions.from_pairs(spec.storage_options))
+
+
+def _remote_shards(root: str, options: StoreOptions) -> tuple[str, ...]:
+    """The shard URLs ``root`` names: a brace pattern expanded (no request: a shard that
+    is not there is named when it is counted), or the ``.tar`` objects under a prefix,
+    listed once in this process."""
+    if (root, options) in _LISTED:
+        return _LISTED[(root, options)]
+    if "{" in root:
+        found = tuple(_webdataset().shardlists.expand_urls(root))
+        buckets = {parse(url).bucket for url in found}
+        if len(buckets) > 1:
+            raise DatasetError(f"webdataset: {root} names shards in {len(buckets)} buckets; "
+                               "keep them in one")  # fmt: skip
+    else:
+        url = parse(root)
+        store = Store(url, options)
+        store.check()
+        found = tuple(url.of(key) for key, _ in store.list() if key.endswith(".tar"))
+        if not found:
+            raise DatasetError(
+                f"webdataset: {root} holds no .tar object: put the shards there, or name "
+                "them with a pattern like shards-{0000..0127}.tar"
+            )
+    _LISTED[(root, options)] = found
+    return found
+
+
+def _fetched(store: Store, url: str) -> bytes:
+    """The shard at ``url``, one GET (retried and counted by the store); a DatasetError
+    naming it where it is not there."""
+    try:
+        return store.get(parse(url).prefix)
+    except CorruptSampleError:  # listed, or named by the pattern, but not there
+        raise DatasetError(
+            f"webdataset: shard {url} does not exist; check the pattern or the prefix"
+        ) from None
+
+
+def _tar(path: str, blob: bytes | None, stream: bool = False) -> tarfile.TarFile:
+    """The shard as a tar file: from disk, or from the bytes fetched from a store."""
+    mode = "r|*" if stream else "r:*"
+    if blob is None:
+        return tarfile.open(path, mode)
+    return tarfile.open(fileobj=io.BytesIO(blob), mode=mode)
 
 
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
@@ -146,28 +257,81 @@ _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 class _TarShards:
     """Reads tar shards as webdataset groups them: the files of one key in a row are a
     sample (``{"__key__", "__url__", ext: bytes}``). Members are walked lazily, seeking
-    past the data of the samples before a span; picklable, for spawned workers."""
+    past the data of the samples before a span; picklable, for spawned workers. With a
+    ``store``, each shard is an object of its bucket, fetched whole."""
+
+    store: Store | None = None
 
     def count(self, path: str) -> int:
-        return sum(1 for _ in _keyed(path, read=False))
+        if self.store is None:
+            return sum(1 for _ in _keyed(path, read=False))
+        if path not in _COUNTED:  # counted by the driver, and handed on, or counted here
+            blob = _fetched(self.store, path)
+            _COUNTED[path] = sum(1 for _ in _keyed(path, read=False, blob=blob))
+        return _COUNTED[path]
 
-    def read(self, path: str, start: int, stop: int) -> Iterator[dict[str, Any]]:
-        for index, sample in enumerate(_keyed(path, read=True, first=start)):
-            if index >= stop - start:
-                return
-            yield sample
+    def read(
+        self, path: str, start: int, stop: int, blob: bytes | None = None
+    ) -> Iterator[dict[str, Any]]:
+        if blob is None and self.store is not None:
+            blob = _fetched(self.store, path)
+        yield from itertools.islice(_keyed(path, read=True, first=start, blob=blob), stop - start)
+
+    def reads(self, wanted: Sequence[tuple[str, int, int]], ahead: int) -> Iterator[Any]:
+        """The samples of ``wanted`` spans (shard, start, stop) in order, ``ahead`` shards
+        fetched at once from a store while the first of them is read."""
+        if self.store is None or ahead <= 1:
+            yield from (s for path, start, stop in wanted for s in self.read(path, start, stop))
+            return
+        store, pool = self.store, _pool(ahead)
+        spans = iter(wanted)
+        waiting: collections.deque[Any] = collections.deque()
+        for span in itertools.islice(spans, ahead):
+            waiting.append((span, pool.submit(_fetched, store, span[0])))
+        while waiting:
+            (path, start, stop), blob = waiting.popleft()
+            fetched = blob.result()
+            for span in itertools.islice(spans, 1):
+                waiting.append((span, pool.submit(_fetched, store, span[0])))
+            yield from self.read(path, start, stop, fetched)
 
     def ray_reader(self, paths: Sequence[str]) -> str | None:
         return "webdataset"  # ray.data.read_webdataset groups members by webdataset's rule
 
 
-def _keyed(path: str, *, read: bool, first: int = 0) -> Iterator[dict[str, Any]]:
-    """The shard's samples from the ``first``-th on (their data read with ``read``)."""
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (pid, threads): this process's
+_POOLS_LOCK = threading.Lock()
+
+
+def _forked() -> None:
+    """A forked child: the parent's fetch threads did not come with it, nor may its lock."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """This process's pool of ``threads`` fetch threads (a forked worker makes its own)."""
+    with _POOLS_LOCK:
+        key = (os.getpid(), threads)
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(threads, "raytune-shards")
+        return _POOLS[key]
+
+
+def _keyed(
+    path: str, *, read: bool, first: int = 0, blob: bytes | None = None
+) -> Iterator[dict[str, Any]]:
+    """The shard's samples from the ``first``-th on (their data read with ``read``), from
+    disk or from its bytes ``blob`` fetched from a store."""
     from webdataset.tariterators import base_plus_ext
 
     index, key, members = -1, None, []
     try:
-        with tarfile.open(path, "r:*") as tar:
+        with _tar(path, blob) as tar:
             for member in tar:
                 if not member.isfile() or _META.match(member.name):
                     continue
@@ -205,8 +369,9 @@ def _split(name: str) -> tuple[str, str, str]:
     return (f"{folder}/{stem}" if folder else stem), _, ext.lower()
 
 
-def _first_image(path: str) -> bytes:
-    with tarfile.open(path, "r|*") as tar:
+def _first_image(path: str, store: Store | None) -> bytes:
+    blob = _fetched(store, path) if store is not None else None
+    with _tar(path, blob, stream=True) as tar:
         for entry in tar:
             if entry.isfile() and _split(entry.name)[2] in IMAGE_KEYS:
                 return tar.extractfile(entry).read(3)  # type: ignore[union-attr]

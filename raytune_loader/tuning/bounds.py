@@ -13,7 +13,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from raytune_loader.candidates.rules import FETCH_THREADS
+from raytune_loader.candidates.rules import FETCH_THREADS, READ_AHEAD
 from raytune_loader.errors import ConfigError
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.job import TrialJob
@@ -65,8 +65,16 @@ def search_space(
         stream_workers=job.stream_workers,
         raydata_cpus=raydata_cpus,
         locality_works=raydata_cpus >= 1 and _locality_works(),
-        fetch_threads=FETCH_THREADS if source.fetches(spec) else (1,),
+        fetch_threads=_fetch_threads(source.fetches(spec), accesses),
     )  # fmt: skip
+
+
+def _fetch_threads(fetches: bool, accesses: tuple[str, ...]) -> tuple[int, ...]:
+    """Requests in flight per worker: a batch's objects by index, or a stream's shards
+    ahead (each held whole in memory, so fewer); one where nothing is fetched."""
+    if not fetches:
+        return (1,)
+    return FETCH_THREADS if "map" in accesses else READ_AHEAD
 
 
 def _locality_works() -> bool:

@@ -15,9 +15,10 @@ the pace of its slowest part:
 
 Data on an object store adds, to whoever makes a batch, the wait for its objects: the
 profile's mean request time for each wave of ``fetch_threads`` requests in flight
-(a batch of B in ceil(B / fetch_threads) waves); the wait takes no core. The store
-itself is a part too: no candidate reads faster than the most GETs a second it answered
-the profile's ramp of requests in flight (``store_rate``), shared by the ranks.
+(a batch of B objects in ceil(B / fetch_threads) waves; a stream's batch its share of
+a shard's GET, ``fetch_threads`` shards fetched ahead); the wait takes no core. The
+store itself is a part too: no candidate reads faster than the most GETs a second it
+answered the profile's ramp of requests in flight (``store_rate``), shared by the ranks.
 
 Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
@@ -143,8 +144,7 @@ class CostModel:
         collate = self.profile.collate_s.get(side, 0.0)
         if config.num_workers:  # what a worker of this kind pays to hand a batch over
             collate = max(collate, self.profile.hand_over_s.get(receiving, 0.0))
-        # an object store's requests: a batch's objects in waves of fetch_threads
-        fetch = math.ceil(batch / config.fetch_threads) * self.profile.fetch_s
+        fetch = self._fetch(batch, config.fetch_threads)
         worker = batch / per_core + collate * scale + fetch
         rank_cores = (cores or self.profile.cores) / self.ranks
         if engine_of(config).remote:
@@ -192,11 +192,21 @@ class CostModel:
         bound = max(parts, key=lambda k: parts[k])
         return Prediction(self.ranks * batch / parts[bound], bound, 1.0 + config.actor_cpus)
 
+    def _fetch(self, batch: int, in_flight: int) -> float:
+        """A worker's wait for a batch's requests: a batch's objects in waves of
+        ``in_flight`` (a GET a sample), or its share of a shard's GET with ``in_flight``
+        shards fetched ahead (a GET for many samples); 0 for local data."""
+        requests = batch * self.profile.requests_per_sample
+        if requests >= 1:
+            return math.ceil(requests / in_flight) * self.profile.fetch_s
+        return requests * self.profile.fetch_s / in_flight
+
     def _store(self, batch: int) -> dict[str, float]:
-        """An object store's part: a rank's batch at its share of the most GETs a second
-        the store answered the profile (a GET a sample); none for local data."""
+        """An object store's part: a rank's batch's requests at its share of the most GETs
+        a second the store answered the profile; none for local data."""
         rate = self.profile.store_rate
-        return {"store": batch * self.ranks / rate} if rate else {}
+        requests = batch * self.ranks * self.profile.requests_per_sample
+        return {"store": requests / rate} if rate else {}
 
     def actors_needed(self, config: LoaderConfig) -> float | None:
         """How many of ``config``'s actors make batches as fast as its training process

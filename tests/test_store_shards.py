@@ -1,0 +1,191 @@
+"""WebDataset shards in an object store: a real S3 API on loopback (moto's server behind
+the tests' proxy, tests/s3_for_tests.py). The seams: a brace pattern and a prefix name
+the same shards, a missing one is named, an epoch reads every sample once and as the
+local shards give it, read-ahead puts shards in flight together, every GET is counted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from s3_for_tests import S3Server, environment
+
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.errors import DatasetError
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.loaders.shard_stream import StreamVariant
+from raytune_loader.sources import webdataset_shards
+from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.stores.store import count_requests
+
+pytest.importorskip("botocore")
+pytest.importorskip("moto")
+pytest.importorskip("webdataset")
+
+BUCKET = "shards-bucket"
+PATTERN = f"s3://{BUCKET}/wds/shard-{{0000..0003}}.tar"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_shards: Path) -> Iterator[S3Server]:
+    """The S3 server holding tiny_shards' 4 shards (24 samples each) under ``wds/``."""
+    with S3Server() as found:
+        found.upload_folder(tiny_shards, BUCKET, "wds")
+        with environment(found.env()):
+            yield found
+
+
+@pytest.fixture(autouse=True)
+def _fresh(server: S3Server) -> Iterator[None]:
+    webdataset_shards._LISTED.clear()
+    webdataset_shards._COUNTED.clear()
+    server.proxy.ttfb_s = server.proxy.throttle = server.proxy.cut = 0.0
+    server.proxy.peak_in_flight = 0
+    yield
+
+
+def _spec(root: str = PATTERN) -> DatasetSpec:
+    return DatasetSpec("webdataset", root)
+
+
+def _stream(root: str, shards: list[str] | None = None, batch_size: int | None = None) -> object:
+    spec = _spec(root)
+    variant = StreamVariant(transfer="uint8", decode="tensor", batch_size=batch_size)
+    return spec.source.build_stream(spec, shards or spec.source.shards(spec), variant)
+
+
+def test_a_pattern_and_a_prefix_name_the_same_shards_and_a_missing_one_is_named(
+    server: S3Server,
+) -> None:
+    source = webdataset_shards.SOURCE
+    requests = server.proxy.requests
+    named = source.shards(_spec())
+    assert server.proxy.requests == requests  # a pattern is expanded without a request
+    assert named == [f"s3://{BUCKET}/wds/shard-{i:04d}.tar" for i in range(4)]
+    assert source.shards(_spec(f"s3://{BUCKET}/wds")) == named  # the prefix, listed
+    info = source.read_shard(_spec(), named[1])
+    assert (info.samples, info.bytes) == (24, server.client().head_object(
+        Bucket=BUCKET, Key="wds/shard-0001.tar")["ContentLength"])  # fmt: skip
+    too_many = f"s3://{BUCKET}/wds/shard-{{0000..0005}}.tar"
+    with pytest.raises(DatasetError, match=r"shard s3://shards-bucket/wds/shard-0004.tar does "):
+        source.read_shard(_spec(too_many), source.shards(_spec(too_many))[4])
+    with pytest.raises(DatasetError, match=f"s3://{BUCKET}/elsewhere holds no object"):
+        source.shards(_spec(f"s3://{BUCKET}/elsewhere"))
+    server.client().put_object(Bucket=BUCKET, Key="notes/readme.txt", Body=b"no shard")
+    with pytest.raises(DatasetError, match=f"s3://{BUCKET}/notes holds no .tar object"):
+        source.shards(_spec(f"s3://{BUCKET}/notes"))
+    assert source.fetches(_spec()) and not source.ray_data_reads(_spec())
+    assert source.describe(_spec())["store"]["bucket"] == BUCKET
+
+
+def test_an_epoch_reads_every_sample_once_as_the_local_shards_give_it(
+    server: S3Server, tiny_shards: Path
+) -> None:
+    proxy = server.proxy
+    proxy.throttle, proxy.cut = 0.4, 0.3  # 4 shards' GETs: enough to be retried
+    local = _stream(str(tiny_shards / "shard-{0000..0003}.tar"))
+    remote = _stream(PATTERN)  # each shard's samples counted here, a GET each
+    gets, throttled, cuts = proxy.gets, proxy.throttled, proxy.cuts
+    counts = count_requests(remote)
+    assert counts is not None, "the stream's store is where the measurement counts"
+    config = LoaderConfig.from_dict(
+        {"num_workers": 2, "fetch_threads": 2, "access": "stream"}, batch_size=8
+    )
+    epochs = {}
+    for name, stream in (("local", local), ("remote", remote)):
+        loader = build_dataloader(stream, config, seed=1, drop_last=False)
+        epochs[name] = torch.cat([labels for _, labels in loader]).tolist()
+    assert epochs["remote"] == epochs["local"] and len(epochs["local"]) == 96  # each once
+    totals = counts.totals()  # the workers' GETs, their retries by cause
+    retried = (proxy.throttled - throttled) + (proxy.cuts - cuts)
+    assert totals["requests"] == proxy.gets - gets - retried >= 4  # a span's shard a GET
+    assert totals["throttled"] == proxy.throttled - throttled
+    assert totals["reset"] == proxy.cuts - cuts
+    assert retried > 0
+
+
+def test_read_ahead_puts_a_worker_s_shards_in_flight_together(server: S3Server) -> None:
+    server.proxy.ttfb_s = 0.05
+    peaks = {}
+    for ahead in (1, 4):
+        server.proxy.peak_in_flight = 0
+        config = LoaderConfig.from_dict(
+            {"num_workers": 0, "fetch_threads": ahead, "access": "stream"}, batch_size=8
+        )
+        loader = build_dataloader(_stream(PATTERN), config, seed=0)
+        assert len(torch.cat([labels for _, labels in loader])) == 96
+        peaks[ahead] = server.proxy.peak_in_flight
+    assert peaks == {1: 1, 4: 4}
+
+
+def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Server) -> None:
+    """The cost model's latency term for a stream: one GET for a shard's 24 samples."""
+    from raytune_loader.measuring.profile import _keys, _worker_side
+
+    server.proxy.ttfb_s = 0.03
+    stream = _stream(PATTERN)
+    rate, request_s, per_sample = _worker_side(stream)
+    assert request_s >= 0.03  # a shard's GET waits for its first byte at least
+    assert 1 / 24 <= per_sample <= 2 / 24 + 1e-9  # the 40 samples read took 2 or 3 shards
+    assert rate > 0
+    assert _keys(stream) == [f"wds/shard-{i:04d}.tar" for i in range(4)]
+
+
+def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Server) -> None:
+    """A trial's process builds its stream from the job's listing: no LIST, and no shard
+    fetched to count its samples (a count there is a whole shard's GET)."""
+    import pickle
+
+    from raytune_loader.sources.datasets import adopt_listing
+
+    root = f"s3://{BUCKET}/wds"
+    source, spec = webdataset_shards.SOURCE, _spec(root)
+    for url in source.shards(spec):
+        source.read_shard(spec, url)  # the driver counts them before the trials
+    handed = pickle.loads(pickle.dumps(source.listed(spec)))  # in the job, to a trial
+    webdataset_shards._LISTED.clear()  # as in the trial's own process
+    webdataset_shards._COUNTED.clear()
+    requests = server.proxy.requests
+    adopt_listing(spec, handed)
+    stream = _stream(root)
+    assert server.proxy.requests == requests
+    assert stream.sizes == (24, 24, 24, 24)
+
+
+@pytest.mark.slow
+def test_a_search_over_shards_in_s3_searches_read_ahead_and_records_the_store(
+    server: S3Server, tmp_path: Path
+) -> None:
+    """The command line on a brace pattern of shards 30 ms from their first byte: every
+    trial's window counts its GETs (a shard each, not a sample each), read-ahead is
+    searched, and best_config.json records the store and how the stream is read."""
+    import csv
+    import json
+
+    from conftest import TINY_SEARCH, ray_processes, run_cli
+
+    before, server.proxy.ttfb_s = ray_processes(), 0.03
+    args = [a for a in TINY_SEARCH if a not in ("--dataset", "synthetic-imagenet",
+                                                "--synthetic-images", "96")]  # fmt: skip
+    result = run_cli(
+        *args, "--dataset", "webdataset", "--data-root", PATTERN, "--num-samples", "5",
+        "--verify-repeats", "1", "--samples-per-trial", "48", "--no-ray-data",
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "out" / "webdataset"
+    best = json.loads((folder / "best_config.json").read_text())
+    with open(folder / "trials.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
+    assert rows and all(r["access"] == "stream" for r in rows)
+    assert {int(r["fetch_threads"]) for r in rows} <= {1, 2, 4}  # shards ahead, not 64
+    for row in rows:  # a GET for 24 samples: far fewer requests than samples
+        assert 0 < int(row["store_requests"]) <= int(row["samples"]) / 4, row
+    store = best["source"]["store"]
+    assert (store["scheme"], store["bucket"]) == ("s3", BUCKET) and store["request_s"] >= 0.03
+    assert best["pipeline"]["access"] == "stream" and best["source"]["shards"] == 4
+    profile = best["search"]["model"]["profile"]  # the cost model saw a GET a shard
+    assert profile["requests_per_sample"] < 0.5 and profile["fetch_s"] >= 0.03
+    assert ray_processes() <= before
