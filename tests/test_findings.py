@@ -399,3 +399,40 @@ def test_a_throttled_store_is_a_finding_with_the_rate_it_allowed() -> None:
     assert "shards" in found[0].fix and found[0].values["allowed_requests_per_s"] == 20
     winner = _candidate(config, loud, loud)
     assert "throttled" in {f.kind for f in findings.findings(winner, [], [], Rules())}
+
+
+def test_small_objects_from_a_store_are_a_finding_when_shards_would_pay() -> None:
+    """A GET a sample, 60 ms each (50 ms of it to the first byte), 2 workers x 4 in
+    flight: the profile projects tar shards (a GET for 256 samples, 256 bodies long, 2
+    ahead) well past it, applied to the measured rate; none for local data, for a stream,
+    or where the store is fast enough that shards gain little."""
+    from raytune_loader.measuring.profile import Profile
+    from raytune_loader.tuning.costmodel import CostModel
+
+    config = replace(PROCESSES, fetch_threads=4)
+    profile = Profile(
+        batch_size=16, cores=8, per_core={"pil/float32": 400.0}, collate_s={"pil/float32": 0.001},
+        receive_s={"process/float32": 0.001}, finish_s={"pil/float32": 0.0}, fetch_s=0.06,
+        store_rate=2000.0, store_latency={"ttfb_p50_s": 0.05, "ttfb_p99_s": 0.09},
+    )  # fmt: skip
+    model = CostModel(profile, {16: 4000.0})
+    winner = _candidate(config, _run(config, 100.0), _run(config, 110.0))
+    (found,) = findings.findings(winner, [], [], Rules(), model)
+    single = model.predict(config).samples_per_s  # type: ignore[union-attr]
+    # shards: per batch 16/256 of a GET of 50 + 256 x 10 ms, halved by the read-ahead
+    shard_wait = 16 / 256 * (0.05 + 256 * 0.01) / 2
+    shards = 2 * 16 / (16 / 400 + 0.001 + shard_wait)
+    assert found.kind == "small_objects"
+    assert found.values["gain"] == pytest.approx(shards / single)
+    assert found.values["projected_samples_per_s"] == pytest.approx(105.0 * shards / single)
+    assert "a GET of 60 ms (50 ms of it to the first byte)" in found.figure
+    assert "8 requests in flight" in found.figure and "to_shards.py" in found.fix
+    assert findings.findings(winner, [], [], Rules()) == []  # no model: no projection
+    local = replace(model, profile=replace(profile, fetch_s=0.0, store_latency={}))
+    assert findings.findings(winner, [], [], Rules(), local) == []
+    streamed = replace(config, access="stream")
+    assert findings.findings(_candidate(streamed, _run(streamed)), [], [], Rules(), model) == []
+    near = replace(
+        model, profile=replace(profile, fetch_s=0.002, store_latency={"ttfb_p50_s": 0.001})
+    )
+    assert findings.findings(winner, [], [], Rules(), near) == []  # 2 ms a GET: little to gain

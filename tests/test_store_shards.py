@@ -122,7 +122,8 @@ def test_read_ahead_puts_a_worker_s_shards_in_flight_together(server: S3Server) 
 
 def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Server) -> None:
     """The cost model's latency term for a stream: one GET for a shard's 24 samples."""
-    from raytune_loader.measuring.profile import _keys, _worker_side
+    from raytune_loader.measuring.profile import _worker_side
+    from raytune_loader.sources.remote_folder import keys_of
 
     server.proxy.ttfb_s = 0.03
     stream = _stream(PATTERN)
@@ -130,7 +131,7 @@ def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Serv
     assert request_s >= 0.03  # a shard's GET waits for its first byte at least
     assert 1 / 24 <= per_sample <= 2 / 24 + 1e-9  # the 40 samples read took 2 or 3 shards
     assert rate > 0
-    assert _keys(stream) == [f"wds/shard-{i:04d}.tar" for i in range(4)]
+    assert keys_of(stream) == [f"wds/shard-{i:04d}.tar" for i in range(4)]
 
 
 def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Server) -> None:
@@ -185,6 +186,7 @@ def test_a_search_over_shards_in_s3_searches_read_ahead_and_records_the_store(
         assert 0 < int(row["store_requests"]) <= int(row["samples"]) / 4, row
     store = best["source"]["store"]
     assert (store["scheme"], store["bucket"]) == ("s3", BUCKET) and store["request_s"] >= 0.03
+    assert store["ttfb_p99_s"] >= store["ttfb_p50_s"] >= 0.03 and store["top_requests_per_s"] > 0
     assert best["pipeline"]["access"] == "stream" and best["source"]["shards"] == 4
     profile = best["search"]["model"]["profile"]  # the cost model saw a GET a shard
     assert profile["requests_per_sample"] < 0.5 and profile["fetch_s"] >= 0.03

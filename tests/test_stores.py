@@ -303,6 +303,35 @@ def test_a_config_tuned_on_local_files_warns_on_a_bucket_and_the_other_way_round
         next(iter(remote.dataloader(on_its_store)))
         local.image_dataset(tiny_imagenet / "train")
     assert on_its_store.fetch_threads == 4  # the loader set it
+    # a store much slower than the one it was tuned on: its first bytes are timed, and said
+    slow = load_best_config(written("slow.json", {"kind": "imagenet", "store": {
+        **store, "ttfb_p50_s": 0.004}}))  # fmt: skip
+    server.proxy.ttfb_s = 0.05
+    with pytest.warns(StoreMismatchWarning, match=r"first byte in 5\d ms.* in 4 ms \(1\d\.\dx "
+                      r"slower\).*fetch_threads=4"):  # fmt: skip
+        slow.image_dataset(bucket)
+    as_tuned = load_best_config(written("as_tuned.json", {"kind": "imagenet", "store": {
+        **store, "ttfb_p50_s": 0.05}}))  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StoreMismatchWarning)
+        as_tuned.image_dataset(bucket)
+
+
+def test_the_latency_probe_times_the_first_byte_and_a_request_s_bandwidth(
+    server: S3Server,
+) -> None:
+    from raytune_loader.stores.store import latency
+
+    store = Store(parse(f"s3://{BUCKET}/imagenet"), StoreOptions())
+    keys = [key for key, _ in store.list()]
+    server.proxy.ttfb_s, server.proxy.bytes_per_s = 0.03, 2e6  # 16 Mbit/s a request
+    try:
+        measured = latency(store, keys, requests=12)
+    finally:
+        server.proxy.bytes_per_s = None
+    assert measured is not None and measured.requests == 12
+    assert 0.03 <= measured.ttfb_p50_s <= measured.ttfb_p99_s < 0.3
+    assert measured.mbit_per_s is not None and 16 / 2 < measured.mbit_per_s <= 16 * 1.1
 
 
 # -- a search over a store -----------------------------------------------------------------
@@ -346,6 +375,7 @@ def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
     store = best["source"]["store"]
     assert (store["scheme"], store["bucket"], store["region"]) == ("s3", BUCKET, "us-east-1")
     assert store["endpoint_host"] == server.endpoint.split("//")[1] and store["request_s"] >= 0.03
+    assert store["ttfb_p99_s"] >= store["ttfb_p50_s"] >= 0.03 and store["top_requests_per_s"] > 0
     # listed once: the prefix's check, its class folders, each class (8); the rest GETs
     assert (server.proxy.requests - requests) - (server.proxy.gets - gets) == 2 + 8
     assert ray_processes() <= before

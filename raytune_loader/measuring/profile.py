@@ -41,8 +41,7 @@ from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
 from raytune_loader.sources import datasets
 from raytune_loader.sources.remote_folder import keys_of
-from raytune_loader.stores.store import count_requests, store_of, top_rate
-from raytune_loader.stores.url import is_remote, parse
+from raytune_loader.stores.store import count_requests, latency, store_of, top_rate
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 BATCHES = 6  # batches a receive or a device-side finish is timed on
@@ -67,6 +66,7 @@ class Profile:
     fetch_s: float = 0.0
     requests_per_sample: float = 1.0  # a GET an object; a shard's GET over its samples
     store_rate: float = 0.0  # GETs/s the store answered at most (ramped); 0: local data
+    store_latency: dict[str, Any] = field(default_factory=dict)  # stores.Latency's figures
     seconds: float = 0.0  # how long the profile took
 
     def as_dict(self) -> dict[str, Any]:
@@ -92,6 +92,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     per_core, collate_s, receive_s, hand_over_s, finish_s = {}, {}, {}, {}, {}
     fetch_s = store_rate = 0.0
     requests_per_sample = 1.0
+    store_latency: dict[str, Any] = {}
     trainer: Trainer | None = None
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
@@ -105,8 +106,10 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 if request_s > fetch_s:
                     fetch_s, requests_per_sample = request_s, per_sample
                 store = store_of(dataset)
-                if store is not None and not store_rate and (keys := _keys(dataset)):
+                if store is not None and not store_rate and (keys := keys_of(dataset)):
                     store_rate = top_rate(store, keys)
+                    measured = latency(store, keys)
+                    store_latency = measured.as_dict() if measured else {}
                 samples = _samples(dataset, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
                 if trainer is None:
@@ -131,6 +134,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         fetch_s=fetch_s,
         requests_per_sample=requests_per_sample,
         store_rate=store_rate,
+        store_latency=store_latency,
         seconds=time.perf_counter() - started,
     )
 
@@ -155,16 +159,6 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     # a sample never costs less than a tenth of its measured time
     per_sample = 1.0 / max(1.0 / rate - busy_s / read, 0.1 / rate)
     return per_sample, busy_s / requests, min(1.0, requests / read)
-
-
-def _keys(dataset: Dataset[Any]) -> list[str]:
-    """The object keys ``dataset`` reads from its store: an image folder's, or a stream's
-    shards'."""
-    found = keys_of(dataset)
-    shards = getattr(dataset, "shards", None)
-    if found or not shards or not is_remote(shards[0]):
-        return found
-    return [parse(url).prefix for url in shards]
 
 
 def receiver(config: LoaderConfig) -> LoaderConfig:

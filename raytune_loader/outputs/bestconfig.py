@@ -22,6 +22,7 @@ from raytune_loader.machine import hardware
 from raytune_loader.measuring import records, shards, steady
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.outcomes import InputRate
+from raytune_loader.measuring.profile import Profile
 from raytune_loader.measuring.records import TrialRecord
 from raytune_loader.outputs import trainers
 from raytune_loader.outputs.reader import SCHEMA_VERSION
@@ -201,7 +202,9 @@ def best_config(
         "worker_init": loader.config.worker_init(),  # what .dataloader()'s workers set
         "metrics": metrics_of(winner),
         **_limit(winner, (input_rates or {}).get(winner.name)),
-        "findings": [f.as_dict() for f in findings.findings(winner, probes, records, rules)],
+        "findings": [
+            f.as_dict() for f in findings.findings(winner, probes, records, rules, ctx.model)
+        ],
         "watch": findings.watch_section(winner, probes),
         "cost": {"cpus_reserved": winner.cost[0], "host_bytes_in_flight": winner.cost[1]},
         "selection": {
@@ -235,7 +238,9 @@ def best_config(
         **_raydata_section(ctx, selection, loader),
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
         **({"pipeline": loader.config.pipeline()} if ctx.space.pipeline else {}),
-        "source": source_section(ctx.job, fitting(winner), winner),
+        "source": source_section(
+            ctx.job, fitting(winner), winner, ctx.model.profile if ctx.model else None
+        ),
         **_what_if(ctx, fitting(winner)),
         "trainers": trainers.section(),
         "hardware": _hardware(ctx, records),
@@ -340,16 +345,22 @@ def _what_if(ctx: SearchContext, config: LoaderConfig) -> dict[str, Any]:
 
 
 def source_section(
-    job: TrialJob, config: LoaderConfig, winner: Candidate | None = None
+    job: TrialJob,
+    config: LoaderConfig,
+    winner: Candidate | None = None,
+    profile: Profile | None = None,
 ) -> dict[str, Any]:
     """What the data was and how the winner reads it: for a stream, its shards, the
     user's shuffle settings (recorded, never tuned) and where batches are made; for a
-    bucket, the store and the request time the winner's runs measured."""
+    bucket, the store: the request time the winner's runs measured, and the profile's
+    time to first byte, bandwidth per request and top request rate."""
     spec = job.dataset
     out: dict[str, Any] = {**spec.source.describe(spec), "access": config.access}
     if "store" in out and winner is not None:
         request_s = winner.stats("store_request_s")
         out["store"]["request_s"] = request_s.median if request_s else None
+    if "store" in out and profile is not None and profile.store_rate:
+        out["store"].update(profile.store_latency, top_requests_per_s=round(profile.store_rate))
     if config.access == "stream":
         buffer = shards.variant(job, config).shuffle_buffer
         out.update(

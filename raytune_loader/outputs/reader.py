@@ -52,6 +52,10 @@ class HardwareMismatchWarning(UserWarning):
     """The config was tuned on a machine unlike this one; re-run the search or the bench."""
 
 
+PROBE_REQUESTS = 8  # GETs timed where a tuned config meets a store
+MISMATCH = 2.0  # a time to first byte this many times the tuned store's, or 1/this, warns
+
+
 class StoreMismatchWarning(UserWarning):
     """The config was tuned on local files and is used on a bucket, or the other way round:
     the requests in flight it chose were measured against another latency."""
@@ -180,7 +184,7 @@ class BestConfig:
 
         self._same_kind_of_store(root)
         spec = DatasetSpec("imagefolder", str(root))
-        return build_dataset(spec, self.loader.transfer, self.loader.decode)
+        return self._as_fast_a_store(build_dataset(spec, self.loader.transfer, self.loader.decode))
 
     def _same_kind_of_store(self, root: str | os.PathLike[str] | None) -> None:
         """A StoreMismatchWarning where ``root`` is a bucket and the search read local
@@ -236,7 +240,7 @@ class BestConfig:
         pairs = tuple(tuple(pair) for pair in recorded.get("storage_options", ()))
         spec = DatasetSpec(**{**recorded, "data_root": root, "storage_options": pairs})
         if loader.access != "stream":
-            return spec.source.build(spec, loader.transfer, loader.decode)
+            return self._as_fast_a_store(spec.source.build(spec, loader.transfer, loader.decode))
         source = self.data.get("source") or {}
         variant = StreamVariant(
             transfer=loader.transfer,
@@ -245,7 +249,36 @@ class BestConfig:
             shuffle_buffer=int(source.get("shuffle_buffer", shuffle_buffer(spec))),
             seed=None,  # 0: every rank must draw the same order; the loader's seed= wins
         )
-        return spec.source.build_stream(spec, [], variant)
+        return self._as_fast_a_store(spec.source.build_stream(spec, [], variant))
+
+    def _as_fast_a_store(self, dataset: Dataset[Any]) -> Dataset[Any]:
+        """``dataset``; a StoreMismatchWarning first where it reads a store whose time to
+        first byte (a few GETs timed here) is over twice, or under half, the one the
+        config was tuned against: its requests in flight were chosen for that latency."""
+        from raytune_loader.sources.remote_folder import keys_of
+        from raytune_loader.stores.store import latency, store_of
+
+        tuned = ((self.data.get("source") or {}).get("store") or {}).get("ttfb_p50_s")
+        store, keys = store_of(dataset), keys_of(dataset)
+        if not tuned or store is None or not keys:
+            return dataset
+        measured = latency(store, keys[:PROBE_REQUESTS], PROBE_REQUESTS)
+        if measured is None:
+            return dataset
+        ratio = measured.ttfb_p50_s / tuned
+        if 1 / MISMATCH <= ratio <= MISMATCH:
+            return dataset
+        words = "slower" if ratio > 1 else "faster"
+        warnings.warn(
+            f"{store.url} answers its first byte in {measured.ttfb_p50_s * 1e3:.0f} ms, the "
+            f"store {self.path} was tuned on in {tuned * 1e3:.0f} ms ({max(ratio, 1 / ratio):.1f}x "
+            f"{words}): its requests in flight (fetch_threads={self.loader.fetch_threads}, "
+            f"{self.loader.num_workers} workers) were chosen for that latency; re-run the "
+            f"search against {store.url}",
+            StoreMismatchWarning,
+            stacklevel=3,
+        )
+        return dataset
 
     def to_device(self, batch: Any, device: str | torch.device) -> Any:
         """A batch from :meth:`dataloader` on ``device``, with the chosen pipeline's

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from raytune_loader.errors import CorruptSampleError, DatasetError
 from raytune_loader.pipeline.transforms import worker_image
 from raytune_loader.stores.store import Store, StoreOptions
-from raytune_loader.stores.url import StoreUrl, parse
+from raytune_loader.stores.url import StoreUrl, is_remote, parse
 from raytune_loader.wrapped import wrapped
 
 log = logging.getLogger(__name__)
@@ -142,10 +142,14 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
 
 
 def keys_of(dataset: Any) -> list[str]:
-    """The object keys of the remote folder ``dataset`` (or a dataset it wraps) reads,
-    in its order (the samples a Subset picked first)."""
+    """The object keys ``dataset`` (or a dataset it wraps) reads from its store, in its
+    order: a remote folder's images (the samples a Subset picked first), or a stream's
+    shards; none for local data."""
     indices = None
     for layer in wrapped(dataset):
+        shards = getattr(layer, "shards", None)
+        if isinstance(shards, Sequence) and shards and is_remote(shards[0]):
+            return [parse(url).prefix for url in shards]
         if isinstance(layer, RemoteImageFolder):
             samples = layer.listing.samples
             return [

@@ -20,9 +20,11 @@ Ray task) opens its own client when it first reads.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import re
+import statistics
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -338,6 +340,22 @@ class Transport:
         cause = {429: "throttled", 503: "throttled", 500: "reset", 502: "reset", 504: "timeout"}
         return status, answer.data, cause.get(status)
 
+    def timed(self, bucket: str, key: str) -> tuple[int, float, float, int]:
+        """One GET, timed: (status, seconds to its first byte, seconds to its last, bytes);
+        status 0 where no answer came."""
+        import urllib3
+
+        url = self.url(bucket, key)
+        started = time.perf_counter()
+        try:
+            answer = self.pool.request("GET", url, headers=self._signed(url), preload_content=False)
+            first = time.perf_counter() - started  # the status line and headers are in
+            size = len(answer.read())
+            answer.release_conn()
+        except urllib3.exceptions.HTTPError:
+            return 0, 0.0, 0.0, 0
+        return answer.status, first, time.perf_counter() - started, size
+
     def lister(self) -> Any:
         """botocore's S3 client, for listing (with botocore's standard retries)."""
         if self._lister is None:
@@ -427,6 +445,47 @@ def top_rate(store: Store, keys: Sequence[str], per_thread: int = 4) -> float:
         if not gained:
             break
     return best
+
+
+LATENCY_REQUESTS = 48  # GETs the latency probe times, one at a time
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A store's latency as one request at a time meets it: time to first byte (median
+    and 99th percentile, the slowest where fewer than a hundred were timed) and the
+    bandwidth of one request, its bytes over the time from first byte to last."""
+
+    ttfb_p50_s: float
+    ttfb_p99_s: float
+    mbit_per_s: float | None  # None: the objects were too small to tell
+    requests: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its figures, rounded for a JSON file."""
+        bandwidth = round(self.mbit_per_s, 1) if self.mbit_per_s is not None else None
+        return {"ttfb_p50_s": round(self.ttfb_p50_s, 4), "ttfb_p99_s": round(self.ttfb_p99_s, 4),
+                "mbit_per_s_per_request": bandwidth, "latency_requests": self.requests}  # fmt: skip
+
+
+def latency(store: Store, keys: Sequence[str], requests: int = LATENCY_REQUESTS) -> Latency | None:
+    """The store's :class:`Latency` from ``requests`` GETs of ``keys`` (cycled), one at a
+    time so that none waits behind another; None where none was answered."""
+    firsts, bodies, bytes_read = [], 0.0, 0
+    transport = store._transport()
+    for index in range(requests):
+        status, first, total, size = transport.timed(store.url.bucket, keys[index % len(keys)])
+        if status != 200:
+            continue
+        firsts.append(first)
+        bodies, bytes_read = bodies + (total - first), bytes_read + size
+    if not firsts:
+        return None
+    firsts.sort()
+    p99 = firsts[min(len(firsts) - 1, math.ceil(0.99 * len(firsts)) - 1)]
+    # a body that came in one read takes no measurable time: no bandwidth to tell
+    bandwidth = bytes_read * 8 / 1e6 / bodies if bodies > 1e-3 * len(firsts) else None
+    return Latency(statistics.median(firsts), p99, bandwidth, len(firsts))
 
 
 class StoreWatch:
