@@ -1,16 +1,20 @@
 """What a search gains a user whose images are objects on S3, 30 and 80 ms away.
 
-    python experiments/s3_search.py [--images 512] [--num-samples 8]
+    python experiments/s3_search.py [--images 512] [--num-samples 8] [--shards 8]
 
-The default dataset's JPEG files, one object each, in moto's S3 on loopback behind the
-tests' proxy (tests/s3_for_tests.py): one proxy adds 30 ms to each request's first
-byte, one 80 ms, both hold each request to 100 Mbit/s. The same search runs on the
-local folder and on each proxy, one after another in one run; each search measures its
-winner beside the baselines in rotated verification rounds, and the ratios are those
-medians' (``best_config.json``'s ``speedup``). Also recorded: the winner's requests in
-flight, its input pipeline alone (``limit``), the cost model's median error, and the
-time to an answer against the search on local files. Writes
-results/benchmarks/s3_search.json.
+The default dataset's JPEG files, one object each, and the same images as webdataset
+tar shards (``--shards`` of them, experiments/to_shards.py's writer), in moto's S3 on
+loopback behind the tests' proxy (tests/s3_for_tests.py): one proxy adds 30 ms to
+each request's first byte, one 80 ms, both hold each request to 100 Mbit/s. The same
+search runs on the local folder, then on the objects and on the shards through each
+proxy, one after another in one run; each search measures its winner beside the
+baselines in rotated verification rounds, and the ratios are those medians'
+(``best_config.json``'s ``speedup``). Also recorded: the winner's requests in flight,
+its limit (the least of the step on a resident batch, its input pipeline alone and
+the store's top rate the profile measured, in samples/s) and the winner against it,
+the cost model's median error, the time to an answer against the search on local
+files, and the objects' small-objects finding (the rate its profile projects for
+shards) beside the shards' measured rate. Writes results/benchmarks/s3_search.json.
 
     python experiments/s3_search.py --throttle 0.01
 
@@ -35,6 +39,7 @@ from typing import Any
 
 from _common import save
 from raytune_loader.sources import synthetic
+from to_shards import images_of, write_webdataset
 
 BUCKET = "images"
 TTFBS = (0.030, 0.080)
@@ -48,6 +53,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--throttle", type=float, default=0.0)
+    parser.add_argument("--shards", type=int, default=8)
     args = parser.parse_args()
     if args.throttle:
         return _throttled(args)
@@ -56,16 +62,28 @@ def main() -> None:
         env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1"}  # fmt: skip
         _upload(root / "train", moto)
-        flags = [*SEARCH, "--num-samples", str(args.num_samples), "--dataset", "imagenet"]
+        files, labels, _ = images_of(root / "train")
+        shards = write_webdataset(files, labels, Path(tmp) / "shards", args.shards)
+        _upload_shards(shards, moto)
+        pattern = f"s3://{BUCKET}/shards/shard-{{0000..{args.shards - 1:04d}}}.tar"
+        common = [*SEARCH, "--num-samples", str(args.num_samples)]
+        flags = [*common, "--dataset", "imagenet"]
         found = {"local": _search([*flags, "--data-root", str(root)], Path(tmp) / "local", env)}
         for ttfb, proxy in zip(TTFBS, proxies, strict=True):
             remote = {**env, "AWS_ENDPOINT_URL": proxy}
             where = [*flags, "--data-root", f"s3://{BUCKET}/imagenet"]
-            found[f"{int(ttfb * 1000)}ms"] = _search(where, Path(tmp) / f"s3-{ttfb}", remote)
+            name = f"{int(ttfb * 1000)}ms"
+            found[name] = _search(where, Path(tmp) / f"s3-{ttfb}", remote)
+            sharded = [*common, "--dataset", "webdataset", "--data-root", pattern]
+            on_shards = _search(sharded, Path(tmp) / f"shards-{ttfb}", remote)
+            on_shards["vs_objects"] = round(
+                on_shards["tuned_samples_per_s"] / found[name]["tuned_samples_per_s"], 3
+            )
+            found[f"{name}-shards"] = on_shards
     local_s = found["local"]["wall_time_s"]
     for figures in found.values():
         figures["time_vs_local"] = round(figures["wall_time_s"] / local_s, 3)
-    save("s3_search", {"images": args.images, "ttfb_s": list(TTFBS),
+    save("s3_search", {"images": args.images, "ttfb_s": list(TTFBS), "shards": args.shards,
                        "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
                        "flags": flags, "searches": found})  # fmt: skip
 
@@ -105,8 +123,19 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
                            str(out)], env=env, capture_output=True, text=True)  # fmt: skip
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    best = json.loads((out / "imagenet" / "best_config.json").read_text())
+    dataset = flags[flags.index("--dataset") + 1]
+    best = json.loads((out / dataset / "best_config.json").read_text())
     model, limit = best["search"].get("model", {}), best.get("limit") or {}
+    profile = model.get("profile", {})
+    tuned = best["metrics"]["samples_per_s"]["median"]
+    store_samples = (profile.get("store_rate") or 0) / (profile.get("requests_per_sample") or 1)
+    bounds = {
+        "step": best["metrics"].get("ceiling_samples_per_s"),
+        "input": limit.get("input_samples_per_s"),
+        "store": store_samples or None,
+    }
+    known = {k: v for k, v in bounds.items() if v}
+    small = next((f for f in best.get("findings", []) if f["kind"] == "small_objects"), None)
     figures = {
         "wall_time_s": round(time.perf_counter() - started, 1),
         "tuned_samples_per_s": best["metrics"]["samples_per_s"]["median"],
@@ -117,7 +146,16 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
         "input_alone_samples_per_s": limit.get("input_samples_per_s"),
         "limit_bound": limit.get("bound"),
         "model_median_error": model.get("model_median_error"),
-        "fetch_s": model.get("profile", {}).get("fetch_s"),
+        "fetch_s": profile.get("fetch_s"),
+        "requests_per_sample": profile.get("requests_per_sample"),
+        "store": best["source"].get("store"),
+        "limit_samples_per_s": bounds,
+        "vs_limit": round(tuned / min(known.values()), 3) if known else None,
+        "limited_by": min(known, key=known.__getitem__) if known else None,
+        "small_objects_projected_samples_per_s": small["values"]["projected_samples_per_s"]
+        if small
+        else None,
+        "findings": [f["kind"] for f in best.get("findings", [])],
         "trials": best["search"]["trials"],
     }
     print(out.name, figures, flush=True)
@@ -134,6 +172,16 @@ def _upload(folder: Path, endpoint: str) -> None:
     for path in sorted(folder.rglob("*.JPEG")):
         key = f"imagenet/train/{path.relative_to(folder).as_posix()}"
         client.put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes())
+
+
+def _upload_shards(shards: list[Path], endpoint: str) -> None:
+    """The tar shards as ``shards/<name>`` objects (straight to moto)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+    for path in shards:
+        client.put_object(Bucket=BUCKET, Key=f"shards/{path.name}", Body=path.read_bytes())
 
 
 class _server:  # noqa: N801 - a context manager, used as one

@@ -4,6 +4,7 @@ workers they set, a user's stream that does not split, what is refused up front.
 from __future__ import annotations
 
 import io
+import itertools
 import tarfile
 from pathlib import Path
 
@@ -470,3 +471,42 @@ def test_in_a_process_group_every_rank_reads_as_many_batches_or_is_refused(
         assert "the stream has 1 shards for 2 ranks" in got["one shard"]
     assert {x // 1000 for epoch in read[1]["read"] for b in epoch for x in b} == {1}
     assert sorted(x for b in read[1]["read"][0] for x in b) == [1000, 1000, *range(1001, 1007)]
+
+
+class _LoggedReads:
+    """Shards of 8 samples; each shard's read logged at the sample count yielded so far."""
+
+    def __init__(self, yielded: list[int]) -> None:
+        self.yielded, self.started = yielded, []
+
+    def count(self, path: str) -> int:
+        return 8
+
+    def read(self, path: str, start: int, stop: int):  # noqa: ANN201
+        self.started.append(self.yielded[0])
+        yield from ((path, i) for i in range(start, stop))
+
+    def ray_reader(self, paths: object) -> None:
+        return None
+
+
+def test_a_trial_s_stream_reads_at_a_steady_pace_behind_a_buffer_larger_than_its_shards() -> None:
+    """A trial's shards (4 of 8 samples) behind a shuffle buffer of 100: the buffer holds
+    at most the 32 samples of an epoch, and once it is full a shard is read every 8
+    samples taken out, as in a long training epoch; a buffer refilled each pass would
+    read all 4 shards, then hand out 32 without a read (a window there sees no fetch:
+    from a store, a rate with no request in it)."""
+    from raytune_loader.loaders.shard_stream import ShardStream
+
+    yielded = [0]
+    reader = _LoggedReads(yielded)
+    stream = ShardStream([f"s{i}" for i in range(4)], [8] * 4, reader, lambda sample: sample,
+                         shuffle_buffer=100, repeat=True)  # fmt: skip
+    items = iter(stream)
+    for _ in range(300):
+        next(items)
+        yielded[0] += 1
+    assert reader.started.count(0) == 5  # 32 held, and the one that pushes out the first
+    steady = [r for r in reader.started if r > 0]  # after the first sample: the buffer is full
+    gaps = [b - a for a, b in itertools.pairwise(steady)]
+    assert len(steady) >= 300 // 8 - 1 and max(gaps) <= 8, gaps

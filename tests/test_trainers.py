@@ -109,6 +109,38 @@ def test_ray_train_gives_each_rank_its_own_half(tuned_configs: Path, tiny_imagen
     assert ray_processes() <= before  # its Ray is shut down
 
 
+@pytest.mark.parametrize("trainer", ["lightning", "accelerate", "ray-train"])
+def test_a_bucket_s_images_give_each_rank_its_own_half_in_every_trainer(
+    trainer: str, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """The image folder in S3 (moto's server, 20 ms to each first byte): the tuned
+    worker processes with 4 requests in flight, in each trainer the README's way. Each
+    rank reads its own half once an epoch, and the bucket is listed once for the job
+    (rank 0 lists, the other takes its listing), not once a rank."""
+    from s3_for_tests import S3Server, environment
+
+    pytest.importorskip("moto")
+    store = {"scheme": "s3", "bucket": "trainers", "ttfb_p50_s": 0.02}
+    write_tuned_config(tmp_path, "process", store)
+    scripts = {"lightning": (sys.executable, str(SCRIPTS / "lightning_ddp.py")),
+               "accelerate": (*TORCHRUN, str(SCRIPTS / "accelerate_run.py")),
+               "ray-train": (sys.executable, str(SCRIPTS / "ray_train_run.py"))}  # fmt: skip
+    before = ray_processes()
+    with S3Server(ttfb_s=0.02) as server, environment(server.env()):
+        server.upload_folder(tiny_imagenet / "train", "trainers", "images")
+        requests, gets = server.proxy.requests, server.proxy.gets
+        command = (*scripts[trainer], str(tmp_path), "s3://trainers/images", "process")
+        _train(command, tmp_path, timeout=400)
+        listings = (server.proxy.requests - requests) - (server.proxy.gets - gets)
+        fetched = server.proxy.gets - gets
+    _check(tmp_path, "process", {"lightning": {"TunedDataLoader"}, "accelerate":
+           {"DataLoaderShard"}, "ray-train": {"_WrappedDataLoader"}}[trainer])  # fmt: skip
+    classes = len([p for p in (tiny_imagenet / "train").iterdir() if p.is_dir()])
+    assert listings == 2 + classes  # once for both ranks
+    assert fetched >= EPOCHS * 96  # every image of every epoch came from the bucket
+    assert ray_processes() <= before
+
+
 def test_the_versions_best_config_names_are_the_ones_these_tests_ran() -> None:
     from importlib.metadata import version
 

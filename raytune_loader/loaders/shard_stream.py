@@ -209,32 +209,59 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         self.batches_per_rank(world)  # refused in one line
         epoch = int(self._pass[0])
         skip = int(self._pass[1 + worker]) if 1 + worker < len(self._pass) else 0
+        place = (rank, world, worker, workers)
+        if not self.repeat:
+            raw = self._raw(epoch, *place)
+            yield from self._made(raw, epoch, rank, worker, skip, self.shuffle_buffer)
+            return
+        # a trial's: one shuffle buffer across its epochs, as over a long training epoch:
+        # once full, every sample taken out is one read in (a buffer refilled each epoch
+        # would fetch every shard before its first sample, then hand out the buffer
+        # without a read, and a short window could see no request to a store at all). It
+        # holds at most an epoch of this worker's samples: full, its size no longer
+        # changes the pace, and a larger one would only repeat the same samples
+        low, high = self._share(world, worker, workers)
+        buffer = min(self.shuffle_buffer, high - low)
+        yield from self._made(self._repeated(epoch, place), epoch, rank, worker, skip, buffer)
+
+    def _repeated(self, epoch: int, place: tuple[int, int, int, int]) -> Iterator[Any]:
+        """Raw samples of ``epoch`` and the ones after it, without end (none where a
+        worker has no sample in an epoch: it has none in any)."""
         while True:
             produced = False
-            for item in self._epoch(epoch, rank, world, worker, workers, skip):
+            for sample in self._raw(epoch, *place):
                 produced = True
-                yield item
-            if not self.repeat or (not produced and skip == 0):
-                return  # a worker without samples has none in any epoch
-            epoch, skip = epoch + 1, 0
+                yield sample
+            if not produced:
+                return
+            epoch += 1
 
-    def _epoch(
-        self, epoch: int, rank: int, world: int, worker: int, workers: int, skip: int
-    ) -> Iterator[Any]:
-        cut = epoch_cut(sum(self.sizes), world, self.loader_batch, self.drop_last)
-        low, high = worker_range(cut, self.loader_batch, worker, workers)
-        start = rank * cut.per_rank
+    def _raw(self, epoch: int, rank: int, world: int, worker: int, workers: int) -> Iterator[Any]:
+        """This worker's raw samples of ``epoch``, in its shards' order, not decoded."""
+        low, high = self._share(world, worker, workers)
+        start = rank * epoch_cut(sum(self.sizes), world, self.loader_batch, self.drop_last).per_rank
         order = shard_order(len(self.shards), self.seed, epoch, self.shuffle)
         wanted = [(self.shards[span.shard], span.start, span.stop)
                   for span in spans(self.sizes, order, start + low, start + high)]  # fmt: skip
         reads = getattr(self.reader, "reads", None)  # a store's reader: shards fetched ahead
-        raw: Iterator[Any] = (
-            reads(wanted, self.fetch_threads) if reads is not None
-            else (sample for path, a, b in wanted for sample in self.reader.read(path, a, b))
-        )  # fmt: skip
-        if self.shuffle_buffer > 0:
+        if reads is not None:
+            yield from reads(wanted, self.fetch_threads)
+            return
+        yield from (sample for path, a, b in wanted for sample in self.reader.read(path, a, b))
+
+    def _share(self, world: int, worker: int, workers: int) -> tuple[int, int]:
+        """This worker's samples of its rank's share of an epoch: (first, last excluded)."""
+        cut = epoch_cut(sum(self.sizes), world, self.loader_batch, self.drop_last)
+        return worker_range(cut, self.loader_batch, worker, workers)
+
+    def _made(
+        self, raw: Iterator[Any], epoch: int, rank: int, worker: int, skip: int, buffer: int
+    ) -> Iterator[Any]:
+        """``raw`` through a shuffle buffer of ``buffer`` samples, less the batches a
+        resumed pass skips, decoded, and batched where this stream batches in its workers."""
+        if buffer > 0:
             rng = random.Random(f"{self.seed}:{epoch}:{rank}:{worker}")
-            raw = _shuffled(raw, self.shuffle_buffer, rng)
+            raw = _shuffled(raw, buffer, rng)
         # a resumed pass replays the order undecoded and drops what was read before
         samples = map(self.decode, itertools.islice(raw, skip * self.loader_batch, None))
         if self.batch_size is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -223,9 +224,13 @@ def measure_input(
 WARM_SAMPLES = 8  # read before a worker side is timed, to warm its code paths
 
 
-def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
+def worker_side_rate(
+    dataset: Dataset[Any], samples: int = 64, timing: Callable[[], None] | None = None
+) -> float:
     """Samples per second one core reads, decodes and augments (what a worker does); a
-    stream is read in order, a batch made in its pipeline counting as its samples."""
+    stream is read in order, a batch made in its pipeline counting as its samples.
+    ``timing`` is called when the timed samples start, after the warm-up (a stream's
+    shuffle buffer filled then)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -233,6 +238,8 @@ def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
             items = iter(dataset)
             for _ in range(WARM_SAMPLES):  # warm the code paths
                 next(items)
+            if timing is not None:
+                timing()
             started, count = time.perf_counter(), 0
             while count < samples:
                 item = next(items)
@@ -241,6 +248,8 @@ def worker_side_rate(dataset: Dataset[Any], samples: int = 64) -> float:
         count = min(samples, len(dataset))  # type: ignore[arg-type]
         for i in range(min(WARM_SAMPLES, count)):  # warm the code paths
             dataset[i]
+        if timing is not None:
+            timing()
         started = time.perf_counter()
         for i in range(count):
             dataset[i]

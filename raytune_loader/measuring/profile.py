@@ -29,12 +29,7 @@ from raytune_loader.engines import engine_of
 from raytune_loader.engines.raydata import RayDataEngine
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.measuring.job import TrialJob
-from raytune_loader.measuring.measure import (
-    WARM_SAMPLES,
-    job_trainer,
-    prepare,
-    worker_side_rate,
-)
+from raytune_loader.measuring.measure import job_trainer, prepare, worker_side_rate
 from raytune_loader.measuring.shards import opened
 from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
@@ -142,23 +137,26 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
 def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     """One core's samples/s on the worker side, the mean seconds of an object store's
     request (0 for local data), and the requests a sample takes (a GET an object, a
-    shard's GET over its samples). The samples are read one at a time, so each request's
-    wait is time its sample spent off the CPU: taken out, the rate is the CPU's alone,
-    and the cost model adds the wait back as the candidate's requests in flight allow."""
+    shard's GET over its samples), over the timed samples (after the warm-up, which
+    fills a stream's shuffle buffer). The samples are read one at a time, so each
+    request's wait is time its sample spent off the CPU: taken out, the rate is the
+    CPU's alone, and the cost model adds the wait back as the candidate's requests in
+    flight allow."""
     counts = count_requests(dataset)
-    before = counts.totals() if counts is not None else None
-    rate = worker_side_rate(dataset, SAMPLES)
-    if counts is None or before is None:
+    before: list[dict[str, int]] = []
+    rate = worker_side_rate(
+        dataset, SAMPLES, timing=(lambda: before.append(counts.totals())) if counts else None
+    )
+    if counts is None or not before:
         return rate, 0.0, 1.0
     after = counts.totals()
-    requests = after["requests"] - before["requests"]
+    requests = after["requests"] - before[0]["requests"]
     if not requests:
         return rate, 0.0, 1.0
-    busy_s = (after["busy_us"] - before["busy_us"]) / 1e6
-    read = SAMPLES + WARM_SAMPLES  # what worker_side_rate read, its warm-up included
+    busy_s = (after["busy_us"] - before[0]["busy_us"]) / 1e6
     # a sample never costs less than a tenth of its measured time
-    per_sample = 1.0 / max(1.0 / rate - busy_s / read, 0.1 / rate)
-    return per_sample, busy_s / requests, min(1.0, requests / read)
+    per_sample = 1.0 / max(1.0 / rate - busy_s / SAMPLES, 0.1 / rate)
+    return per_sample, busy_s / requests, min(1.0, requests / SAMPLES)
 
 
 def receiver(config: LoaderConfig) -> LoaderConfig:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.engines import engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
-from raytune_loader.errors import ConfigError, UserInputError
+from raytune_loader.errors import ConfigError, DatasetError, UserInputError
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.measuring.job import SegmentSpec
 from raytune_loader.raydata.config import RayDataConfig
@@ -184,6 +184,7 @@ class BestConfig:
 
         self._same_kind_of_store(root)
         spec = DatasetSpec("imagefolder", str(root))
+        _listed_by_rank_zero(spec, stream=False)
         return self._as_fast_a_store(build_dataset(spec, self.loader.transfer, self.loader.decode))
 
     def _same_kind_of_store(self, root: str | os.PathLike[str] | None) -> None:
@@ -239,6 +240,7 @@ class BestConfig:
         self._same_kind_of_store(root)
         pairs = tuple(tuple(pair) for pair in recorded.get("storage_options", ()))
         spec = DatasetSpec(**{**recorded, "data_root": root, "storage_options": pairs})
+        _listed_by_rank_zero(spec, stream=loader.access == "stream")
         if loader.access != "stream":
             return self._as_fast_a_store(spec.source.build(spec, loader.transfer, loader.decode))
         source = self.data.get("source") or {}
@@ -469,3 +471,35 @@ def recorded_baselines(data: dict[str, Any], path: str) -> dict[str, LoaderConfi
         except (ConfigError, TypeError) as exc:
             raise ConfigError(f"{path}: invalid baselines.{name}.loader: {exc}") from None
     return found
+
+
+def _listed_by_rank_zero(spec: Any, *, stream: bool) -> None:
+    """In a process group of several ranks (torchrun, Lightning, accelerate, Ray Train),
+    a bucket is listed (and a stream's shards counted) by rank 0 alone, which hands the
+    listing to the others: one listing a job, not one a rank. Every rank calls it, as it
+    builds its dataset; an error in rank 0 is raised in every rank."""
+    import torch.distributed as dist
+
+    from raytune_loader.sources.datasets import adopt_listing, build_dataset, listing_of
+    from raytune_loader.stores.url import is_remote
+
+    if not is_remote(spec.data_root) or not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() < 2:
+        return
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            if stream:
+                from raytune_loader.loaders.shard_stream import StreamVariant
+
+                spec.source.build_stream(spec, [], StreamVariant())  # lists, and counts
+                box[0] = spec.source.listed(spec)
+            else:
+                box[0] = listing_of(build_dataset(spec))
+        except (DatasetError, ConfigError) as exc:
+            box[0] = exc
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise box[0]
+    adopt_listing(spec, box[0])

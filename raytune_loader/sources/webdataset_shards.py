@@ -183,7 +183,7 @@ class WebDatasetShards(Source):
         reader = _TarShards(_store(spec))
         collate = collate_encoded if variant.decode == "device" else default_collate
         return ShardStream(
-            shards, [reader.count(path) for path in shards], reader,
+            shards, _counted(reader, shards), reader,
             _Decoded(variant.transfer, variant.decode), shuffle_buffer=variant.shuffle_buffer,
             seed=variant.seed, repeat=variant.repeat, batch_size=variant.batch_size,
             collate=collate,
@@ -195,6 +195,19 @@ class WebDatasetShards(Source):
         if store is not None:
             found["store"] = store.describe()
         return found
+
+
+COUNT_THREADS = 16  # a store's shards counted at once (a whole shard's GET each)
+
+
+def _counted(reader: _TarShards, shards: list[str]) -> list[int]:
+    """Each shard's samples: read from disk one after another, fetched from a store
+    :data:`COUNT_THREADS` at once (unless counted already, by this process or the one
+    whose listing it took)."""
+    if reader.store is None or len(shards) < 2:
+        return [reader.count(path) for path in shards]
+    with ThreadPoolExecutor(COUNT_THREADS, "raytune-count") as pool:
+        return list(pool.map(reader.count, shards))
 
 
 def _store(spec: Spec) -> Store | None:

@@ -39,12 +39,18 @@ TUNED = {
 SETTINGS = ("num_workers", "prefetch_factor", "in_order", "persistent_workers")
 
 
-def write_tuned_config(folder: Path, kind: str) -> Path:
-    """A best_config.json with the ``kind`` of loader, tuned on this machine."""
+def write_tuned_config(folder: Path, kind: str, store: dict[str, Any] | None = None) -> Path:
+    """A best_config.json with the ``kind`` of loader, tuned on this machine (on the
+    object ``store`` described, with 4 requests in flight a worker, where one is given)."""
     path = folder / f"best_config_{kind}.json"
+    tuned = json.loads(json.dumps(TUNED[kind]))
+    source: dict[str, Any] = {"kind": "imagefolder"}
+    if store is not None:
+        tuned["pipeline"]["fetch_threads"] = 4
+        source["store"] = store
     data = {
         "schema_version": 1, "dataset": "imagefolder", "model": "tiny", "objective": "util",
-        **TUNED[kind], "metrics": {}, "baselines": {}, "speedup": {},
+        **tuned, "source": source, "metrics": {}, "baselines": {}, "speedup": {},
         "hardware": cpu_and_gpu_summary(), "search": {}, "created": "now",
     }  # fmt: skip
     path.write_text(json.dumps(data))
@@ -63,6 +69,14 @@ class Recorded(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         reader = f"{os.getpid()}:{threading.current_thread().name}"
         return (*self.dataset[index], index, reader)
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, ...]]:
+        """A batch at once, as a wrapper should pass it on: a bucket's dataset fetches
+        the batch's objects together (its ``fetch_threads``)."""
+        reader = f"{os.getpid()}:{threading.current_thread().name}"
+        many = getattr(self.dataset, "__getitems__", None)
+        samples = many(indices) if many else [self.dataset[i] for i in indices]
+        return [(*sample, i, reader) for sample, i in zip(samples, indices, strict=True)]
 
 
 def model() -> torch.nn.Module:
@@ -109,7 +123,8 @@ class Record:
         (out / f"{self.kind}-rank{self.rank}.json").write_text(json.dumps(data))
 
 
-def args() -> tuple[Path, Path, list[str]]:
+def args() -> tuple[Path, str, list[str]]:
     """``script OUT IMAGES [KIND...]``: where the tuned configs are and the records go,
-    the image folder (``<class>/<image>``), and which kinds of loader to train with."""
-    return Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:] or list(TUNED)
+    the image folder (``<class>/<image>``, a local path or an ``s3://`` URL), and which
+    kinds of loader to train with."""
+    return Path(sys.argv[1]), sys.argv[2], sys.argv[3:] or list(TUNED)

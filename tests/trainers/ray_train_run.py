@@ -20,7 +20,7 @@ from raytune_loader import load_best_config
 
 def train_func(config: dict) -> None:
     sys.path.insert(0, config["here"])  # the workers import common.py too
-    out, images = Path(config["out"]), Path(config["images"])
+    out, images = Path(config["out"]), config["images"]  # a path, or an s3:// URL
     rank = ray.train.get_context().get_world_rank()
     for kind in config["kinds"]:
         record = Record(kind, rank)
