@@ -26,6 +26,7 @@ from raytune_loader.outputs.console import (
     print_summary,
 )
 from raytune_loader.tuning.options import PRECISIONS, SEARCH_METHODS, SearchOptions
+from raytune_loader.tuning.space import TRAINERS
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -238,6 +239,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--resources '{\"LABEL\": 1}'), to tune for one node type at a time",
     )
     p.add_argument(
+        "--trainer",
+        choices=TRAINERS,
+        help="the trainer that will build the loader from its own arguments: hf (the Hugging "
+        "Face Trainer's TrainingArguments) searches only what they can set, and the report "
+        "says what the rest would have gained (default: the tuned loader, everything)",
+    )
+    p.add_argument(
         "--ray-data",
         action=argparse.BooleanOptionalAction,
         help="offer Ray Data candidates (actors on the cluster's CPUs make the batches): by "
@@ -325,7 +333,7 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         dashboard_host=args.dashboard_host,
         expose_dashboard=args.expose_dashboard, resume=args.resume, seed=args.seed, cold=args.cold,
         verbose=args.verbose, precision=args.precision, channels_last=args.channels_last,
-        compile=args.compile, train_step=args.train_step,
+        compile=args.compile, train_step=args.train_step, trainer=args.trainer,
     )  # fmt: skip
 
 

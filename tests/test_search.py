@@ -126,7 +126,7 @@ def test_best_config_json_records_the_job_its_pipeline_and_the_trainers(
     assert best["pipeline"]["transfer"] in ("float32", "uint8")  # its pipeline was searched
     assert best["pipeline"]["decode"] in ("pil", "tensor")  # not "device": no CUDA here
     assert set(best["trainers"]["checked"]) == {"lightning", "accelerate", "ray_train",
-                                                "torchrun_ddp"}  # fmt: skip
+                                                "torchrun_ddp", "hf_trainer"}  # fmt: skip
 
 
 def test_the_limit_compares_the_input_pipeline_alone_with_training(searched: Searched) -> None:

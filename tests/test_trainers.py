@@ -141,12 +141,45 @@ def test_a_bucket_s_images_give_each_rank_its_own_half_in_every_trainer(
     assert ray_processes() <= before
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_hugging_face_trainer_builds_the_tuned_loader_from_its_arguments(
+    ranks: int, tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """``TrainingArguments(**tuned.training_arguments())``: the Trainer's own DataLoader
+    carries the tuned batch size, workers, prefetch and persistence; its worker
+    processes read the samples; each rank of two (torchrun, gloo) trains on its own half
+    of every epoch, all of it once."""
+    pytest.importorskip("transformers")
+    from common import HF
+
+    write_tuned_config(tmp_path, "hf")
+    script = str(SCRIPTS / "hf_trainer_run.py")
+    launch = TORCHRUN[:-1] + (str(ranks),) if ranks > 1 else (sys.executable,)
+    _train((*launch, script, str(tmp_path), str(tiny_imagenet / "train")), tmp_path)
+    seen = [json.loads((tmp_path / f"hf-rank{r}.json").read_text()) for r in range(ranks)]
+    tuned = HF["loader"]
+    for rank in seen:
+        assert rank["world"] == ranks
+        loader = rank["loader"]
+        assert loader["type"] in ("DataLoaderShard", "DataLoader"), loader
+        for name in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"):
+            assert loader[name] == tuned[name], (name, loader)
+        assert rank["pid"] not in rank["readers"]  # read in the Trainer's worker processes
+        assert rank["batch_sizes"] == [tuned["batch_size"]]  # per_device_train_batch_size
+    for epoch in map(str, range(EPOCHS)):
+        read = [rank["epochs"][epoch] for rank in seen]
+        assert sorted(i for part in read for i in part) == list(range(96)), epoch  # once each
+        assert all(len(part) == 96 // ranks for part in read)  # each rank its own share
+
+
 def test_the_versions_best_config_names_are_the_ones_these_tests_ran() -> None:
     from importlib.metadata import version
 
     from raytune_loader.outputs.trainers import CHECKED
 
     for name, series in CHECKED.items():
+        if name == "transformers":
+            pytest.importorskip("transformers")
         installed = ".".join(version(name).split(".")[:2])
         assert installed == series, f"{name} {installed} is installed, CHECKED says {series}"
 

@@ -243,6 +243,11 @@ def best_config(
         ),
         **_what_if(ctx, fitting(winner)),
         "trainers": trainers.section(),
+        **(
+            {"trainer": trainers.hf_section(fitting(loader), ctx.space, ctx.model)}
+            if ctx.opts.trainer == "hf"
+            else {}
+        ),  # fmt: skip
         "hardware": _hardware(ctx, records),
         "search": {
             "trials": len(records),

@@ -25,6 +25,7 @@ from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.engines import engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
 from raytune_loader.errors import ConfigError, DatasetError, UserInputError
+from raytune_loader.loaders.batches import set_fetch_threads
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.measuring.job import SegmentSpec
 from raytune_loader.raydata.config import RayDataConfig
@@ -146,6 +147,25 @@ class BestConfig:
             )
         return self.raydata
 
+    def training_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of ``transformers.TrainingArguments`` that make the
+        Hugging Face Trainer's own DataLoader the tuned one (a rank's batch size as
+        ``per_device_train_batch_size``, the workers, prefetch, pinning, persistence)::
+
+            args = TrainingArguments(output_dir="out", **tuned.training_arguments())
+
+        The dataset is still :meth:`image_dataset`'s (its worker side, and a bucket's
+        requests in flight). A ConfigError where the config holds what that DataLoader
+        cannot take (thread workers, decoding on the device, Ray Data): search with
+        ``--trainer hf``.
+
+        Returns:
+            The arguments by name.
+        """
+        from raytune_loader.outputs.trainers import hf_arguments
+
+        return hf_arguments(self.loader)
+
     def dataloader(self, dataset: Dataset[Any], **overrides: Any) -> DataLoader[Any] | Any:
         """The tuned loader over ``dataset`` (``overrides`` win, or are refused in one
         line): a DataLoader, or a loader with a DataLoader's attributes (thread workers,
@@ -185,7 +205,9 @@ class BestConfig:
         self._same_kind_of_store(root)
         spec = DatasetSpec("imagefolder", str(root))
         _listed_by_rank_zero(spec, stream=False)
-        return self._as_fast_a_store(build_dataset(spec, self.loader.transfer, self.loader.decode))
+        dataset = build_dataset(spec, self.loader.transfer, self.loader.decode)
+        set_fetch_threads(dataset, self.loader.fetch_threads)  # for a trainer's own loader too
+        return self._as_fast_a_store(dataset)
 
     def _same_kind_of_store(self, root: str | os.PathLike[str] | None) -> None:
         """A StoreMismatchWarning where ``root`` is a bucket and the search read local

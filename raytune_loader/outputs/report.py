@@ -303,6 +303,31 @@ def _how_proposed(best: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _trainer(best: dict[str, Any]) -> list[str]:
+    """For a search tuned for a trainer's own loader: its arguments, what was left out,
+    and the profile's estimate of what that cost."""
+    found = best.get("trainer")
+    if not found:
+        return []
+    arguments = ", ".join(f"{k}={v!r}" for k, v in found["training_arguments"].items())
+    left_out = "; ".join(found["left_out"])
+    lines = [
+        "", "## Tuned for the Hugging Face Trainer", "",
+        f"`TrainingArguments(..., {arguments})`: `tuned.training_arguments()`.", "",
+        f"Left out, as its DataLoader cannot take them: {left_out}.",
+    ]  # fmt: skip
+    left = found.get("best_left_out")
+    if not left:
+        return [*lines, "", "Nothing outside that reach is predicted faster (or no profile)."]
+    return [
+        *lines, "",
+        f"The cost model's fastest configuration outside that reach, {left['settings']}, is "
+        f"predicted at {left['predicted_samples_per_s']:.0f} samples/s, "
+        f"{left['predicted_gain']:.2f}x the tuned one (an estimate from the profile, not a "
+        "measurement): what `tuned.dataloader()` in a loop of your own could add.",
+    ]  # fmt: skip
+
+
 def _findings(best: dict[str, Any]) -> list[str]:
     """The findings (each with its figure, projection and fix), what was watched in the
     tuned configuration's runs, and the plot of its memory against samples read."""
@@ -413,7 +438,7 @@ def write_report(out_dir: Path) -> Path:
     if series:
         write_memory_plot(series, out_dir / "plots" / MEMORY_PLOT)
     lines = _intro(best, trials) + _winner(best) + _measured(best, trials)
-    lines += _efficiency(best) + _limit(best)
+    lines += _efficiency(best) + _limit(best) + _trainer(best)
     lines += _findings(best)
     lines += ["", "## Plots"]
     for name, caption in PLOTS.items():

@@ -43,7 +43,8 @@ def search_space(
     max_workers = worker_bound(opts, usable)
     batch_sizes = tuple(opts.for_device(cuda).batch_sizes or ())
     if job is None:
-        return SearchSpace(max_workers, batch_sizes, cuda, usable, ranks=ranks)
+        trainer = opts.trainer
+        return SearchSpace(max_workers, batch_sizes, cuda, usable, ranks=ranks, trainer=trainer)
     spec, source = job.dataset, job.dataset.source
     accesses = source.accesses(spec)
     if job.stream_workers == 0:  # too few shards to stream: read by index only
@@ -66,6 +67,7 @@ def search_space(
         raydata_cpus=raydata_cpus,
         locality_works=raydata_cpus >= 1 and _locality_works(),
         fetch_threads=_fetch_threads(source.fetches(spec), accesses),
+        trainer=opts.trainer,
     )  # fmt: skip
 
 
@@ -89,6 +91,11 @@ def raydata_cpus(opts: SearchOptions, cluster: Any, job: TrialJob, progress: Pro
     node those beyond the trial's own, at most ``--remote-cpus``; 0 where Ray Data is not
     offered (``--no-ray-data``, a source its actors cannot read, several ranks)."""
     if opts.ray_data is False or (opts.ray_data is None and not cluster.remote_cpus):
+        return 0.0
+    if opts.trainer is not None:
+        if opts.ray_data:
+            progress.warn(f"Ray Data candidates are not offered with --trainer {opts.trainer}: "
+                          "the trainer builds a DataLoader")  # fmt: skip
         return 0.0
     if job.ranks > 1 or not job.dataset.source.ray_data_reads(job.dataset):
         why = "several ranks per trial" if job.ranks > 1 else job.dataset.name

@@ -77,6 +77,7 @@ class SearchOptions:
     channels_last: bool | None = None  # None: on CUDA
     compile: bool = False
     train_step: str | None = None  # module:function building the user's own step
+    trainer: str | None = None  # the trainer that builds the loader ("hf"): only what it takes
 
     def for_device(self, cuda: bool) -> SearchOptions:
         """These options with the device's defaults filled in where none was given: the

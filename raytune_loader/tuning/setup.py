@@ -195,9 +195,9 @@ def cost_model(
     proposes with TPE alone and says so)."""
     if opts.search != "model":
         return None
-    structures = [
+    structures = [  # beyond a trainer's limits too: the report says what they cost
         next((c for c in configs if c.num_workers), configs[0])
-        for configs in space.structures().values()
+        for configs in space.unrestricted().structures().values()
     ]
     progress.stage(f"Profiling the pipeline's stages ({len(structures)} structures)")
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raytune_loader.candidates.config import _DEFAULTS, LoaderConfig
@@ -48,6 +48,22 @@ RAY_DOCS = "ray-docs-default"  # the Ray Data baseline: the pipeline as Ray's do
 
 _COUNTED = ("num_workers", "max_actors")  # suggested as integers in a range
 
+TRAINERS = ("hf",)  # trainers that build the loader themselves from a few arguments
+# what a trainer's own loader cannot take, by trainer: the space does not offer it
+LEFT_OUT = {
+    "hf": {
+        "engine": "Ray Data (the Trainer builds a DataLoader)",
+        "workers": "thread workers (TrainingArguments starts worker processes)",
+        "decode": "decoding on the device (the Trainer hands batches to the model as made)",
+        "transfer": "uint8 batches finished on the device (the same: the model gets them as made)",
+        "worker_threads": "worker_threads (the Trainer sets its own worker_init_fn)",
+        "batching": "batches made in the workers (the Trainer's DataLoader batches)",
+        "in_order": "in_order=False (dataloader_in_order is transformers 5's alone)",
+        "multiprocessing_context": "a start method (dataloader_multiprocessing_context is "
+        "transformers 5's alone)",
+    },
+}
+
 
 @dataclass(frozen=True)
 class SearchSpace:
@@ -68,8 +84,11 @@ class SearchSpace:
     raydata_cpus: float = 0.0  # CPUs a Ray Data candidate's actors may take (0: none offered)
     locality_works: bool = False  # Ray honours locality_with_output (2.60 does not)
     fetch_threads: tuple[int, ...] = (1,)  # a batch's objects in flight per worker (a store's)
+    trainer: str | None = None  # a trainer that builds the loader itself (LEFT_OUT: not offered)
 
     def __post_init__(self) -> None:
+        if self.trainer is not None and self.trainer not in TRAINERS:
+            raise ConfigError(f"--trainer must be one of {', '.join(TRAINERS)}, got {self.trainer}")
         if "device" in self.decodes and not self.cuda:
             raise ConfigError("decoding on the device needs CUDA")
         if self.max_workers < 0:
@@ -103,6 +122,11 @@ class SearchSpace:
         batch = self.baseline_batch_size
         return tuple(dict.fromkeys((None, max(1, batch // 4), batch)))
 
+    def unrestricted(self) -> SearchSpace:
+        """This space without its trainer's limits: what the profile measures, so that the
+        report can say what the limits cost."""
+        return replace(self, trainer=None)
+
     def constants(self) -> dict[str, Any]:
         """Values the space fixes rather than searches (a single batch size, a stream)."""
         fixed: dict[str, Any] = {}
@@ -117,7 +141,13 @@ class SearchSpace:
         field the space searches is suggested where its rule applies (:data:`RULES`)
         given the answers before it, so every proposal is a valid candidate."""
         values = {**_DEFAULTS, "access": self.accesses[0]}
+        left_out = LEFT_OUT.get(self.trainer or "", {})
         for name, choices in self._searched(values):
+            if name == "decode" and "decode" in left_out and choices:
+                choices = [c for c in choices if c != "device"]
+                choices = choices if len(choices) > 1 else None
+            elif name in left_out:
+                continue  # the trainer's loader cannot take it: its default stays
             if not choices or not applies(name, values):
                 continue
             if name in _COUNTED:

@@ -36,6 +36,12 @@ TUNED = {
         "pipeline": {"transfer": "uint8", "decode": "tensor", "workers": "thread"},
     },
 }  # fmt: skip
+HF = {  # what the Hugging Face Trainer's TrainingArguments can set (tests/trainers/hf_*)
+    "loader": {"batch_size": BATCH, "num_workers": 1, "prefetch_factor": 3,
+               "pin_memory": False, "persistent_workers": True, "in_order": True,
+               "multiprocessing_context": None},
+    "pipeline": {"transfer": "float32", "decode": "tensor", "workers": "process"},
+}  # fmt: skip
 SETTINGS = ("num_workers", "prefetch_factor", "in_order", "persistent_workers")
 
 
@@ -43,7 +49,7 @@ def write_tuned_config(folder: Path, kind: str, store: dict[str, Any] | None = N
     """A best_config.json with the ``kind`` of loader, tuned on this machine (on the
     object ``store`` described, with 4 requests in flight a worker, where one is given)."""
     path = folder / f"best_config_{kind}.json"
-    tuned = json.loads(json.dumps(TUNED[kind]))
+    tuned = json.loads(json.dumps(TUNED.get(kind, HF)))
     source: dict[str, Any] = {"kind": "imagefolder"}
     if store is not None:
         tuned["pipeline"]["fetch_threads"] = 4
