@@ -135,6 +135,7 @@ class Watched:
     session: str
     actor: dict[str, Any]  # a trial actor, as the dashboard listed it
     left_behind: tuple[set[int], list[str]]
+    page: dict[str, str]  # the dashboard's actors page in Chromium: its text, a screenshot
 
 
 @pytest.fixture(scope="module")
@@ -165,17 +166,60 @@ def watched(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> Wa
             actor = _wait_for_trial_actor(search.url, token, timeout=60)
         except AssertionError as exc:  # that test fails, with this; the others still read
             actor = {"not seen": str(exc)}
+        try:
+            page = _actors_page(search.url, token, tmp / "ray_dashboard.png")
+        except Exception as exc:  # noqa: BLE001 - that test fails with it; the others read
+            page = {"not seen": f"{type(exc).__name__}: {exc}"}
         returncode = search.process.wait(timeout=240)
     finally:
         search.stop()
     left = _left_behind(before, session)
     return Watched(search.output, returncode, tmp / "out" / "synthetic-imagenet", statuses,
-                   session, actor, left)  # fmt: skip
+                   session, actor, left, page)  # fmt: skip
+
+
+def _actors_page(url: str, token: str, screenshot: Path) -> dict[str, str]:
+    """The dashboard's actors page as a person sees it in a browser: it asks for the
+    token first ("Authentication Token Required"), the token is typed into its field and
+    submitted, and the page, rendered by its scripts, lists a trial actor."""
+    from browser_for_tests import available, chromium, text_when
+
+    if not available():
+        return {"not seen": "Debian's chromium and chromium-driver are not installed"}
+    with chromium() as browser:
+        browser.get(f"{url}/#/actors")
+        without = text_when(browser, lambda shown: "Authentication Token Required" in shown)
+        field = browser.find_element("css selector", "div[role=dialog] input")
+        field.send_keys(token)
+        browser.find_element("xpath", "//div[@role='dialog']//button[.='Submit' or "
+                             ".='SUBMIT']").click()  # fmt: skip
+        text = text_when(browser, lambda shown: TRIAL_ACTOR in shown
+                         and "Authentication Token Required" not in shown, timeout=90)  # fmt: skip
+        browser.save_screenshot(str(screenshot))
+    return {"text": text, "without_token": without, "screenshot": str(screenshot)}
 
 
 def test_the_dashboard_needs_the_token(watched: Watched) -> None:
     assert watched.statuses == {"token": 200, "none": 401, "wrong": 403}
     assert watched.session.startswith("session_")
+
+
+def test_the_dashboard_page_in_a_browser_lists_the_trials_behind_the_token(
+    watched: Watched,
+) -> None:
+    """Chromium, headless: the actors page asks for the token; typed in, it lists the
+    trial actors (each trial is one)."""
+    from browser_for_tests import available
+
+    if not available():
+        pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)")
+    page = watched.page
+    assert "text" in page, page.get("not seen")
+    assert "Authentication Token Required" in page["without_token"]
+    assert page["text"].count(TRIAL_ACTOR) >= 1
+    states = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD")
+    assert any(state in page["text"] for state in states)  # each actor's state, as Ray says
+    assert Path(page["screenshot"]).stat().st_size > 10_000  # a rendered page
 
 
 def test_the_dashboard_shows_each_trial_in_its_own_reservation(watched: Watched) -> None:
