@@ -119,6 +119,16 @@ def test_read_ahead_puts_a_worker_s_shards_in_flight_together(server: S3Server) 
         assert len(torch.cat([labels for _, labels in loader])) == 96
         peaks[ahead] = server.proxy.peak_in_flight
     assert peaks == {1: 1, 4: 4}
+    # a trial's stream (repeating 2 shards): the read-ahead runs on across its epochs
+    spec = _spec()
+    shards = spec.source.shards(spec)[:2]
+    trial = spec.source.build_stream(spec, shards, StreamVariant("uint8", "tensor", repeat=True))
+    trial.fetch_threads = 4
+    server.proxy.peak_in_flight = 0
+    items = iter(trial)
+    for _ in range(24 * 5):  # five passes over the two shards
+        next(items)
+    assert server.proxy.peak_in_flight == 4
 
 
 def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Server) -> None:

@@ -226,24 +226,36 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
 
     def _repeated(self, epoch: int, place: tuple[int, int, int, int]) -> Iterator[Any]:
         """Raw samples of ``epoch`` and the ones after it, without end (none where a
-        worker has no sample in an epoch: it has none in any)."""
-        while True:
-            produced = False
-            for sample in self._raw(epoch, *place):
-                produced = True
-                yield sample
-            if not produced:
-                return
-            epoch += 1
+        worker has no sample in an epoch: it has none in any). Its shards are read as one
+        run across the epochs, so a store's read-ahead does not stop at an epoch's end
+        (a trial's epochs are a few shards; a training epoch's, thousands)."""
+
+        def wanted() -> Iterator[tuple[str, int, int]]:
+            current = epoch
+            while spans_of := self._wanted(current, *place):
+                yield from spans_of
+                current += 1
+
+        yield from self._read(wanted())
 
     def _raw(self, epoch: int, rank: int, world: int, worker: int, workers: int) -> Iterator[Any]:
         """This worker's raw samples of ``epoch``, in its shards' order, not decoded."""
+        yield from self._read(iter(self._wanted(epoch, rank, world, worker, workers)))
+
+    def _wanted(
+        self, epoch: int, rank: int, world: int, worker: int, workers: int
+    ) -> list[tuple[str, int, int]]:
+        """This worker's spans of ``epoch``: (shard, first sample, last excluded)."""
         low, high = self._share(world, worker, workers)
         start = rank * epoch_cut(sum(self.sizes), world, self.loader_batch, self.drop_last).per_rank
         order = shard_order(len(self.shards), self.seed, epoch, self.shuffle)
-        wanted = [(self.shards[span.shard], span.start, span.stop)
-                  for span in spans(self.sizes, order, start + low, start + high)]  # fmt: skip
-        reads = getattr(self.reader, "reads", None)  # a store's reader: shards fetched ahead
+        return [(self.shards[span.shard], span.start, span.stop)
+                for span in spans(self.sizes, order, start + low, start + high)]  # fmt: skip
+
+    def _read(self, wanted: Iterator[tuple[str, int, int]]) -> Iterator[Any]:
+        """The raw samples of the ``wanted`` spans, in order; a store's reader fetches
+        ``fetch_threads`` shards ahead (its ``reads``)."""
+        reads = getattr(self.reader, "reads", None)
         if reads is not None:
             yield from reads(wanted, self.fetch_threads)
             return

@@ -33,7 +33,7 @@ import os
 import re
 import tarfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,9 +290,10 @@ class _TarShards:
             blob = _fetched(self.store, path)
         yield from itertools.islice(_keyed(path, read=True, first=start, blob=blob), stop - start)
 
-    def reads(self, wanted: Sequence[tuple[str, int, int]], ahead: int) -> Iterator[Any]:
-        """The samples of ``wanted`` spans (shard, start, stop) in order, ``ahead`` shards
-        fetched at once from a store while the first of them is read."""
+    def reads(self, wanted: Iterable[tuple[str, int, int]], ahead: int) -> Iterator[Any]:
+        """The samples of ``wanted`` spans (shard, start, stop; a list, or a run without
+        end) in order, ``ahead`` shards fetched at once from a store while the first of
+        them is read."""
         if self.store is None or ahead <= 1:
             yield from (s for path, start, stop in wanted for s in self.read(path, start, stop))
             return
