@@ -403,7 +403,7 @@ def test_a_throttled_store_is_a_finding_with_the_rate_it_allowed() -> None:
 
 def test_small_objects_from_a_store_are_a_finding_when_shards_would_pay() -> None:
     """A GET a sample, 60 ms each (50 ms of it to the first byte), 2 workers x 4 in
-    flight: the profile projects tar shards (a GET for 256 samples, 256 bodies long, 2
+    flight: the profile projects tar shards (a GET for 256 samples, 256 bodies long, 4
     ahead) well past it, applied to the measured rate; none for local data, for a stream,
     or where the store is fast enough that shards gain little."""
     from raytune_loader.measuring.profile import Profile
@@ -419,8 +419,8 @@ def test_small_objects_from_a_store_are_a_finding_when_shards_would_pay() -> Non
     winner = _candidate(config, _run(config, 100.0), _run(config, 110.0))
     (found,) = findings.findings(winner, [], [], Rules(), model)
     single = model.predict(config).samples_per_s  # type: ignore[union-attr]
-    # shards: per batch 16/256 of a GET of 50 + 256 x 10 ms, halved by the read-ahead
-    shard_wait = 16 / 256 * (0.05 + 256 * 0.01) / 2
+    # shards: per batch 16/256 of a GET of 50 + 256 x 10 ms, a quarter with 4 ahead
+    shard_wait = 16 / 256 * (0.05 + 256 * 0.01) / 4
     shards = 2 * 16 / (16 / 400 + 0.001 + shard_wait)
     assert found.kind == "small_objects"
     assert found.values["gain"] == pytest.approx(shards / single)

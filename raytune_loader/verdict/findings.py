@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.rules import READ_AHEAD
 from raytune_loader.engines import engine_of
 from raytune_loader.machine.watch import FOLLOWED, MAIN, Watch, wait_tail
 from raytune_loader.measuring.memoryfit import MemoryFit
@@ -45,7 +46,7 @@ ACTOR_MEMORY_SHARE = 0.5  # a Ray Data pool's resident memory above this share o
 BACKPRESSURE_SHARE = 0.25  # the executor holding tasks back this share of the window's time
 BACKPRESSURE_WAIT = 0.10  # while the loop waited this share of the window
 SHARD_SAMPLES = 256  # images a shard the small-objects projection assumes (a few seconds' GET)
-SHARD_READ_AHEAD = 2  # shards a worker fetches ahead, in that projection
+SHARD_READ_AHEAD = max(READ_AHEAD)  # shards a worker fetches ahead in it: the search's most
 SHARDS_GAIN = 1.25  # shards projected this many times the winner's rate: a finding
 
 
