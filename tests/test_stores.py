@@ -307,8 +307,8 @@ def test_a_config_tuned_on_local_files_warns_on_a_bucket_and_the_other_way_round
     slow = load_best_config(written("slow.json", {"kind": "imagenet", "store": {
         **store, "ttfb_p50_s": 0.004}}))  # fmt: skip
     server.proxy.ttfb_s = 0.05
-    with pytest.warns(StoreMismatchWarning, match=r"first byte in 5\d ms.* in 4 ms \(1\d\.\dx "
-                      r"slower\).*fetch_threads=4"):  # fmt: skip
+    with pytest.warns(StoreMismatchWarning, match=r"first byte in \d{2,3} ms.* in 4 ms \(\d+\.\dx "
+                      r"slower\).*fetch_threads=4"):  # 50 ms and more, to a 4 ms store  # fmt: skip
         slow.image_dataset(bucket)
     as_tuned = load_best_config(written("as_tuned.json", {"kind": "imagenet", "store": {
         **store, "ttfb_p50_s": 0.05}}))  # fmt: skip
