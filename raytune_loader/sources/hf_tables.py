@@ -18,7 +18,8 @@ before a span are skipped) as a :class:`ShardStream` plans them: every rank its 
 rows and as many batches as every other rank, each loader worker, process or thread,
 whole batches of them (Hugging Face's own ``split_dataset_by_node`` splits by file,
 or rank by rank every row, and cannot see a spawned worker's rank). Rows pass the
-user's shuffle buffer (the files' order shuffled too), never shrunk. The loader makes
+user's shuffle buffer (the files' order shuffled too), never shrunk (a trial's holds
+at most a worker's pass over its files: :class:`ShardStream`). The loader makes
 the batches: batching in the workers is not a candidate for this source. The
 map-style subset is not pre-warmed: its rows lie scattered through the Arrow files,
 and reading the files whole could mean reading the whole dataset.

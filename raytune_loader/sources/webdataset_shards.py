@@ -12,7 +12,8 @@ batches, each loader worker (process or thread) whole batches of it. A sample is
 webdataset's: the files of one key in a row, the key and extension split by
 webdataset's own rule; a span that starts inside a shard seeks past the members
 before it. Samples pass a shuffle buffer (``--shuffle-buffer``, the shards' order
-shuffled too) as training would; the buffer is the user's, never shrunk. Batches
+shuffled too) as training would; the buffer is the user's, never shrunk (a trial's
+holds at most a worker's pass over its shards: :class:`ShardStream`). Batches
 are made by the loader or in each worker, a searched choice.
 
 Shards in an object store (``s3://bucket/shards-{0000..0127}.tar``, or a prefix whose
