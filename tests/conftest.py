@@ -184,6 +184,27 @@ def uneven_shards(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory)
     return write_uneven_shards(tiny_imagenet / "train", tmp_path_factory.mktemp("uneven"))
 
 
+def _from_ranks(ranks: list, results: object, timeout: float) -> list[tuple[int, object]]:
+    """Each rank's ``(rank, what it read)``; a rank that exits without putting its result
+    fails the test at once with its exit code, not after ``timeout``."""
+    import queue
+    import time
+
+    got: list[tuple[int, object]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < len(ranks):
+        try:
+            got.append(results.get(timeout=1))  # type: ignore[attr-defined]
+            continue
+        except queue.Empty:
+            pass
+        dead = [p.exitcode for p in ranks if p.exitcode not in (None, 0)]
+        if dead or time.monotonic() > deadline:
+            what = f"a rank exited with {dead[0]}" if dead else f"no result in {timeout:.0f} s"
+            raise AssertionError(f"{what}; the ranks' output above says why")
+    return got
+
+
 def two_gloo_ranks(target: object, *args: object, timeout: float = 240) -> dict[int, object]:
     """``target(rank, store, *args, results)`` in two spawned processes (ranks of a gloo
     group they make with ``init_method=store``); each puts ``(rank, what it read)`` on
@@ -200,7 +221,7 @@ def two_gloo_ranks(target: object, *args: object, timeout: float = 240) -> dict[
     for process in ranks:
         process.start()
     try:
-        return dict(results.get(timeout=timeout) for _ in ranks)
+        return dict(_from_ranks(ranks, results, timeout))
     finally:  # a rank that died leaves its peer waiting in the process group
         for process in ranks:
             process.join(timeout=30)

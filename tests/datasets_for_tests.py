@@ -468,8 +468,9 @@ class SlowFirstStep:
 
 
 class RankStream(torch.utils.data.IterableDataset):
-    """A user's stream that splits itself by rank (its process group, read where it is
-    iterated) and by loader worker: rank r yields ``lengths[r]`` samples, labelled
+    """A user's stream that splits itself by rank (read where it is iterated, from
+    torchrun's ``RANK`` as MosaicML's and LitData's streams do, else from the process
+    group) and by loader worker: rank r yields ``lengths[r]`` samples, labelled
     ``(rank, index)`` as ``rank * 1000 + index``; ``len`` says ``length`` per rank (or
     none with ``length=None``), as MosaicML's and LitData's streams do."""
 
@@ -480,7 +481,7 @@ class RankStream(torch.utils.data.IterableDataset):
     def __iter__(self):  # noqa: ANN204
         import torch.distributed as dist
 
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        rank = int(os.environ.get("RANK", dist.get_rank() if dist.is_initialized() else 0))
         info = torch.utils.data.get_worker_info()
         indices = range(self.lengths[rank])
         if info is not None:

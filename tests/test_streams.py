@@ -423,6 +423,7 @@ def test_accelerate_passes_a_stream_loader_through_and_refuses_to_skip_into_it(
 
 def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object) -> None:
     import datetime as dt
+    import os
 
     import torch.distributed as dist
 
@@ -432,13 +433,17 @@ def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object
 
     dist.init_process_group("gloo", init_method=store, rank=rank,
                             world_size=2, timeout=dt.timedelta(seconds=180))  # fmt: skip
+    os.environ["RANK"] = str(rank)  # as torchrun sets it, for the spawned workers below
     out: dict[str, object] = {}
     try:
         config = LoaderConfig(4, access="stream")
         loader = build_dataloader(RankStream((10, 7), 8), config, drop_last=False)
         out["len"] = len(loader)
         out["read"] = [_labels(loader) for _ in range(2)]  # rank 1 runs out: it repeats
-        processes = build_dataloader(RankStream((10, 7), 8), LoaderConfig(4, 2, 2, access="stream"))
+        # spawned: a worker forked from a process holding gloo's threads aborted at exit
+        # (SIGABRT, 1 run in many), as fork after threads may
+        spawned = LoaderConfig(4, 2, 2, access="stream", multiprocessing_context="spawn")
+        processes = build_dataloader(RankStream((10, 7), 8), spawned)
         out["processes"] = [len(b) for b in _labels(processes)]
         for name, build in (
             ("no length", lambda: build_dataloader(RankStream((10, 7), None), config)),
