@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,3 +230,49 @@ def two_gloo_ranks(target: object, *args: object, timeout: float = 240) -> dict[
             if process.is_alive():
                 process.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Tables:
+    saved: Path  # save_to_disk: a DatasetDict whose train split is 3 Arrow files
+    parquet: Path  # the same rows as 3 Parquet files
+    samples: Counter[tuple[bytes, int]]  # every (JPEG file's bytes, class)
+    classes: list[str]
+
+
+@pytest.fixture(scope="session")
+def hf_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """HF's datasets, offline, its Arrow cache (the Parquet files converted) in a
+    temporary folder rather than the user's."""
+    from raytune_loader.sources import hf_tables
+
+    hf = hf_tables._datasets()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hf.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield hf
+
+
+@pytest.fixture(scope="session")
+def tables(
+    tiny_imagenet: Path, hf_cache: object, tmp_path_factory: pytest.TempPathFactory
+) -> Tables:
+    """tiny_imagenet's 96 JPEG files as an HF table (Image bytes with their file names,
+    ClassLabel), written both ways."""
+    hf = hf_cache
+    images = tiny_imagenet / "train"
+    classes = sorted(p.name for p in images.iterdir() if p.is_dir())
+    files = sorted(images.rglob("*.JPEG"))
+    labels = [classes.index(f.parent.name) for f in files]
+    rows = hf.Dataset.from_dict(  # type: ignore[attr-defined]
+        {"image": [{"bytes": f.read_bytes(), "path": f.name} for f in files], "label": labels},
+        features=hf.Features(image=hf.Image(), label=hf.ClassLabel(names=classes)),  # type: ignore[attr-defined]
+    )
+    folder = tmp_path_factory.mktemp("hf")
+    from raytune_loader.sources import hf_tables
+
+    with hf_tables._quiet(hf):
+        hf.DatasetDict(train=rows).save_to_disk(folder / "saved", num_shards={"train": 3})  # type: ignore[attr-defined]
+        for i in range(3):
+            rows.shard(3, i, contiguous=True).to_parquet(folder / "parquet" / f"part-{i}.parquet")
+    samples = Counter((f.read_bytes(), label) for f, label in zip(files, labels, strict=True))
+    return Tables(folder / "saved", folder / "parquet", samples, classes)

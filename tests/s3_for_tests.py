@@ -212,6 +212,16 @@ class S3Server:
         return boto3.client("s3", endpoint_url=direct, aws_access_key_id="testing",
                             aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
 
+    def reset(self) -> None:
+        """Before a test: the proxy's faults off and its peak forgotten, and no listing or
+        count of an earlier test's shards left in this process."""
+        from raytune_loader.sources import store_shards
+
+        store_shards.LISTED.clear()
+        store_shards.COUNTED.clear()
+        self.proxy.ttfb_s = self.proxy.throttle = self.proxy.cut = 0.0
+        self.proxy.peak_in_flight = 0
+
     def upload_folder(self, folder: Path, bucket: str, prefix: str) -> int:
         """Every file under ``folder`` as ``prefix/<its path under folder>``; how many."""
         client = self.client()

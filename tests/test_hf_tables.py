@@ -10,13 +10,13 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import Tables
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import DatasetError
 from raytune_loader.loaders.loader import build_dataloader
@@ -30,46 +30,6 @@ from raytune_loader.sources.datasets import DatasetSpec
 SOURCE = hf_tables.SOURCE
 SEGMENT = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
 RAW = StreamVariant(transfer="uint8", decode="device", shuffle_buffer=16)  # encoded bytes
-
-
-@dataclass(frozen=True)
-class Tables:
-    saved: Path  # save_to_disk: a DatasetDict whose train split is 3 Arrow files
-    parquet: Path  # the same rows as 3 Parquet files
-    samples: Counter[tuple[bytes, int]]  # every (JPEG file's bytes, class)
-    classes: list[str]
-
-
-@pytest.fixture(scope="module")
-def hf_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """HF's datasets, offline, its Arrow cache (the Parquet files converted) in a
-    temporary folder rather than the user's."""
-    hf = hf_tables._datasets()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hf.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield hf
-
-
-@pytest.fixture(scope="module")
-def tables(tiny_imagenet: Path, hf_cache: object, tmp_path_factory: pytest.TempPathFactory):
-    """tiny_imagenet's 96 JPEG files as an HF table (Image bytes with their file names,
-    ClassLabel), written both ways."""
-    hf = hf_cache
-    images = tiny_imagenet / "train"
-    classes = sorted(p.name for p in images.iterdir() if p.is_dir())
-    files = sorted(images.rglob("*.JPEG"))
-    labels = [classes.index(f.parent.name) for f in files]
-    rows = hf.Dataset.from_dict(  # type: ignore[attr-defined]
-        {"image": [{"bytes": f.read_bytes(), "path": f.name} for f in files], "label": labels},
-        features=hf.Features(image=hf.Image(), label=hf.ClassLabel(names=classes)),  # type: ignore[attr-defined]
-    )
-    folder = tmp_path_factory.mktemp("hf")
-    with hf_tables._quiet(hf):
-        hf.DatasetDict(train=rows).save_to_disk(folder / "saved", num_shards={"train": 3})  # type: ignore[attr-defined]
-        for i in range(3):
-            rows.shard(3, i, contiguous=True).to_parquet(folder / "parquet" / f"part-{i}.parquet")
-    samples = Counter((f.read_bytes(), label) for f, label in zip(files, labels, strict=True))
-    return Tables(folder / "saved", folder / "parquet", samples, classes)
 
 
 def _job(root: Path, **fields: object) -> TrialJob:

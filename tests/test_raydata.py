@@ -553,13 +553,13 @@ def test_what_ray_data_cannot_read_is_refused_in_one_line_saying_what_to_do() ->
     from torch.utils.data import IterableDataset
 
     from raytune_loader.loaders.shard_stream import ShardStream
-    from raytune_loader.sources import hf_tables
+    from raytune_loader.sources import table_files
 
     class HubStream(IterableDataset):  # type: ignore[type-arg]
         def __iter__(self) -> Iterator[Any]:
             yield from ()
 
-    arrow = ShardStream(["train/data-00000.arrow"], [4], hf_tables._TableShards(("i", "l")), str)
+    arrow = ShardStream(["train/data-00000.arrow"], [4], table_files.TableShards(("i", "l")), str)
     for dataset, says in ((HubStream(), "HubStream is a stream: Ray Data's actors read a "
                            "map-style dataset by index (a Hugging Face streaming dataset"),
                           (arrow, "Ray Data has no reader of these shards")):  # fmt: skip

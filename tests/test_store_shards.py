@@ -16,7 +16,7 @@ from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import DatasetError
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.loaders.shard_stream import StreamVariant
-from raytune_loader.sources import webdataset_shards
+from raytune_loader.sources import store_shards, webdataset_shards
 from raytune_loader.sources.datasets import DatasetSpec
 from raytune_loader.stores.store import count_requests
 
@@ -38,12 +38,8 @@ def server(tiny_shards: Path) -> Iterator[S3Server]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh(server: S3Server) -> Iterator[None]:
-    webdataset_shards._LISTED.clear()
-    webdataset_shards._COUNTED.clear()
-    server.proxy.ttfb_s = server.proxy.throttle = server.proxy.cut = 0.0
-    server.proxy.peak_in_flight = 0
-    yield
+def _fresh(server: S3Server) -> None:
+    server.reset()
 
 
 def _spec(root: str = PATTERN) -> DatasetSpec:
@@ -157,8 +153,8 @@ def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Se
     for url in source.shards(spec):
         source.read_shard(spec, url)  # the driver counts them before the trials
     handed = pickle.loads(pickle.dumps(source.listed(spec)))  # in the job, to a trial
-    webdataset_shards._LISTED.clear()  # as in the trial's own process
-    webdataset_shards._COUNTED.clear()
+    store_shards.LISTED.clear()  # as in the trial's own process
+    store_shards.COUNTED.clear()
     requests = server.proxy.requests
     adopt_listing(spec, handed)
     stream = _stream(root)

@@ -23,6 +23,14 @@ at most a worker's pass over its files: :class:`ShardStream`). The loader makes
 the batches: batching in the workers is not a candidate for this source. The
 map-style subset is not pre-warmed: its rows lie scattered through the Arrow files,
 and reading the files whole could mean reading the whole dataset.
+
+Parquet files in an object store (``s3://bucket/prefix``, whose ``.parquet`` objects
+are the files, or a brace pattern ``s3://bucket/part-{00000..00015}.parquet``) are read
+where they live, as a stream only: each span's file fetched whole by one GET
+(:mod:`~raytune_loader.sources.store_shards`), ``fetch_threads`` files ahead in each
+worker. Their image cells must hold the bytes (a path would name a file elsewhere).
+The driver reads each file once to count and check it, and hands what it learned (rows,
+classes) to the trials' processes; nothing is converted into a local cache.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,13 +48,19 @@ from torch.utils.data import Dataset, IterableDataset
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
 from raytune_loader.loaders.shard_stream import RayRead, ShardStream, StreamVariant
 from raytune_loader.pipeline.transforms import worker_image
+from raytune_loader.sources import store_shards
+from raytune_loader.sources import table_files as tf
 from raytune_loader.sources.base import ShardInfo, Source, Spec, prewarm
+from raytune_loader.sources.store_shards import ShardListing
+from raytune_loader.stores.url import is_remote
 
 if TYPE_CHECKING:
     from raytune_loader.progress import Progress
 
 INSTALL = "pip install datasets"
 OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+WHAT = tf.WHAT
+EXAMPLE = "part-{00000..00015}.parquet"
 
 
 def _datasets() -> Any:
@@ -73,7 +87,7 @@ class _Layout:
     """What DIR holds: ``arrow`` (``save_to_disk``) or ``parquet`` files, in order."""
 
     kind: str
-    folder: Path  # the saved split's folder, or the Parquet folder
+    folder: str  # the saved split's folder, or the Parquet folder (or prefix, in a store)
     files: tuple[str, ...]
 
 
@@ -82,6 +96,8 @@ def _layout(spec: Spec) -> _Layout:
         raise DatasetError(
             "hf needs --data-root: a folder written by save_to_disk, or a folder of .parquet files"
         )
+    if is_remote(spec.data_root):
+        return _Layout("parquet", str(spec.data_root), _in_store(spec))
     root = Path(spec.data_root)
     if not root.is_dir():
         raise DatasetError(f"hf: {root} is not a folder")
@@ -89,14 +105,14 @@ def _layout(spec: Spec) -> _Layout:
     if split is not None:
         state = json.loads((split / "state.json").read_text())
         files = tuple(str(split / f["filename"]) for f in state["_data_files"])
-        return _Layout("arrow", split, files)
+        return _Layout("arrow", str(split), files)
     parquet = tuple(sorted(str(p) for p in root.glob("*.parquet")))
     if not parquet:
         raise DatasetError(
             f"hf: {root} holds neither a dataset written by save_to_disk (dataset_dict.json "
             "or state.json) nor .parquet files"
         )
-    return _Layout("parquet", root, parquet)
+    return _Layout("parquet", str(root), parquet)
 
 
 def _saved_split(root: Path) -> Path | None:
@@ -119,10 +135,22 @@ class HuggingFaceTables(Source):
     summary = "a Hugging Face datasets folder (save_to_disk) or Parquet files under --data-root"
 
     def accesses(self, spec: Spec) -> tuple[str, ...]:
-        return ("map", "stream")
+        # in a store, read as a stream: by index would mean a local copy of every file
+        return ("stream",) if is_remote(spec.data_root) else ("map", "stream")
 
     def ray_data_reads(self, spec: Spec) -> bool:
-        return True  # Parquet through ray.data.read_parquet, save_to_disk's rows by index
+        # Parquet through ray.data.read_parquet, save_to_disk's rows by index; files in a
+        # bucket are read by the DataLoader candidates only
+        return not is_remote(spec.data_root)
+
+    def fetches(self, spec: Spec) -> bool:
+        return is_remote(spec.data_root)
+
+    def listed(self, spec: Spec) -> ShardListing | None:
+        """For files in a store: what this process listed and learned of them, to hand on."""
+        if not is_remote(spec.data_root):
+            return None
+        return store_shards.listing_for(spec, _in_store(spec))
 
     def files(self, dataset: Dataset, indices: list[int]) -> list[str]:
         return []  # its tables are read through once as they are counted and checked
@@ -137,7 +165,7 @@ class HuggingFaceTables(Source):
         """Parquet files are read into HF's Arrow cache once, here, for map-style reads
         (a large folder takes a while); their footers are checked first."""
         layout = _layout(spec)
-        if layout.kind == "parquet":
+        if layout.kind == "parquet" and not is_remote(spec.data_root):
             progress.stage(
                 f"Reading {len(layout.files)} Parquet files into Hugging Face's Arrow cache "
                 "(for map-style reads; once)"
@@ -148,34 +176,43 @@ class HuggingFaceTables(Source):
         found = ("pil", "tensor")
         if not cuda:
             return found
-        layout = _layout(spec)
+        layout, store = _layout(spec), store_shards.bucket_for(spec)
         try:
-            batch = next(_batches(layout.files[0], [spec.image_column]), [])
-            first = _image_bytes(batch.column(0)[0].as_py(), str(layout.folder)) if batch else b""
-        except (DatasetError, CorruptSampleError, *_read_errors()):
+            blob = store_shards.fetched(store, layout.files[0], WHAT) if store else None
+            batch = next(tf.batches(layout.files[0], [spec.image_column], blob=blob), [])
+            first = _image_bytes(batch.column(0)[0].as_py(), layout.folder) if batch else b""
+        except (DatasetError, CorruptSampleError, *tf.read_errors()):
             return found  # the shard checks or the trials say what is wrong
         return (*found, "device") if first[:3] == b"\xff\xd8\xff" else found
 
     def read_shard(self, spec: Spec, path: str) -> ShardInfo:
-
+        store = store_shards.bucket_for(spec)
+        if store is not None:  # fetched, checked and counted once; kept to hand on
+            facts = tf.RemoteFiles((spec.image_column, spec.label_column), store).learned(path)
+            return ShardInfo(path, facts.rows, facts.bytes)
         size = prewarm([path])
-        _check_file(spec, path)
+        tf.check_file(spec, path)
         try:  # every row read through, a batch at a time
-            rows = sum(len(b) for b in _batches(path, [spec.image_column, spec.label_column]))
-        except _read_errors() as exc:
-            raise _unreadable(path, exc) from None
+            rows = sum(len(b) for b in tf.batches(path, [spec.image_column, spec.label_column]))
+        except tf.read_errors() as exc:
+            raise tf.unreadable(path, exc) from None
         return ShardInfo(path, rows, size)
 
     def build(self, spec: Spec, transfer: str = "float32", decode: str = "pil") -> Dataset:
+        if is_remote(spec.data_root):
+            raise DatasetError(
+                f"hf: {spec.data_root} is in an object store, read as a stream: build it "
+                "with access='stream' (by index would need a local copy of every file)"
+            )
         hf = _datasets()
         layout = _layout(spec)
         columns = [spec.image_column, spec.label_column]
         if layout.kind == "arrow":
-            table = hf.load_from_disk(str(layout.folder))
-            _check_columns(spec, str(layout.folder), table.data.schema)
+            table = hf.load_from_disk(layout.folder)
+            tf.check_columns(spec, str(layout.folder), table.data.schema)
         else:
             for path in layout.files:  # their footers: a file HF cannot read is named
-                _check_file(spec, path)
+                tf.check_file(spec, path)
             table = _converted(hf, spec, layout)
         table = _undecoded(hf, table.select_columns(columns), spec.image_column)
         classes = _classes(table.features, spec.label_column, [table.data.column(columns[1])])
@@ -188,120 +225,50 @@ class HuggingFaceTables(Source):
         layout = _layout(spec)
         shards = shards or list(layout.files)
         columns = (spec.image_column, spec.label_column)
+        decoded = _Named(_decoder(spec, layout, variant.transfer, variant.decode), spec.data_root)
+        common = {"shuffle_buffer": variant.shuffle_buffer, "seed": variant.seed,
+                  "repeat": variant.repeat, "batch_size": variant.batch_size}  # fmt: skip
+        store = store_shards.bucket_for(spec)
+        if store is not None:
+            files = tf.RemoteFiles(columns, store)
+            facts = store_shards.counted(files.learned, shards, remote=True)
+            sizes = [f.rows for f in facts]
+            return ShardStream(
+                shards, sizes, files, decoded, classes=tf.classes_of(facts), **common
+            )
         for path in shards:
-            _check_file(spec, path)
+            tf.check_file(spec, path)
         try:
-            sizes = [_row_count(path) for path in shards]
-        except _read_errors() as exc:
+            sizes = [tf.row_count(path) for path in shards]
+        except tf.read_errors() as exc:
             raise DatasetError(f"hf: a file under {layout.folder} is unreadable: {exc}") from None
         names = getattr(_features(hf, shards[0]).get(spec.label_column), "names", None)
         classes = list(names) if names else _classes(
             None, spec.label_column,
-            [b.column(0) for path in shards for b in _batches(path, [spec.label_column])],
+            [b.column(0) for path in shards for b in tf.batches(path, [spec.label_column])],
         )  # fmt: skip
-        decoded = _Named(_decoder(spec, layout, variant.transfer, variant.decode), spec.data_root)
         return ShardStream(
-            shards, sizes, _TableShards(columns), decoded,
-            shuffle_buffer=variant.shuffle_buffer, seed=variant.seed, repeat=variant.repeat,
-            batch_size=variant.batch_size, classes=classes,
-        )  # fmt: skip
+            shards, sizes, tf.TableShards(columns), decoded, classes=classes, **common
+        )
 
     def describe(self, spec: Spec) -> dict[str, Any]:
         layout = _layout(spec)
-        return {
+        found: dict[str, Any] = {
             "kind": "hf",
             "format": layout.kind,
             "shards": len(layout.files),
             "image_column": spec.image_column,
             "label_column": spec.label_column,
         }
+        store = store_shards.bucket_for(spec)
+        if store is not None:
+            found["store"] = store.describe()
+        return found
 
 
-def _read_errors() -> tuple[type[BaseException], ...]:
-    """What pyarrow raises for a file it cannot read (ArrowInvalid is a ValueError)."""
-    import pyarrow
-
-    return (OSError, ValueError, pyarrow.ArrowException)
-
-
-def _unreadable(path: str, exc: BaseException) -> DatasetError:
-    kind = "a Parquet" if path.endswith(".parquet") else "an Arrow"
-    return DatasetError(
-        f"hf: {path} is truncated or not {kind} file ({last_line(exc)}); rewrite it or leave it out"
-    )
-
-
-def _batches(path: str, columns: list[str], first_row: int = 0) -> Iterator[Any]:
-    """``columns`` of one shard, a record batch at a time (pyarrow), from the Parquet row
-    group holding ``first_row`` on (every batch of an Arrow file: they are mapped, not
-    read, until used)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if path.endswith(".parquet"):
-        with pq.ParquetFile(path) as table:
-            meta, groups, seen = table.metadata, [], 0
-            for group in range(meta.num_row_groups):
-                seen += meta.row_group(group).num_rows
-                if seen > first_row:
-                    groups.append(group)
-            if groups:
-                yield from table.iter_batches(columns=columns, row_groups=groups)
-        return
-    with pa.memory_map(path) as mapped:
-        for batch in pa.ipc.open_stream(mapped):
-            yield batch.select(columns)
-
-
-def _row_count(path: str) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if path.endswith(".parquet"):
-        return int(pq.read_metadata(path).num_rows)
-    with pa.memory_map(path) as mapped:
-        return sum(len(batch) for batch in pa.ipc.open_stream(mapped))
-
-
-def _check_file(spec: Spec, path: str) -> None:
-    """The file's schema (a Parquet file's footer) has the image and label columns."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        if path.endswith(".parquet"):
-            schema = pq.read_schema(path)
-        else:
-            with pa.memory_map(path) as mapped:
-                schema = pa.ipc.open_stream(mapped).schema
-    except _read_errors() as exc:
-        raise _unreadable(path, exc) from None
-    _check_columns(spec, path, schema)
-
-
-def _check_columns(spec: Spec, where: str, schema: Any) -> None:
-    import pyarrow as pa
-
-    def image(kind: Any) -> bool:
-        if pa.types.is_struct(kind):
-            return {"bytes", "path"} & {kind.field(i).name for i in range(kind.num_fields)} != set()
-        return any(is_(kind) for is_ in (pa.types.is_binary, pa.types.is_large_binary,
-                                         pa.types.is_string, pa.types.is_large_string))  # fmt: skip
-
-    for column, role, fits, holds in (
-        (spec.image_column, "image", image, "an image (bytes or a path)"),
-        (spec.label_column, "label", pa.types.is_integer, "class indices (integers)"),
-    ):
-        if column not in schema.names:
-            raise DatasetError(
-                f"hf: {where} has no column {column!r} (it has {', '.join(schema.names)}); "
-                f"name the {role} column with --{role}-column"
-            )
-        if not fits(schema.field(column).type):
-            raise DatasetError(
-                f"hf: column {column!r} of {where} holds {schema.field(column).type}, not "
-                f"{holds}; name the {role} column with --{role}-column"
-            )
+def _in_store(spec: Spec) -> tuple[str, ...]:
+    """The Parquet files a store's prefix or pattern names."""
+    return store_shards.named_for(spec, ".parquet", WHAT, EXAMPLE)
 
 
 def _converted(hf: Any, spec: Spec, layout: _Layout) -> Any:
@@ -426,7 +393,7 @@ def _row_in_files(files: tuple[str, ...], index: int) -> str:
     """Which file and row a row of the whole table is (its files hold it in order)."""
     start = 0
     for path in files:
-        rows = _row_count(path)
+        rows = tf.row_count(path)
         if index < start + rows:
             return f"{path}, row {index - start}"
         start += rows
@@ -440,48 +407,6 @@ def _features(hf: Any, path: str) -> Any:
     if path.endswith(".parquet"):
         return hf.Features.from_arrow_schema(pq.read_schema(path))
     return hf.Dataset.from_file(path).features
-
-
-@dataclass(frozen=True)
-class _TableShards:
-    """Reads rows of Arrow (``save_to_disk``) and Parquet files as dicts of ``columns``,
-    plus the file and row (``__url__``, ``__row__``); picklable, for spawned workers."""
-
-    columns: tuple[str, ...]
-
-    def count(self, path: str) -> int:
-        return _row_count(path)
-
-    def ray_reader(self, paths: Sequence[str]) -> str | None:
-        """``read_parquet`` for Parquet files; Ray has no reader of HF's Arrow files."""
-        return "parquet" if all(p.endswith(".parquet") for p in paths) else None
-
-    def read(self, path: str, start: int, stop: int) -> Iterator[dict[str, Any]]:
-        offset = _skipped(path, start)
-        for batch in _batches(path, list(self.columns), first_row=start):
-            low, high = max(start, offset), min(stop, offset + len(batch))
-            if low < high:
-                rows = batch.slice(low - offset, high - low).to_pylist()
-                for row_number, row in enumerate(rows, low):
-                    yield {**row, "__url__": path, "__row__": row_number}
-            offset += len(batch)
-            if offset >= stop:
-                return
-
-
-def _skipped(path: str, start: int) -> int:
-    """Rows of the Parquet row groups wholly before row ``start`` (they are not read)."""
-    if not path.endswith(".parquet"):
-        return 0
-    import pyarrow.parquet as pq
-
-    meta, skipped = pq.read_metadata(path), 0
-    for group in range(meta.num_row_groups):
-        rows = meta.row_group(group).num_rows
-        if skipped + rows > start:
-            break
-        skipped += rows
-    return skipped
 
 
 @dataclass(frozen=True)

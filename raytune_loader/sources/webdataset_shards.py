@@ -26,16 +26,13 @@ A brace pattern is expanded without a request; a prefix is listed once per proce
 
 from __future__ import annotations
 
-import collections
 import glob
 import io
 import itertools
 import os
 import re
 import tarfile
-import threading
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,32 +42,19 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
 from raytune_loader.loaders.shard_stream import ShardStream, StreamVariant
 from raytune_loader.pipeline.transforms import worker_image
+from raytune_loader.sources import store_shards
 from raytune_loader.sources.base import ShardInfo, Source, Spec
-from raytune_loader.stores.store import Store, StoreOptions
-from raytune_loader.stores.url import StoreUrl, is_remote, parse
+from raytune_loader.sources.store_shards import COUNTED, ShardListing
+from raytune_loader.stores.store import Store
+from raytune_loader.stores.url import is_remote
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEY = "cls"
 INSTALL = "pip install webdataset"
-_LISTED: dict[tuple[str, StoreOptions], tuple[str, ...]] = {}  # this process's prefixes
-_COUNTED: dict[str, int] = {}  # a store's shard URL -> its samples, counted in this process
+WHAT = "webdataset"  # the format, as messages name it
+EXAMPLE = "shards-{0000..0127}.tar"
 
-
-@dataclass(frozen=True)
-class ShardListing:
-    """What the search's driver learned of shards in a store (their URLs, the samples of
-    those it counted), handed to the trials' processes in the job so that they list and
-    count nothing again (a count is a whole shard's GET)."""
-
-    root: str
-    options: StoreOptions
-    shards: tuple[str, ...]
-    counted: tuple[tuple[str, int], ...]
-
-    def adopt(self) -> None:
-        """Take it as this process's own."""
-        _LISTED[(self.root, self.options)] = self.shards
-        _COUNTED.update(self.counted)
+__all__ = ["SOURCE", "ShardListing", "WebDatasetShards"]
 
 
 def _webdataset() -> Any:
@@ -118,7 +102,7 @@ class WebDatasetShards(Source):
             )
         root = spec.data_root
         if is_remote(root):
-            return list(_remote_shards(root, StoreOptions.from_pairs(spec.storage_options)))
+            return list(_remote_shards(spec))
         if Path(root).is_dir():
             found = sorted(glob.glob(os.path.join(root, "*.tar")))
         else:
@@ -131,10 +115,7 @@ class WebDatasetShards(Source):
         """For shards in a store: what this process listed and counted, to hand on."""
         if not is_remote(spec.data_root):
             return None
-        options = StoreOptions.from_pairs(spec.storage_options)
-        shards = _remote_shards(str(spec.data_root), options)
-        counted = tuple((url, _COUNTED[url]) for url in shards if url in _COUNTED)
-        return ShardListing(str(spec.data_root), options, shards, counted)
+        return store_shards.listing_for(spec, _remote_shards(spec))
 
     def decoders(self, spec: Spec, cuda: bool) -> tuple[str, ...]:
         found = ("pil", "tensor")
@@ -147,7 +128,7 @@ class WebDatasetShards(Source):
         samples: dict[str, set[str]] = {}
         member = "its first member"
         store = _store(spec)
-        blob = _fetched(store, path) if store is not None else None
+        blob = store_shards.fetched(store, path, WHAT) if store is not None else None
         try:
             with _tar(path, blob, stream=True) as tar:
                 for entry in tar:
@@ -171,7 +152,7 @@ class WebDatasetShards(Source):
                 )
         if blob is None:
             return ShardInfo(path, len(samples), Path(path).stat().st_size)
-        _COUNTED[path] = len(samples)
+        COUNTED[path] = len(samples)
         return ShardInfo(path, len(samples), len(blob))
 
     def build_stream(
@@ -184,7 +165,7 @@ class WebDatasetShards(Source):
         reader = _TarShards(_store(spec))
         collate = collate_encoded if variant.decode == "device" else default_collate
         return ShardStream(
-            shards, _counted(reader, shards), reader,
+            shards, store_shards.counted(reader.count, shards, reader.store is not None), reader,
             _Decoded(variant.transfer, variant.decode), shuffle_buffer=variant.shuffle_buffer,
             seed=variant.seed, repeat=variant.repeat, batch_size=variant.batch_size,
             collate=collate,
@@ -198,62 +179,12 @@ class WebDatasetShards(Source):
         return found
 
 
-COUNT_THREADS = 16  # a store's shards counted at once (a whole shard's GET each)
-
-
-def _counted(reader: _TarShards, shards: list[str]) -> list[int]:
-    """Each shard's samples: read from disk one after another, fetched from a store
-    :data:`COUNT_THREADS` at once (unless counted already, by this process or the one
-    whose listing it took)."""
-    if reader.store is None or len(shards) < 2:
-        return [reader.count(path) for path in shards]
-    with ThreadPoolExecutor(COUNT_THREADS, "raytune-count") as pool:
-        return list(pool.map(reader.count, shards))
-
-
 def _store(spec: Spec) -> Store | None:
-    """The bucket the shards are in (a Store at its root), or None for local shards."""
-    if not is_remote(spec.data_root):
-        return None
-    url = parse(str(spec.data_root).split("{", 1)[0])
-    return Store(StoreUrl(url.scheme, url.bucket), StoreOptions.from_pairs(spec.storage_options))
+    return store_shards.bucket_for(spec)
 
 
-def _remote_shards(root: str, options: StoreOptions) -> tuple[str, ...]:
-    """The shard URLs ``root`` names: a brace pattern expanded (no request: a shard that
-    is not there is named when it is counted), or the ``.tar`` objects under a prefix,
-    listed once in this process."""
-    if (root, options) in _LISTED:
-        return _LISTED[(root, options)]
-    if "{" in root:
-        found = tuple(_webdataset().shardlists.expand_urls(root))
-        buckets = {parse(url).bucket for url in found}
-        if len(buckets) > 1:
-            raise DatasetError(f"webdataset: {root} names shards in {len(buckets)} buckets; "
-                               "keep them in one")  # fmt: skip
-    else:
-        url = parse(root)
-        store = Store(url, options)
-        store.check()
-        found = tuple(url.of(key) for key, _ in store.list() if key.endswith(".tar"))
-        if not found:
-            raise DatasetError(
-                f"webdataset: {root} holds no .tar object: put the shards there, or name "
-                "them with a pattern like shards-{0000..0127}.tar"
-            )
-    _LISTED[(root, options)] = found
-    return found
-
-
-def _fetched(store: Store, url: str) -> bytes:
-    """The shard at ``url``, one GET (retried and counted by the store); a DatasetError
-    naming it where it is not there."""
-    try:
-        return store.get(parse(url).prefix)
-    except CorruptSampleError:  # listed, or named by the pattern, but not there
-        raise DatasetError(
-            f"webdataset: shard {url} does not exist; check the pattern or the prefix"
-        ) from None
+def _remote_shards(spec: Spec) -> tuple[str, ...]:
+    return store_shards.named_for(spec, ".tar", WHAT, EXAMPLE)
 
 
 def _tar(path: str, blob: bytes | None, stream: bool = False) -> tarfile.TarFile:
@@ -279,16 +210,16 @@ class _TarShards:
     def count(self, path: str) -> int:
         if self.store is None:
             return sum(1 for _ in _keyed(path, read=False))
-        if path not in _COUNTED:  # counted by the driver, and handed on, or counted here
-            blob = _fetched(self.store, path)
-            _COUNTED[path] = sum(1 for _ in _keyed(path, read=False, blob=blob))
-        return _COUNTED[path]
+        if path not in COUNTED:  # counted by the driver, and handed on, or counted here
+            blob = store_shards.fetched(self.store, path, WHAT)
+            COUNTED[path] = sum(1 for _ in _keyed(path, read=False, blob=blob))
+        return int(COUNTED[path])
 
     def read(
         self, path: str, start: int, stop: int, blob: bytes | None = None
     ) -> Iterator[dict[str, Any]]:
         if blob is None and self.store is not None:
-            blob = _fetched(self.store, path)
+            blob = store_shards.fetched(self.store, path, WHAT)
         yield from itertools.islice(_keyed(path, read=True, first=start, blob=blob), stop - start)
 
     def reads(self, wanted: Iterable[tuple[str, int, int]], ahead: int) -> Iterator[Any]:
@@ -298,43 +229,10 @@ class _TarShards:
         if self.store is None or ahead <= 1:
             yield from (s for path, start, stop in wanted for s in self.read(path, start, stop))
             return
-        store, pool = self.store, _pool(ahead)
-        spans = iter(wanted)
-        waiting: collections.deque[Any] = collections.deque()
-        for span in itertools.islice(spans, ahead):
-            waiting.append((span, pool.submit(_fetched, store, span[0])))
-        while waiting:
-            (path, start, stop), blob = waiting.popleft()
-            fetched = blob.result()
-            for span in itertools.islice(spans, 1):
-                waiting.append((span, pool.submit(_fetched, store, span[0])))
-            yield from self.read(path, start, stop, fetched)
+        yield from store_shards.read_ahead(self.read, self.store, wanted, ahead, WHAT)
 
     def ray_reader(self, paths: Sequence[str]) -> str | None:
         return "webdataset"  # ray.data.read_webdataset groups members by webdataset's rule
-
-
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (pid, threads): this process's
-_POOLS_LOCK = threading.Lock()
-
-
-def _forked() -> None:
-    """A forked child: the parent's fetch threads did not come with it, nor may its lock."""
-    global _POOLS_LOCK
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """This process's pool of ``threads`` fetch threads (a forked worker makes its own)."""
-    with _POOLS_LOCK:
-        key = (os.getpid(), threads)
-        if key not in _POOLS:
-            _POOLS[key] = ThreadPoolExecutor(threads, "raytune-shards")
-        return _POOLS[key]
 
 
 def _keyed(
@@ -385,7 +283,7 @@ def _split(name: str) -> tuple[str, str, str]:
 
 
 def _first_image(path: str, store: Store | None) -> bytes:
-    blob = _fetched(store, path) if store is not None else None
+    blob = store_shards.fetched(store, path, WHAT) if store is not None else None
     with _tar(path, blob, stream=True) as tar:
         for entry in tar:
             if entry.isfile() and _split(entry.name)[2] in IMAGE_KEYS:

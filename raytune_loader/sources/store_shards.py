@@ -1,0 +1,200 @@
+"""Shards that are objects of a store: named once, counted once, fetched whole, read ahead.
+
+What the shard formats (:mod:`~raytune_loader.sources.webdataset_shards`' tar files,
+:mod:`~raytune_loader.sources.hf_tables`' Parquet files) share when their files live in
+a bucket. A brace pattern (``s3://bucket/shards-{0000..0127}.tar``) is expanded without
+a request; a prefix is listed once in a process, for the objects of one suffix. Each
+shard is one GET of the whole object through :class:`~raytune_loader.stores.store.Store`
+(retried and counted there), and what reading it taught (its samples) is kept, so that
+the driver counts a shard once and hands its counts to the trials' processes
+(:class:`ShardListing`). A worker's reads keep ``ahead`` shards in flight while the
+current one is decoded (:func:`read_ahead`): the read-ahead that hides a store's
+latency.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raytune_loader.errors import CorruptSampleError, DatasetError
+from raytune_loader.stores.store import Store, StoreOptions
+from raytune_loader.stores.url import StoreUrl, is_remote, parse
+
+if TYPE_CHECKING:
+    from raytune_loader.sources.base import Spec
+
+COUNT_THREADS = 16  # a store's shards counted at once (a whole shard's GET each)
+LISTED: dict[tuple[str, StoreOptions], tuple[str, ...]] = {}  # this process's listings
+COUNTED: dict[str, Any] = {}  # a shard's URL -> what reading it once taught (its samples)
+
+
+@dataclass(frozen=True)
+class ShardListing:
+    """What the search's driver learned of shards in a store (their URLs, what it counted
+    of them), handed to the trials' processes in the job so that they list and count
+    nothing again (a count is a whole shard's GET)."""
+
+    root: str
+    options: StoreOptions
+    shards: tuple[str, ...]
+    counted: tuple[tuple[str, Any], ...]
+
+    def adopt(self) -> None:
+        """Take it as this process's own."""
+        LISTED[(self.root, self.options)] = self.shards
+        COUNTED.update(self.counted)
+
+
+def listing_for(spec: Spec, shards: Sequence[str]) -> ShardListing:
+    """What this process listed of ``spec``'s data root and counted of its ``shards``,
+    to hand on."""
+    counted = tuple((url, COUNTED[url]) for url in shards if url in COUNTED)
+    return ShardListing(str(spec.data_root), _options(spec), tuple(shards), counted)
+
+
+def bucket_for(spec: Spec) -> Store | None:
+    """The bucket ``spec``'s shards are in, or None for shards on disk."""
+    return bucket_of(spec.data_root, _options(spec))
+
+
+def named_for(spec: Spec, suffix: str, what: str, example: str) -> tuple[str, ...]:
+    """The shard URLs ``spec``'s data root names (:func:`named_shards`)."""
+    return named_shards(str(spec.data_root), _options(spec), suffix, what, example)
+
+
+def _options(spec: Spec) -> StoreOptions:
+    return StoreOptions.from_pairs(spec.storage_options)
+
+
+def bucket_of(root: object, options: StoreOptions) -> Store | None:
+    """The bucket a remote ``root`` (a prefix or a brace pattern) is in, as a Store at its
+    root; None for a local path."""
+    if not is_remote(root):
+        return None
+    url = parse(str(root).split("{", 1)[0])
+    return Store(StoreUrl(url.scheme, url.bucket), options)
+
+
+def named_shards(
+    root: str, options: StoreOptions, suffix: str, what: str, example: str
+) -> tuple[str, ...]:
+    """The shard URLs ``root`` names: a brace pattern expanded (no request: a shard that
+    is not there is named when it is fetched), or the ``suffix`` objects under a prefix,
+    listed once in this process. ``what`` names the format in messages; ``example`` is a
+    pattern of it."""
+    if (root, options) in LISTED:
+        return LISTED[(root, options)]
+    if "{" in root:
+        found = tuple(expand_braces(root))
+        buckets = {parse(url).bucket for url in found}
+        if len(buckets) > 1:
+            raise DatasetError(f"{what}: {root} names shards in {len(buckets)} buckets; "
+                               "keep them in one")  # fmt: skip
+    else:
+        url = parse(root)
+        store = Store(url, options)
+        store.check()
+        found = tuple(url.of(key) for key, _ in store.list() if key.endswith(suffix))
+        if not found:
+            raise DatasetError(
+                f"{what}: {root} holds no {suffix} object: put the files there, or name "
+                f"them with a pattern like {example}"
+            )
+    LISTED[(root, options)] = found
+    return found
+
+
+_BRACES = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """A shell-style brace pattern's names, as webdataset and ``braceexpand`` expand
+    them: ``{0000..0003}`` a zero-padded range, ``{a,b}`` each choice, left to right."""
+    found = _BRACES.search(pattern)
+    if found is None:
+        return [pattern]
+    head, tail, inner = pattern[: found.start()], pattern[found.end() :], found.group(1)
+    ranged = _RANGE.match(inner)
+    if ranged:
+        low, high = ranged.groups()
+        width = len(low) if low.lstrip("-").startswith("0") else 0
+        step = 1 if int(high) >= int(low) else -1
+        choices = [str(n).zfill(width) for n in range(int(low), int(high) + step, step)]
+    else:
+        choices = inner.split(",")
+    return [name for choice in choices for name in expand_braces(head + choice + tail)]
+
+
+def fetched(store: Store, url: str, what: str) -> bytes:
+    """The shard at ``url``, one GET (retried and counted by the store); a DatasetError
+    naming it where it is not there."""
+    try:
+        return store.get(parse(url).prefix)
+    except CorruptSampleError:  # listed, or named by the pattern, but not there
+        raise DatasetError(
+            f"{what}: shard {url} does not exist; check the pattern or the prefix"
+        ) from None
+
+
+def counted(count: Callable[[str], Any], shards: Sequence[str], remote: bool) -> list[Any]:
+    """``count`` of each shard: one after another from disk, :data:`COUNT_THREADS` at once
+    from a store (each a whole shard's GET, unless counted already)."""
+    if not remote or len(shards) < 2:
+        return [count(path) for path in shards]
+    with ThreadPoolExecutor(COUNT_THREADS, "raytune-count") as pool:
+        return list(pool.map(count, shards))
+
+
+def read_ahead(
+    read: Callable[[str, int, int, bytes], Iterator[Any]],
+    store: Store,
+    wanted: Iterable[tuple[str, int, int]],
+    ahead: int,
+    what: str,
+) -> Iterator[Any]:
+    """The samples of the ``wanted`` spans (shard, start, stop; a list, or a run without
+    end) in order, read by ``read(path, start, stop, blob)``, ``ahead`` shards fetched at
+    once while the first of them is read."""
+    pool = _pool(ahead)
+    spans = iter(wanted)
+    waiting: collections.deque[Any] = collections.deque()
+    for span in itertools.islice(spans, ahead):
+        waiting.append((span, pool.submit(fetched, store, span[0], what)))
+    while waiting:
+        (path, start, stop), blob = waiting.popleft()
+        got = blob.result()
+        for span in itertools.islice(spans, 1):
+            waiting.append((span, pool.submit(fetched, store, span[0], what)))
+        yield from read(path, start, stop, got)
+
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (pid, threads): this process's
+_POOLS_LOCK = threading.Lock()
+
+
+def _forked() -> None:
+    """A forked child: the parent's fetch threads did not come with it, nor may its lock."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """This process's pool of ``threads`` fetch threads (a forked worker makes its own)."""
+    with _POOLS_LOCK:
+        key = (os.getpid(), threads)
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(threads, "raytune-shards")
+        return _POOLS[key]

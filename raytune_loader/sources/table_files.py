@@ -1,0 +1,259 @@
+"""The files of a Hugging Face table as pyarrow reads them: Arrow (``save_to_disk``) and
+Parquet files, on disk or fetched from a store.
+
+:class:`TableShards` reads a file's rows a record batch at a time (a Parquet file's row
+groups before a span skipped); :class:`RemoteFiles` reads Parquet files that are
+objects of a store, each fetched whole, ``ahead`` of the one being read, and learns each
+file once (rows, the largest label, a ``ClassLabel``'s names from its schema), what
+the driver hands to the trials. No Hugging Face import here: the ``datasets`` package
+is :mod:`~raytune_loader.sources.hf_tables`' business.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from raytune_loader.errors import DatasetError, last_line
+from raytune_loader.sources import store_shards
+from raytune_loader.sources.store_shards import COUNTED
+from raytune_loader.stores.store import Store
+
+if TYPE_CHECKING:
+    from raytune_loader.sources.base import Spec
+
+WHAT = "hf"  # the format, as messages name it
+
+
+def opened(path: str, blob: bytes | None) -> Any:
+    """What pyarrow reads: the file at ``path``, or its bytes fetched from a store."""
+    import pyarrow as pa
+
+    return path if blob is None else pa.BufferReader(blob)
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What pyarrow raises for a file it cannot read (ArrowInvalid is a ValueError)."""
+    import pyarrow
+
+    return (OSError, ValueError, pyarrow.ArrowException)
+
+
+def unreadable(path: str, exc: BaseException) -> DatasetError:
+    """The one-line error for a file pyarrow could not read, naming it."""
+    kind = "a Parquet" if path.endswith(".parquet") else "an Arrow"
+    return DatasetError(
+        f"hf: {path} is truncated or not {kind} file ({last_line(exc)}); rewrite it or leave it out"
+    )
+
+
+def batches(
+    path: str, columns: list[str], first_row: int = 0, blob: bytes | None = None
+) -> Iterator[Any]:
+    """``columns`` of one shard, a record batch at a time (pyarrow), from the Parquet row
+    group holding ``first_row`` on (every batch of an Arrow file: they are mapped, not
+    read, until used)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        with pq.ParquetFile(opened(path, blob)) as table:
+            meta, groups, seen = table.metadata, [], 0
+            for group in range(meta.num_row_groups):
+                seen += meta.row_group(group).num_rows
+                if seen > first_row:
+                    groups.append(group)
+            if groups:
+                yield from table.iter_batches(columns=columns, row_groups=groups)
+        return
+    with pa.memory_map(path) as mapped:
+        for batch in pa.ipc.open_stream(mapped):
+            yield batch.select(columns)
+
+
+def row_count(path: str) -> int:
+    """A local file's rows (a Parquet file's from its footer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        return int(pq.read_metadata(path).num_rows)
+    with pa.memory_map(path) as mapped:
+        return sum(len(batch) for batch in pa.ipc.open_stream(mapped))
+
+
+def check_file(spec: Columns | Spec, path: str, blob: bytes | None = None) -> Any:
+    """The file's schema (a Parquet file's footer), which has the image and label columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.endswith(".parquet"):
+            schema = pq.read_schema(opened(path, blob))
+        else:
+            with pa.memory_map(path) as mapped:
+                schema = pa.ipc.open_stream(mapped).schema
+    except read_errors() as exc:
+        raise unreadable(path, exc) from None
+    check_columns(spec, path, schema)
+    return schema
+
+
+def check_columns(spec: Columns | Spec, where: str, schema: Any) -> None:
+    """That ``schema`` has the image and label columns, of types they can hold; a
+    DatasetError naming the option that names the column otherwise."""
+    import pyarrow as pa
+
+    def image(kind: Any) -> bool:
+        if pa.types.is_struct(kind):
+            return {"bytes", "path"} & {kind.field(i).name for i in range(kind.num_fields)} != set()
+        return any(is_(kind) for is_ in (pa.types.is_binary, pa.types.is_large_binary,
+                                         pa.types.is_string, pa.types.is_large_string))  # fmt: skip
+
+    for column, role, fits, holds in (
+        (spec.image_column, "image", image, "an image (bytes or a path)"),
+        (spec.label_column, "label", pa.types.is_integer, "class indices (integers)"),
+    ):
+        if column not in schema.names:
+            raise DatasetError(
+                f"hf: {where} has no column {column!r} (it has {', '.join(schema.names)}); "
+                f"name the {role} column with --{role}-column"
+            )
+        if not fits(schema.field(column).type):
+            raise DatasetError(
+                f"hf: column {column!r} of {where} holds {schema.field(column).type}, not "
+                f"{holds}; name the {role} column with --{role}-column"
+            )
+
+
+@dataclass(frozen=True)
+class TableShards:
+    """Reads rows of Arrow (``save_to_disk``) and Parquet files as dicts of ``columns``,
+    plus the file and row (``__url__``, ``__row__``); picklable, for spawned workers."""
+
+    columns: tuple[str, ...]
+
+    def count(self, path: str) -> int:
+        """The file's rows."""
+        return row_count(path)
+
+    def ray_reader(self, paths: Sequence[str]) -> str | None:
+        """``read_parquet`` for Parquet files; Ray has no reader of HF's Arrow files."""
+        return "parquet" if all(p.endswith(".parquet") for p in paths) else None
+
+    def read(
+        self, path: str, start: int, stop: int, blob: bytes | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Rows ``start`` to ``stop`` (excluded) of the file at ``path`` (or of its bytes,
+        ``blob``, fetched from a store)."""
+        offset = skipped(path, start, blob)
+        for batch in batches(path, list(self.columns), first_row=start, blob=blob):
+            low, high = max(start, offset), min(stop, offset + len(batch))
+            if low < high:
+                rows = batch.slice(low - offset, high - low).to_pylist()
+                for row_number, row in enumerate(rows, low):
+                    yield {**row, "__url__": path, "__row__": row_number}
+            offset += len(batch)
+            if offset >= stop:
+                return
+
+
+def skipped(path: str, start: int, blob: bytes | None = None) -> int:
+    """Rows of the Parquet row groups wholly before row ``start`` (they are not read)."""
+    if not path.endswith(".parquet"):
+        return 0
+    import pyarrow.parquet as pq
+
+    meta, skipped = pq.read_metadata(opened(path, blob)), 0
+    for group in range(meta.num_row_groups):
+        rows = meta.row_group(group).num_rows
+        if skipped + rows > start:
+            break
+        skipped += rows
+    return skipped
+
+
+class Facts(NamedTuple):
+    """What reading a file in a store once taught: its rows, bytes, largest label and
+    its ClassLabel's names (None where the schema has none)."""
+
+    rows: int
+    bytes: int
+    top_label: int
+    names: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class RemoteFiles(TableShards):
+    """Parquet files in a store: each fetched whole (one GET) for its spans, ``ahead``
+    files in flight (:func:`~raytune_loader.sources.store_shards.read_ahead`)."""
+
+    store: Store | None = None
+
+    def learned(self, url: str) -> Facts:
+        """The file's facts: read once in this process (a GET, its footer checked and its
+        labels read through), or handed on by the driver's listing."""
+        if url not in COUNTED:
+            import pyarrow.compute as pc
+
+            assert self.store is not None
+            blob = store_shards.fetched(self.store, url, WHAT)
+            image, label = self.columns
+            schema = check_file(Columns(image, label), url, blob)
+            try:
+                labels = [b.column(0) for b in batches(url, [label], blob=blob)]
+            except read_errors() as exc:
+                raise unreadable(url, exc) from None
+            top = max((pc.max(values).as_py() or 0 for values in labels), default=0)
+            names = label_names(schema, label)
+            COUNTED[url] = Facts(sum(len(v) for v in labels), len(blob), top, names)
+        return COUNTED[url]  # type: ignore[no-any-return]
+
+    def count(self, path: str) -> int:
+        return self.learned(path).rows
+
+    def ray_reader(self, paths: Sequence[str]) -> str | None:
+        return None  # read by the DataLoader candidates only
+
+    def reads(self, wanted: Any, ahead: int) -> Iterator[dict[str, Any]]:
+        """The rows of ``wanted`` spans in order, ``ahead`` files fetched at once."""
+        assert self.store is not None
+        yield from store_shards.read_ahead(self.read, self.store, wanted, max(1, ahead), WHAT)
+
+    def read(
+        self, path: str, start: int, stop: int, blob: bytes | None = None
+    ) -> Iterator[dict[str, Any]]:
+        if blob is None:
+            assert self.store is not None
+            blob = store_shards.fetched(self.store, path, WHAT)
+        yield from super().read(path, start, stop, blob)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The columns a file is checked for (the part of a Spec :func:`check_columns` reads)."""
+
+    image_column: str
+    label_column: str
+
+
+def label_names(schema: Any, column: str) -> tuple[str, ...] | None:
+    """A ClassLabel's names, as HF records its features in a Parquet file's schema (the
+    ``huggingface`` metadata ``Dataset.to_parquet`` writes); None where it records none."""
+    try:
+        features = json.loads((schema.metadata or {})[b"huggingface"])["info"]["features"]
+        names = features[column]["names"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return tuple(str(n) for n in names) if isinstance(names, list) and names else None
+
+
+def classes_of(facts: Sequence[Facts]) -> list[str]:
+    """The classes of files in a store: a ClassLabel's names, else one class per index up
+    to the largest label read (as :func:`_classes` makes them of local files)."""
+    named = next((f.names for f in facts if f.names), None)
+    if named:
+        return list(named)
+    return [str(i) for i in range(max((f.top_label for f in facts), default=0) + 1)]

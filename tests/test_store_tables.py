@@ -1,0 +1,185 @@
+"""Parquet files in an object store (``--dataset hf --data-root s3://…``): a real S3 API
+on loopback (moto behind the tests' proxy, tests/s3_for_tests.py). A prefix and a
+pattern name the same files; a stream reads the rows the local files give, a GET a
+file; read-ahead puts files in flight together; what the driver learned is handed on;
+a broken file is named in one line; by index is refused, in one line."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from s3_for_tests import S3Server, environment
+
+from conftest import Tables
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.errors import DatasetError
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.loaders.shard_stream import StreamVariant
+from raytune_loader.sources import hf_tables, store_shards
+from raytune_loader.sources.datasets import DatasetSpec, adopt_listing
+from raytune_loader.stores.store import count_requests
+
+pytest.importorskip("moto")
+pytest.importorskip("datasets")
+
+BUCKET = "tables-bucket"
+PREFIX = f"s3://{BUCKET}/hf"
+SOURCE = hf_tables.SOURCE
+RAW = StreamVariant(transfer="uint8", decode="device", shuffle_buffer=0)  # encoded bytes
+
+
+@pytest.fixture(scope="module")
+def server(tables: Tables) -> Iterator[S3Server]:
+    """The S3 server holding the table's 3 Parquet files (32 rows each) under ``hf/``."""
+    with S3Server() as found:
+        found.upload_folder(tables.parquet, BUCKET, "hf")
+        with environment(found.env()):
+            yield found
+
+
+@pytest.fixture(autouse=True)
+def _fresh(server: S3Server) -> None:
+    server.reset()
+
+
+def _read(samples: object) -> Counter[tuple[bytes, int]]:
+    return Counter((bytes(image.numpy()), label) for image, label in samples)  # type: ignore[attr-defined]
+
+
+def _spec(root: str = PREFIX) -> DatasetSpec:
+    return DatasetSpec("hf", root)
+
+
+def test_a_bucket_s_files_stream_the_rows_of_the_local_files_a_get_a_file(
+    server: S3Server, tables: Tables
+) -> None:
+    spec = _spec()
+    urls = [f"{PREFIX}/part-{i}.parquet" for i in range(3)]
+    assert SOURCE.shards(spec) == urls  # the prefix, listed
+    requests = server.proxy.requests
+    assert SOURCE.shards(_spec(f"{PREFIX}/part-{{0..2}}.parquet")) == urls  # no request
+    assert server.proxy.requests == requests
+    assert SOURCE.accesses(spec) == ("stream",)  # by index would copy every file here
+    assert SOURCE.fetches(spec) and not SOURCE.ray_data_reads(spec)
+    gets = server.proxy.gets
+    stream = SOURCE.build_stream(spec, [], RAW)
+    assert server.proxy.gets - gets == 3  # each file read once to count and check it
+    assert stream.sizes == (32, 32, 32)  # type: ignore[attr-defined]
+    assert stream.classes == tables.classes  # the ClassLabel's names, from the schema
+    counts = count_requests(stream)
+    assert counts is not None, "the stream's store is where a measurement counts"
+    before = counts.totals()["requests"]
+    assert _read(stream) == tables.samples  # every row once, as the local files hold it
+    assert counts.totals()["requests"] - before == 3  # a file's rows: one GET
+    described = SOURCE.describe(spec)
+    assert described["store"]["bucket"] == BUCKET and described["shards"] == 3
+    with pytest.raises(DatasetError, match="read as a stream") as refused:
+        SOURCE.build(spec)
+    assert "\n" not in str(refused.value)
+
+
+def test_read_ahead_puts_a_worker_s_files_in_flight_together(server: S3Server) -> None:
+    spec = _spec()
+    stream = SOURCE.build_stream(spec, [], replace(RAW, decode="tensor"))
+    server.proxy.ttfb_s = 0.05
+    peaks = {}
+    for ahead in (1, 2):
+        server.proxy.peak_in_flight = 0
+        config = LoaderConfig.from_dict(
+            {"num_workers": 0, "fetch_threads": ahead, "access": "stream"}, batch_size=8
+        )
+        loader = build_dataloader(stream, config, seed=0, drop_last=False)
+        assert len(torch.cat([labels for _, labels in loader])) == 96
+        peaks[ahead] = server.proxy.peak_in_flight
+    assert peaks == {1: 1, 2: 2}
+
+
+def test_a_trial_s_process_takes_what_the_driver_learned_of_the_files(
+    server: S3Server, tables: Tables
+) -> None:
+    """No listing and no file fetched to count it or to find its classes: the driver's
+    reading of each file (rows, labels, ClassLabel names) is handed on in the job."""
+    spec = _spec()
+    infos = [SOURCE.read_shard(spec, url) for url in SOURCE.shards(spec)]  # the driver
+    assert [i.samples for i in infos] == [32, 32, 32]
+    sizes = {p.name: p.stat().st_size for p in tables.parquet.iterdir()}
+    assert [i.bytes for i in infos] == [sizes[f"part-{n}.parquet"] for n in range(3)]
+    handed = pickle.loads(pickle.dumps(SOURCE.listed(spec)))  # in the job, to a trial
+    store_shards.LISTED.clear()  # as in the trial's own process
+    store_shards.COUNTED.clear()
+    requests = server.proxy.requests
+    adopt_listing(spec, handed)
+    stream = SOURCE.build_stream(spec, [], RAW)
+    assert server.proxy.requests == requests
+    assert stream.classes == tables.classes  # type: ignore[attr-defined]
+
+
+def test_a_broken_file_or_a_missing_column_is_named_in_one_line(
+    server: S3Server, tables: Tables
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    client = server.client()
+    client.put_object(Bucket=BUCKET, Key="broken/part-0.parquet", Body=b"PAR1 not a table")
+    spec = _spec(f"s3://{BUCKET}/broken")
+    with pytest.raises(DatasetError, match=r"broken/part-0.parquet is truncated or not a Parquet"):
+        SOURCE.read_shard(spec, SOURCE.shards(spec)[0])
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"img": [b"x"], "label": [0]}), sink)
+    table = sink.getvalue().to_pybytes()
+    client.put_object(Bucket=BUCKET, Key="renamed/part-0.parquet", Body=table)
+    spec = _spec(f"s3://{BUCKET}/renamed")
+    with pytest.raises(DatasetError, match="has no column 'image' .*--image-column"):
+        SOURCE.read_shard(spec, SOURCE.shards(spec)[0])
+    with pytest.raises(DatasetError, match=f"{PREFIX}/part-7.parquet does not exist"):
+        SOURCE.read_shard(spec, f"{PREFIX}/part-7.parquet")
+    client.put_object(Bucket=BUCKET, Key="texts/readme.txt", Body=b"no table")
+    with pytest.raises(DatasetError, match=f"s3://{BUCKET}/texts holds no .parquet object"):
+        SOURCE.shards(replace(spec, data_root=f"s3://{BUCKET}/texts"))
+
+
+@pytest.mark.slow
+def test_a_search_over_parquet_in_s3_reads_a_stream_and_training_reads_every_row(
+    server: S3Server, tables: Tables, tmp_path: Path
+) -> None:
+    """The command line on a bucket's Parquet files 30 ms from their first byte: every
+    trial streams them (a GET a file's span, not a row), read-ahead is searched,
+    best_config.json records the store, and the tuned loader reads every row once."""
+    import csv
+    import json
+
+    from conftest import TINY_SEARCH, ray_processes, run_cli
+    from raytune_loader import load_best_config
+
+    before, server.proxy.ttfb_s = ray_processes(), 0.03
+    args = [a for a in TINY_SEARCH if a not in ("--dataset", "synthetic-imagenet",
+                                                "--synthetic-images", "96")]  # fmt: skip
+    result = run_cli(
+        *args, "--dataset", "hf", "--data-root", PREFIX, "--num-samples", "4",
+        "--verify-repeats", "1", "--samples-per-trial", "48", "--shuffle-buffer", "0",
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "out" / "hf"
+    best = json.loads((folder / "best_config.json").read_text())
+    with open(folder / "trials.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
+    assert rows and all(r["access"] == "stream" for r in rows)  # never a local copy
+    assert {int(r["fetch_threads"]) for r in rows} <= {1, 2, 4}
+    for row in rows:  # a GET for a file's 32 rows: far fewer requests than samples
+        assert 0 < int(row["store_requests"]) <= int(row["samples"]) / 4, row
+    store = best["source"]["store"]
+    assert (store["scheme"], store["bucket"]) == ("s3", BUCKET) and store["ttfb_p50_s"] >= 0.03
+    assert best["source"]["shards"] == 3 and best["pipeline"]["access"] == "stream"
+    assert "testing" not in (folder / "best_config.json").read_text()  # no credential
+    tuned = load_best_config(folder / "best_config.json")  # the store as it was tuned on
+    labels = [int(y) for _, batch in tuned.dataloader(tuned.dataset()) for y in batch]
+    assert Counter(labels) == Counter(label for _, label in tables.samples.elements())
+    assert ray_processes() <= before
