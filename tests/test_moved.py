@@ -87,6 +87,10 @@ def test_an_old_path_of_a_split_module_finds_each_name_in_its_new_home() -> None
     assert streams.StreamLoader is StreamLoader
     assert results.load_best_config is load_best_config
     assert old_verify.verify is verify and old_verify.LocalMeasurer is LocalMeasurer
+    from raytune_loader import to_device
+    from raytune_loader.pipeline import to_device as taught  # 0.1's docs/raydata.md taught it
+
+    assert taught is to_device
     with pytest.raises(AttributeError, match="has no attribute 'nothing_of_the_kind'"):
         space.nothing_of_the_kind  # noqa: B018
 

@@ -94,6 +94,12 @@ def _raydata(values: Mapping[str, Any]) -> bool:
     return values["engine"] == "raydata"
 
 
+def engine_fixes(engine: str) -> dict[str, Any]:
+    """The fields an engine fixes before the space suggests the rest: Ray Data's actors
+    read a source by index (its streams through Ray's own readers, not a DataLoader's)."""
+    return {"access": "map"} if engine == "raydata" else {}
+
+
 def _autoscaling(values: Mapping[str, Any]) -> bool:
     return values["engine"] == "raydata" and (values["max_actors"] or 1) > 1
 

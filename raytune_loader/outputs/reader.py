@@ -409,9 +409,7 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
         raise ConfigError(f"{file}: 'pipeline' and 'worker_init' must be JSON objects")
     try:
         loader = DataLoaderEngine.from_settings(data)
-    except ConfigError as exc:
-        raise ConfigError(f"{file}: invalid loader section: {exc}") from None
-    except TypeError as exc:
+    except (ConfigError, TypeError) as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
     return BestConfig(file, loader, data, _raydata(file, data.get("raydata")))
 

@@ -30,6 +30,7 @@ from raytune_loader.candidates.rules import (
     WORKER_KINDS,
     WORKER_THREADS,
     applies,
+    engine_fixes,
 )
 from raytune_loader.candidates.structure import Structure, structure
 from raytune_loader.errors import ConfigError
@@ -160,8 +161,7 @@ class SearchSpace:
         """The fields this space searches, in the order they are suggested (a field after
         those its rule reads), each with its choices (None: not searched here)."""
         yield "engine", list(ENGINES) if self.raydata else None
-        if values["engine"] == "raydata":  # the actors read the files by index
-            values["access"] = "map"
+        values.update(engine_fixes(values["engine"]))
         yield "access", list(self.accesses) if len(self.accesses) > 1 else None
         most = self.max_workers  # a stream's workers share its shards: no more than them
         if values["access"] == "stream" and self.stream_workers is not None:
