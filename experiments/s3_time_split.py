@@ -1,0 +1,103 @@
+"""Where a search on S3 spends the time that the same search on local files does not.
+
+    python experiments/s3_time_split.py [--ttfb 0.03] [--images 512]
+
+Runs s3_search.py's search (its flags, the default dataset's JPEG files as single
+objects in moto's S3 behind the tests' proxy, ``--ttfb`` to the first byte and
+100 Mbit/s a request) on the bucket, then on the local folder, and times each
+search's phases by its progress lines as they arrive: start-up and the ceiling, the
+profile, the trials (each named with its samples/s), verification, the input
+pipeline alone and the probes. Writes results/benchmarks/s3_time_split.json: each
+phase's seconds on the bucket and locally, and their ratio, for the time-to-answer
+target (the search on a bucket at most 1.5x the local one's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from s3_search import BUCKET, SEARCH, _server, _upload
+
+from _common import save
+from raytune_loader.sources import synthetic
+
+# a phase starts at the first progress line that matches its pattern
+PHASES = (
+    ("start_and_ceiling", r""),
+    ("profile", r"==> Profiling"),
+    ("trials", r"==> Searching"),
+    ("verification", r"verifying \(each configuration"),
+    ("input_alone", r"measuring the input pipeline alone"),
+    ("probes", r"probing the tuned loader"),
+    ("report", r"^\s*config\s+workers"),
+)
+TRIAL = re.compile(r"\[(\d+)/\d+\] (done|stopped early|failed): (.*?) (\d+) samples/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ttfb", type=float, default=0.03)
+    parser.add_argument("--images", type=int, default=512)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, _server((args.ttfb,)) as (moto, proxy):
+        root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
+        _upload(root / "train", moto)
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": proxy}  # fmt: skip
+        flags = [*SEARCH, "--num-samples", "8", "--dataset", "imagenet"]
+        found = {
+            "s3": _timed([*flags, "--data-root", f"s3://{BUCKET}/imagenet"], Path(tmp) / "s3", env),
+            "local": _timed([*flags, "--data-root", str(root)], Path(tmp) / "local", env),
+        }
+    ratios = {
+        phase: round(found["s3"]["phases_s"][phase] / found["local"]["phases_s"][phase], 2)
+        for phase in found["s3"]["phases_s"]
+        if found["local"]["phases_s"].get(phase)
+    }
+    total = round(found["s3"]["wall_time_s"] / found["local"]["wall_time_s"], 3)
+    save("s3_time_split", {"ttfb_s": args.ttfb, "images": args.images, "flags": flags,
+                           "searches": found, "s3_over_local": ratios,
+                           "time_vs_local": total})  # fmt: skip
+
+
+def _timed(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One search's wall time, its phases' seconds, and each trial's seconds and rate."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "raytune_loader.search", *flags, "--out", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    marks: dict[str, float] = {"start_and_ceiling": 0.0}
+    trials, last = [], None
+    for line in process.stdout:  # type: ignore[union-attr]
+        now = time.perf_counter() - started
+        for phase, pattern in PHASES[1:]:
+            if phase not in marks and re.search(pattern, line):
+                marks[phase] = now
+        hit = TRIAL.search(line)
+        if hit:
+            since = marks.get("trials", 0.0) if last is None else last
+            seconds = round(now - since, 1)
+            trials.append({"trial": int(hit[1]), "status": hit[2], "config": hit[3],
+                           "samples_per_s": int(hit[4]), "seconds": seconds})  # fmt: skip
+            last = now
+    if process.wait():
+        raise SystemExit(f"the search failed ({process.returncode}): {flags}")
+    wall = time.perf_counter() - started
+    order = [p for p, _ in PHASES if p in marks]
+    ends = [marks[p] for p in order[1:]] + [wall]
+    phases = {p: round(end - marks[p], 1) for p, end in zip(order, ends, strict=True)}
+    print(out.name, round(wall, 1), phases, flush=True)
+    return {"wall_time_s": round(wall, 1), "phases_s": phases, "trials": trials}
+
+
+if __name__ == "__main__":
+    main()
