@@ -138,3 +138,26 @@ def test_the_repository_points_at_nothing_a_clone_lacks() -> None:
         if POINTERS.search(line)
     ]
     assert found == []
+
+
+def test_every_search_option_is_a_flag_of_the_command_line_and_of_its_reference() -> None:
+    """SearchOptions' fields are the command line's flags (their docstring's rule: the
+    name dashed, less a trailing ``_s``), each parsed into that field and listed in
+    docs/cli.md: a knob added to one and not the others fails here."""
+    import dataclasses
+    import re
+
+    from raytune_loader.search import get_args_parser
+    from raytune_loader.tuning.options import SearchOptions
+
+    reference = set(re.findall(r"`(--[a-z0-9-]+)", (DOCS / "cli.md").read_text()))
+    parser = get_args_parser()
+    dests: dict[str, set[str]] = {}
+    for action in parser._actions:  # noqa: SLF001 - argparse's list of what it parses
+        dests.setdefault(action.dest, set()).update(action.option_strings)
+    renamed = {"batch_sizes": "--batch-size"}
+    for field in dataclasses.fields(SearchOptions):
+        flag = renamed.get(field.name, "--" + field.name.removesuffix("_s").replace("_", "-"))
+        assert flag in reference, f"{field.name}: {flag} is not in docs/cli.md"
+        parsed = dests.get(field.name, set()) | dests.get(field.name.removesuffix("_s"), set())
+        assert flag in parsed, f"{field.name}: {flag} does not parse into it"

@@ -59,7 +59,14 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """A trial of the search: its configuration, status and last measured figures."""
+    """A trial of the search: its configuration, status and last measured figures.
+
+    Attributes:
+        Each field is a column of ``trials.csv`` (``docs/outputs.md``), except three
+        whose values are spread into columns of their own: ``config`` (the loader's
+        settings; None for a trial interrupted before Tune saved it), ``metrics`` (the
+        figures of the trial's last report) and ``node`` (the facts of its node).
+    """
 
     trial_id: str
     status: str

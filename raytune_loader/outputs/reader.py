@@ -64,7 +64,14 @@ class StoreMismatchWarning(UserWarning):
 
 @dataclass(frozen=True)
 class BestConfig:
-    """A validated best_config.json."""
+    """A validated best_config.json: what training code reads of a search's result.
+
+    Attributes:
+        path: the file it was read from.
+        loader: the tuned DataLoader candidate (its arguments, pipeline and engine).
+        data: the whole file, as JSON (``docs/best_config.md`` says what each section holds).
+        raydata: the best verified Ray Data pipeline, where the search measured one.
+    """
 
     path: Path
     loader: LoaderConfig

@@ -27,7 +27,17 @@ SEARCH_METHODS = ("model", "tpe", "random")
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """Every knob of a search; defaults are the command line's."""
+    """Every knob of a search; defaults are the command line's.
+
+    Attributes:
+        Each field is the command-line flag of its name, dashed and without a trailing
+        ``_s`` (``data_root`` is ``--data-root``, ``time_budget_s`` ``--time-budget``),
+        documented with its default in ``docs/cli.md``; ``batch_sizes`` is
+        ``--batch-size``, ``storage_options`` the JSON object of ``--storage-options``,
+        and ``ray_data`` ``--ray-data`` / ``--no-ray-data`` (None: offered where the
+        cluster has CPUs beyond the trials'). A field whose default is None takes the
+        device's or the format's usual value, as its comment says.
+    """
 
     dataset: str = SYNTHETIC
     data_root: str | None = None
