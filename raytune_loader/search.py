@@ -85,6 +85,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         "endpoint_url, profile, force_path_style, unsigned (no credential: those come from "
         "the environment or a profile)",
     )
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        metavar="BYTES",
+        help="the local cache of a bucket's objects may hold this many bytes (default: half "
+        "the free space of its disk); it is a candidate only where an epoch fits",
+    )
     p.add_argument("--download", action="store_true", help="let torchvision download cifar/mnist")
     p.add_argument(
         "--synthetic-images",
@@ -316,7 +323,8 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
         dataset=args.dataset, data_root=args.data_root, download=args.download,
         synthetic_images=args.synthetic_images, image_column=args.image_column,
         label_column=args.label_column, shuffle_buffer=args.shuffle_buffer,
-        storage_options=args.storage_options or (), model=args.model, num_samples=args.num_samples,
+        storage_options=args.storage_options or (), cache_bytes=args.cache_bytes,
+        model=args.model, num_samples=args.num_samples,
         search=args.search,
         time_budget_s=args.time_budget, max_concurrent=args.max_concurrent,
         gpus_per_trial=args.gpus_per_trial, cpus_per_worker=args.cpus_per_worker,

@@ -181,6 +181,11 @@ def test_the_summary_says_how_the_tuned_pipeline_is_built() -> None:
     )
     device = {**threads, "decode": "device", "transfer": "uint8"}
     assert pipeline_line(device).startswith("decoded on the device (nvJPEG), JPEG bytes")
+    bucket = {**uint8, "fetch_threads": 16, "cache": True}
+    assert pipeline_line(bucket).endswith(
+        "start method spawn, 16 requests in flight per worker, the bucket's objects kept on "
+        "the node's disk after the first epoch"
+    )
 
 
 def test_the_summary_says_where_the_limit_is() -> None:

@@ -72,6 +72,9 @@ def test_a_store_s_latency_is_paid_per_wave_of_requests_in_flight_and_takes_no_c
     assert capped.predict(_with(2, fetch_threads=1)) == rates[1]  # slower than the cap
     two = replace(capped, ranks=2).predict(_with(2, fetch_threads=64))
     assert two.samples_per_s == pytest.approx(300.0)  # type: ignore[union-attr]
+    # a candidate that caches the objects is modelled warm: local reads, no store cap
+    cached = capped.predict(_with(2, fetch_threads=1, cache=True))
+    assert cached == local.predict(_with(2, fetch_threads=1))
 
 
 def test_a_shard_s_get_is_shared_by_its_samples_and_read_ahead_hides_it() -> None:

@@ -357,6 +357,7 @@ def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
     result = run_cli(
         *args, "--dataset", "imagenet", "--data-root", f"s3://{BUCKET}/imagenet",
         "--num-samples", "6", "--verify-repeats", "1", "--out", str(tmp_path / "out"),
+        "--cache-bytes", "0",  # every epoch from the store: test_store_cache's search caches
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -51,7 +51,9 @@ class LoaderConfig:
     Data knobs apply; ``None`` in one of them is Ray's default. ``fetch_threads`` is how
     many of a batch's objects a worker fetches at once from an object store (requests in
     flight per worker: what sets the rate against a store's latency); 1 reads them one
-    after another, as a local folder's files are."""
+    after another, as a local folder's files are. ``cache`` keeps the objects a worker
+    fetched in a folder on the node's disk, so that the epochs after the first read
+    them there (:class:`~raytune_loader.stores.cache.ObjectCache`)."""
 
     batch_size: int = field(metadata={"label": "batch", "role": "loader", "shown_as": None})
     num_workers: int = _knob(0, "workers")
@@ -66,6 +68,7 @@ class LoaderConfig:
     access: str = _knob("map", "access", role="pipeline")
     batching: str = _knob("loader", "batching", role="pipeline")
     fetch_threads: int = _knob(1, "fetch threads", role="pipeline")
+    cache: bool = _knob(False, "object cache", role="pipeline")
     worker_threads: int | None = _knob(None, "worker threads", role="worker")
     engine: str = _knob("dataloader", "engine", role="engine")
     max_actors: int | None = _knob(None, "actors", role="raydata")
@@ -283,6 +286,7 @@ class LoaderConfig:
         shown += ["stream" if self.access == "stream" else ""]
         shown += ["batched-in-workers" if self.batching == "workers" else ""]
         shown += [f"fetch={self.fetch_threads}" if self.fetch_threads > 1 else ""]
+        shown += ["cached" if self.cache else ""]
         shown += ["threads" if self.workers == "thread" else ""]  # each inert where it
         shown += ["" if self.in_order else "unordered"]  # does not apply: nothing shown
         shown += [self.multiprocessing_context or ""]

@@ -178,6 +178,13 @@ RULES = (
         "by index, or shards ahead of a stream): it needs engine dataloader",
         default=1,
     ),  # fmt: skip
+    Rule(
+        "cache",
+        lambda v: v["engine"] == "dataloader" and v["access"] == "map",
+        False,
+        "cache keeps a bucket's objects on the node's disk for the next epoch: it needs "
+        "engine dataloader and access map (a worker fetches them by index)",
+    ),  # fmt: skip
     _raydata_rule("max_actors", default=1),
     Rule(
         "min_actors",
@@ -249,6 +256,7 @@ _VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "access": _one_of(ACCESSES),
     "batching": _one_of(BATCHINGS),
     "fetch_threads": _integer(1, "a positive integer"),
+    "cache": _flag,
     "worker_threads": _optional(_integer(1, "a positive integer or null")),
     "engine": _one_of(ENGINES),
     "max_actors": _optional(_integer(1, "a positive integer or null")),

@@ -134,6 +134,17 @@ def set_fetch_threads(dataset: Dataset[Any], threads: int) -> None:
             return
 
 
+def set_cached(dataset: Dataset[Any], on: bool, cache: Any = None) -> None:
+    """Turn the local object cache of the dataset under ``dataset``'s wrappers on (in
+    ``cache``, else one it was given, else its default) or off: a remote dataset's
+    ``keep_objects``; a dataset without one is left as it is."""
+    for layer in wrapped(dataset):
+        keep = getattr(layer, "keep_objects", None)
+        if callable(keep):
+            keep(on, cache)
+            return
+
+
 def timed(dataset: Dataset[Any]) -> Dataset[Any]:
     """``dataset`` saying when each batch's first read begins, for :class:`Stamping`."""
     if isinstance(dataset, IterableDataset):

@@ -50,6 +50,7 @@ from raytune_loader.loaders.batches import (
     fetch_batch,
     load_sampler_state,
     sampler_state,
+    set_cached,
     set_fetch_threads,
     timed,
 )
@@ -118,6 +119,7 @@ def build_dataloader(
             stamp=stamp, seed=seed, shuffle=shuffle, samples_per_epoch=samples_per_epoch,
         )  # fmt: skip
     set_fetch_threads(dataset, config.fetch_threads)  # a remote dataset's requests in flight
+    set_cached(dataset, config.cache)  # and its objects kept on the node's disk, or not
     if config.worker_threads is not None:  # worker processes only (LoaderConfig checks)
         then = kwargs.get("worker_init_fn")  # the user's own runs after ours
         kwargs["worker_init_fn"] = WorkerThreads(config.worker_threads, then)

@@ -83,6 +83,7 @@ class TrialJob:
     # what the source listed before any trial (an object store's keys), handed to each
     # measurement so that no trial, rank or worker lists the store again
     listing: Any = field(default=None, compare=False, repr=False)
+    cache_bytes: int | None = None  # a cache candidate's budget (None: half the disk's free)
 
     def cpus_for(self, num_workers: int) -> float:
         """CPUs a measurement with ``num_workers`` loader workers per rank reserves."""

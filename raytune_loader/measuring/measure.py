@@ -10,10 +10,14 @@ candidate's batches with no model (the speed of its input pipeline alone).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,6 +31,7 @@ from raytune_loader.errors import (
     DataPipelineError,
     TrialRefusedError,
 )
+from raytune_loader.loaders.batches import set_cached
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.machine import hardware
 from raytune_loader.measuring import shards, steady
@@ -49,6 +54,8 @@ from raytune_loader.measuring.segment import (
 )
 from raytune_loader.measuring.step import Trainer, batch_samples, set_matmul_precision, user_trainer
 from raytune_loader.sources import datasets
+from raytune_loader.stores.cache import ObjectCache, default_budget
+from raytune_loader.stores.store import count_requests
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +124,23 @@ def run_trial(
         host = _check_memory(job, config.label(), held)
     except TrialRefusedError as exc:
         return TrialOutcome(config, cpus, held.host, failure=exc.reason, detail=str(exc))
+    try:
+        with cold_pass(job, config, subset) as cold:
+            return _trained(job, config, subset, report, cpus, host, cold)
+    except DataPipelineError as exc:  # the cold pass's
+        return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
+
+
+def _trained(
+    job: TrialJob,
+    config: LoaderConfig,
+    subset: Dataset[Any],
+    report: ReportFn | None,
+    cpus: float,
+    host: int,
+    cold: dict[str, Any],
+) -> TrialOutcome:
+    """The trial's segment (backing off the batch size on OOM) and its outcome."""
     trainer = job_trainer(job, datasets.num_classes(job.dataset, subset))
 
     def segment(batch_size: int) -> SegmentMetrics:
@@ -143,11 +167,47 @@ def run_trial(
         config,
         cpus,
         host,
-        metrics=outcome.value,
+        metrics=replace(outcome.value, **cold),
         effective_batch_size=outcome.effective_batch_size,
         oom_backoffs=outcome.backoffs,
         ceiling_samples_per_s=job.ceilings.get(outcome.effective_batch_size),
     )
+
+
+@contextlib.contextmanager
+def cold_pass(
+    job: TrialJob, config: LoaderConfig, dataset: Dataset[Any]
+) -> Iterator[dict[str, Any]]:
+    """For a candidate that keeps a bucket's objects in a local cache: a cache of its own,
+    in a fresh folder (no earlier measurement warmed it), filled by one pass over
+    ``dataset`` with the candidate's loader, as a first epoch fills it; the rate and
+    requests of that cold pass are yielded (``cold_*`` figures), and what is measured
+    inside the block reads the warm cache, as every later epoch does. The folder is
+    removed at the end. Nothing for any other candidate."""
+    if not config.cache:
+        yield {}
+        return
+    folder = Path(tempfile.mkdtemp(prefix="raytune-cache-"))
+    try:
+        budget = job.cache_bytes if job.cache_bytes is not None else default_budget(folder)
+        set_cached(dataset, True, ObjectCache(folder, budget))
+        counts = count_requests(dataset)
+        before = counts.totals()["requests"] if counts else 0
+        started = time.perf_counter()
+        with pipeline_failures():
+            loader = build_dataloader(dataset, config, drop_last=False, seed=job.seed)
+            for _ in loader:  # every sample of the subset once
+                pass
+        read = len(dataset)  # type: ignore[arg-type]
+        seconds = time.perf_counter() - started
+        del loader
+        requests = counts.totals()["requests"] - before if counts else None
+        log.info("cold pass of %s: %d samples in %.2f s, %s GETs", config.label(), read,
+                 seconds, requests)  # fmt: skip
+        yield {"cold_samples_per_s": read / seconds, "cold_store_requests": requests}
+    finally:  # the dataset may be this process's for the next measurement too
+        set_cached(dataset, False)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _check_memory(job: TrialJob, label: str, held: Held) -> int:
@@ -193,8 +253,16 @@ def measure_input(
     """``config``'s loader over the trial's subset with the variant's device-side
     stages and no model, the best of ``windows`` windows of as many batches as a trial
     measures (a bound, like the ceiling: whatever runs beside it only slows it); then
-    the worker-side stages of a few samples on one core."""
+    the worker-side stages of a few samples on one core. A cache candidate's reads its
+    warm cache, as its trials do (:func:`cold_pass`)."""
     subset, _ = prepare(job, slot, config)
+    with cold_pass(job, config, subset):
+        return _input_rate(job, config, subset, windows)
+
+
+def _input_rate(
+    job: TrialJob, config: LoaderConfig, subset: Dataset[Any], windows: int
+) -> InputRate:
     spec = job.segment
     device = torch.device(job.device)
     cap_gpu_memory(job.gpu_memory_share, device)  # a device-side decode allocates there too

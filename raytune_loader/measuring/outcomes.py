@@ -104,6 +104,9 @@ class SegmentMetrics:
     store_resets: int | None = _figure("total", None)  # retried: connection dropped
     store_request_s: float | None = _figure("worst", None)  # a GET's mean time, whole
     store_in_flight: float | None = _figure("total", None)  # requests in flight, on average
+    # a local object cache's candidate (measure.cold_pass): its first, cold epoch apart
+    cold_samples_per_s: float | None = _figure("least", None)  # the cold pass's rate
+    cold_store_requests: int | None = _figure("total", None)  # its GETs (the window's: warm)
     watch: Watch | None = _figure("first", None, flat=False)  # all the watcher read
     memory: MemoryFit | None = _figure("first", None, flat=False)  # its fit
     waits: tuple[float, ...] = _figure("most_waiting", (), flat=False)  # each step's wait

@@ -80,6 +80,9 @@ def metrics_of(candidate: Candidate) -> dict[str, Any]:
     for metric in ("samples_per_s", "data_wait_frac", "util", "first_batch_s"):
         stats = candidate.stats(metric)
         out[metric] = stats.as_dict() if stats else None
+    if candidate.config.cache:  # its first, cold epoch, apart from the warm ones above
+        stats = candidate.stats("cold_samples_per_s")
+        out["cold_samples_per_s"] = stats.as_dict() if stats else None
     sources = {o.metrics.util_source for o in candidate.ok if o.metrics}
     out["util_source"] = sources.pop() if len(sources) == 1 else ",".join(sorted(sources)) or None
     ceilings = [o.ceiling_samples_per_s for o in candidate.ok if o.ceiling_samples_per_s]

@@ -119,6 +119,10 @@ def pipeline_line(pipeline: dict[str, Any]) -> str:
     if pipeline.get("access") == "stream":
         made = "in the workers" if pipeline.get("batching") == "workers" else "by the loader"
         where += f", read as a stream, batches made {made}"
+    if pipeline.get("fetch_threads", 1) > 1:
+        where += f", {pipeline['fetch_threads']} requests in flight per worker"
+    if pipeline.get("cache"):
+        where += ", the bucket's objects kept on the node's disk after the first epoch"
     return f"{_DECODES.get(decode, decode)}, {transfer}, {where}"
 
 

@@ -25,7 +25,7 @@ from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.engines import engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
 from raytune_loader.errors import ConfigError, DatasetError, UserInputError
-from raytune_loader.loaders.batches import set_fetch_threads
+from raytune_loader.loaders.batches import set_cached, set_fetch_threads
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.measuring.job import SegmentSpec
 from raytune_loader.raydata.config import RayDataConfig
@@ -199,10 +199,13 @@ class BestConfig:
     def image_dataset(self, root: str | os.PathLike[str]) -> Dataset[Any]:
         """The built-in image dataset (ImageFolder layout: ``root/<class>/<image>``) with
         the chosen pipeline's worker-side stages: RandomResizedCrop(224) and a flip, then
-        float32 normalized, or uint8 for :meth:`to_device` to finish on the device.
+        float32 normalized, or uint8 for :meth:`to_device` to finish on the device. In a
+        bucket, its objects are fetched ``fetch_threads`` at a time, and where the search
+        chose the cache, kept under ``$XDG_CACHE_HOME/raytune_loader/objects`` (or
+        ``~/.cache/...``), up to half its disk's free space, for the epochs after the first.
 
         Args:
-            root: a folder of ``<class>/<image>`` files.
+            root: a folder of ``<class>/<image>`` files, or a bucket's (``s3://...``).
 
         Returns:
             The map-style dataset of (image, class) samples.
@@ -214,6 +217,7 @@ class BestConfig:
         _listed_by_rank_zero(spec, stream=False)
         dataset = build_dataset(spec, self.loader.transfer, self.loader.decode)
         set_fetch_threads(dataset, self.loader.fetch_threads)  # for a trainer's own loader too
+        set_cached(dataset, self.loader.cache)  # its objects kept on this node's disk
         return self._as_fast_a_store(dataset)
 
     def _same_kind_of_store(self, root: str | os.PathLike[str] | None) -> None:

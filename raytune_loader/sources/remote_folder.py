@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from raytune_loader.errors import CorruptSampleError, DatasetError
 from raytune_loader.pipeline.transforms import worker_image
+from raytune_loader.stores.cache import ObjectCache, default_budget, default_folder
 from raytune_loader.stores.store import Store, StoreOptions
 from raytune_loader.stores.url import StoreUrl, is_remote, parse
 from raytune_loader.wrapped import wrapped
@@ -36,11 +37,13 @@ _LISTINGS: dict[tuple[str, StoreOptions], Listing] = {}  # this process's
 @dataclass(frozen=True)
 class Listing:
     """An image folder's objects as listed once: the folder's URL, its classes (the
-    first level of keys under it) and every image's key with its class index."""
+    first level of keys under it), every image's key with its class index, and their
+    bytes (what an epoch reads)."""
 
     url: str
     classes: tuple[str, ...]
     samples: tuple[tuple[str, int], ...]
+    bytes: int = 0
 
 
 def listing(url: StoreUrl, options: StoreOptions) -> Listing:
@@ -58,14 +61,17 @@ def listing(url: StoreUrl, options: StoreOptions) -> Listing:
     with ThreadPoolExecutor(LIST_THREADS, "raytune-list") as pool:
         listed = list(pool.map(lambda name: store.list(name), classes))
     samples: list[tuple[str, int]] = []
+    total = 0
     for index, found in enumerate(listed):
-        samples += [(key, index) for key, _ in found if key.lower().endswith(IMAGE_SUFFIXES)
-                    and "/" not in key[len(url.key(classes[index])) + 1 :]]  # fmt: skip
+        kept = [(key, size) for key, size in found if key.lower().endswith(IMAGE_SUFFIXES)
+                and "/" not in key[len(url.key(classes[index])) + 1 :]]  # fmt: skip
+        samples += [(key, index) for key, _ in kept]
+        total += sum(size for _, size in kept)
     if not samples:
         raise DatasetError(
             f"no images under {url} in the ImageFolder layout {url}/<class>/<image>.JPEG"
         )
-    _LISTINGS[cache] = Listing(str(url), tuple(classes), tuple(samples))
+    _LISTINGS[cache] = Listing(str(url), tuple(classes), tuple(samples), total)
     log.info("listed %s: %d images in %d classes", url, len(samples), len(classes))
     return _LISTINGS[cache]
 
@@ -93,6 +99,7 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
         self.store = Store(parse(found.url), options)
         self.transfer, self.decode = transfer, decode
         self.fetch_threads = fetch_threads
+        self.cache: ObjectCache | None = None  # set by the loader for a cache candidate
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._pool_pid = os.getpid()
@@ -111,17 +118,30 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         key, label = self.listing.samples[index]
-        return self._made(key, self.store.get(key)), label
+        return self._made(key, self._get(key)), label
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
         """A batch's samples, their objects fetched ``fetch_threads`` at a time."""
         keys = [self.listing.samples[i][0] for i in indices]
         if self.fetch_threads <= 1 or len(keys) == 1:
-            blobs = [self.store.get(key) for key in keys]
+            blobs = [self._get(key) for key in keys]
         else:
-            blobs = list(self._threads().map(self.store.get, keys))
+            blobs = list(self._threads().map(self._get, keys))
         return [(self._made(key, blob), self.listing.samples[i][1])
                 for i, key, blob in zip(indices, keys, blobs, strict=True)]  # fmt: skip
+
+    def keep_objects(self, on: bool, cache: ObjectCache | None = None) -> None:
+        """Keep the objects read in a local cache (``cache``, else one already given, else
+        the default folder under half its disk's free bytes), or read every one from
+        the store (``on`` false)."""
+        if not on:
+            self.cache = None
+        elif cache is not None or self.cache is None:
+            self.cache = cache or ObjectCache(default_folder(), default_budget(default_folder()))
+
+    def _get(self, key: str) -> bytes:
+        """The object ``key``: from the local cache where there is one, else the store."""
+        return self.store.get(key) if self.cache is None else self.cache.get(self.store, key)
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool_pid != os.getpid():  # a forked worker: the parent's threads (and a

@@ -18,6 +18,7 @@ from raytune_loader.errors import ConfigError
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.progress import Progress
+from raytune_loader.stores.cache import default_budget, default_folder
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.options import SearchOptions
 from raytune_loader.tuning.space import SearchSpace
@@ -67,6 +68,7 @@ def search_space(
         raydata_cpus=raydata_cpus,
         locality_works=raydata_cpus >= 1 and _locality_works(),
         fetch_threads=_fetch_threads(source.fetches(spec), accesses),
+        caches=_caches(job, accesses, progress),
         trainer=opts.trainer,
     )  # fmt: skip
 
@@ -77,6 +79,21 @@ def _fetch_threads(fetches: bool, accesses: tuple[str, ...]) -> tuple[int, ...]:
     if not fetches:
         return (1,)
     return FETCH_THREADS if "map" in accesses else READ_AHEAD
+
+
+def _caches(job: TrialJob, accesses: tuple[str, ...], progress: Progress) -> tuple[bool, ...]:
+    """A local cache of a bucket's objects is a candidate where the source's samples are
+    objects read by index and a whole epoch of them (the listing's bytes) fits the
+    cache's budget: one that cannot hold an epoch would only evict what the next needs."""
+    epoch = getattr(job.listing, "bytes", 0)
+    if "map" not in accesses or not epoch or not job.dataset.source.fetches(job.dataset):
+        return (False,)
+    budget = job.cache_bytes if job.cache_bytes is not None else default_budget(default_folder())
+    if epoch > budget:
+        progress.warn(f"a local object cache is not a candidate: an epoch reads {epoch / 1e9:.2f} "
+                      f"GB, the cache may hold {budget / 1e9:.2f} GB (--cache-bytes)")  # fmt: skip
+        return (False,)
+    return (False, True)
 
 
 def _locality_works() -> bool:

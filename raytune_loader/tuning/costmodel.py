@@ -19,6 +19,9 @@ profile's mean request time for each wave of ``fetch_threads`` requests in fligh
 a shard's GET, ``fetch_threads`` shards fetched ahead); the wait takes no core. The
 store itself is a part too: no candidate reads faster than the most GETs a second it
 answered the profile's ramp of requests in flight (``store_rate``), shared by the ranks.
+A candidate that keeps the objects in a local cache is modelled warm, as the epochs
+after the first read it: no wait and no store part (its first, cold epoch is measured
+apart).
 
 Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
@@ -144,7 +147,7 @@ class CostModel:
         collate = self.profile.collate_s.get(side, 0.0)
         if config.num_workers:  # what a worker of this kind pays to hand a batch over
             collate = max(collate, self.profile.hand_over_s.get(receiving, 0.0))
-        fetch = self._fetch(batch, config.fetch_threads)
+        fetch = 0.0 if config.cache else self._fetch(batch, config.fetch_threads)
         worker = batch / per_core + collate * scale + fetch
         rank_cores = (cores or self.profile.cores) / self.ranks
         if engine_of(config).remote:
@@ -160,7 +163,7 @@ class CostModel:
             cpu_seconds = main + worker - fetch
         if not self.cuda:  # the step and the workers share the cores
             parts["cores"] = cpu_seconds / max(1.0, rank_cores)
-        parts.update(self._store(batch))
+        parts.update({} if config.cache else self._store(batch))
         bound = max(parts, key=lambda k: parts[k])
         return Prediction(
             samples_per_s=self.ranks * batch / parts[bound],
@@ -188,7 +191,7 @@ class CostModel:
         if not self.cuda:
             busy = main if self.remote_actors else main + actor
             parts["cores"] = busy / max(1.0, cores)
-        parts.update(self._store(batch))
+        parts.update({} if config.cache else self._store(batch))
         bound = max(parts, key=lambda k: parts[k])
         return Prediction(self.ranks * batch / parts[bound], bound, 1.0 + config.actor_cpus)
 

@@ -49,6 +49,7 @@ class SearchOptions:
     # --storage-options: an object store client's settings beyond the environment's (never
     # shown: they may hold secrets)
     storage_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    cache_bytes: int | None = None  # a local object cache at most; None: half the disk's free
     model: str | None = None
     num_samples: int = 10
     search: str = "model"  # how trials are proposed: model (cost model + TPE), tpe, random
@@ -258,4 +259,5 @@ def job_from_options(
         compile=opts.compile,
         train_step=opts.train_step,
         ranks=opts.ranks_per_node,
+        cache_bytes=opts.cache_bytes,
     )

@@ -118,7 +118,8 @@ class LoaderSearcher(Searcher):
         if self._model is None:
             return None
         key = (structure(config), config.num_workers, config.batch_size,
-               config.pool_size, config.actor_cpus_each, config.fetch_threads)  # fmt: skip
+               config.pool_size, config.actor_cpus_each, config.fetch_threads,
+               config.cache)  # fmt: skip
         if key not in self._predictions:
             found = self._model.predict(config)
             self._predictions[key] = found.samples_per_s if found else None
@@ -269,7 +270,9 @@ def _preference(config: LoaderConfig) -> tuple[Any, ...]:
         config.in_order,
         config.multiprocessing_context is None,
         -config.num_workers,
-        -config.fetch_threads,  # as many requests in flight as the pace needs, no more
+        # as many requests in flight as the pace needs, no more; a cache's warm pace needs
+        # none, and its first, cold epoch is paced by them: the most
+        config.fetch_threads if config.cache else -config.fetch_threads,
         config.min_actors is None,
         config.map_batch_size == config.batch_size,
         config.prefetch_batches == 2,

@@ -85,6 +85,7 @@ class SearchSpace:
     raydata_cpus: float = 0.0  # CPUs a Ray Data candidate's actors may take (0: none offered)
     locality_works: bool = False  # Ray honours locality_with_output (2.60 does not)
     fetch_threads: tuple[int, ...] = (1,)  # a batch's objects in flight per worker (a store's)
+    caches: tuple[bool, ...] = (False,)  # (False, True): a bucket's epoch fits a local cache
     trainer: str | None = None  # a trainer that builds the loader itself (LEFT_OUT: not offered)
 
     def __post_init__(self) -> None:
@@ -168,6 +169,7 @@ class SearchSpace:
             most = min(most, self.stream_workers)
         yield "num_workers", list(range(0, most + 1))
         yield "fetch_threads", list(self.fetch_threads) if len(self.fetch_threads) > 1 else None
+        yield "cache", list(self.caches) if len(self.caches) > 1 else None
         yield "batching", list(self.batchings) if len(self.batchings) > 1 else None
         yield "decode", list(self.decodes) if self.pipeline and len(self.decodes) > 1 else None
         yield "workers", list(WORKER_KINDS) if self.pipeline and self.thread_workers else None

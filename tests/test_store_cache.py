@@ -1,0 +1,194 @@
+"""A local cache of a bucket's objects (``cache``): a real S3 API on loopback (moto behind
+the tests' proxy, tests/s3_for_tests.py). The seams: a cached epoch reads the disk and
+sends no request; a full cache writes no more and loses no sample; the space offers the
+cache only where an epoch fits; a cache trial measures its cold pass apart, in a cache
+of its own, and its window warm."""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from s3_for_tests import S3Server, environment
+
+from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.measure import run_trial
+from raytune_loader.progress import LogProgress
+from raytune_loader.sources import remote_folder
+from raytune_loader.sources.datasets import DatasetSpec, build_dataset
+from raytune_loader.stores.cache import ObjectCache
+from raytune_loader.stores.store import count_requests
+from raytune_loader.tuning import bounds
+
+pytest.importorskip("moto")
+
+BUCKET = "cache-bucket"
+ROOT = f"s3://{BUCKET}/imagenet"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_imagenet: Path) -> Iterator[S3Server]:
+    """The S3 server holding the tiny dataset's 96 images under ``imagenet/train``."""
+    with S3Server() as found:
+        found.upload_folder(tiny_imagenet / "train", BUCKET, "imagenet/train")
+        with environment(found.env()):
+            yield found
+
+
+@pytest.fixture(autouse=True)
+def _fresh(server: S3Server) -> None:
+    remote_folder._LISTINGS.clear()
+    server.reset()
+
+
+def _labels(dataset: object, config: LoaderConfig) -> Counter[int]:
+    loader = build_dataloader(dataset, config, seed=0, drop_last=False)  # type: ignore[arg-type]
+    return Counter(int(y) for _, labels in loader for y in labels)
+
+
+def _config(**values: object) -> LoaderConfig:
+    return LoaderConfig.from_dict({"transfer": "uint8", "decode": "tensor", **values}, batch_size=8)
+
+
+def test_a_cached_epoch_reads_the_disk_and_sends_no_request(
+    server: S3Server, tmp_path: Path
+) -> None:
+    spec = DatasetSpec("imagenet", ROOT)
+    dataset = build_dataset(spec, "uint8", "tensor")
+    dataset.keep_objects(True, ObjectCache(tmp_path, 10**9))  # type: ignore[attr-defined]
+    counts = count_requests(dataset)
+    assert counts is not None
+    config = _config(num_workers=2, fetch_threads=4, cache=True)
+    epochs, requests = [], []
+    for _ in range(2):
+        before = counts.totals()["requests"]
+        epochs.append(_labels(dataset, config))
+        requests.append(counts.totals()["requests"] - before)
+    assert requests == [96, 0]  # the first epoch fetched each object once; the second none
+    assert epochs[0] == epochs[1] and sum(epochs[0].values()) == 96
+    kept = [p for p in tmp_path.rglob("*") if p.is_file()]
+    listing = dataset.listing  # type: ignore[attr-defined]
+    assert len(kept) == 96 and sum(p.stat().st_size for p in kept) == listing.bytes
+    assert not [p for p in kept if p.name.startswith(".part-")]  # every write completed
+    uncached = _config(num_workers=2, fetch_threads=4)  # the loader turns it off
+    before = counts.totals()["requests"]
+    _labels(dataset, uncached)
+    assert counts.totals()["requests"] - before == 96
+
+
+def test_a_full_cache_writes_no_more_and_still_reads_every_sample(
+    server: S3Server, tmp_path: Path
+) -> None:
+    dataset = build_dataset(DatasetSpec("imagenet", ROOT), "uint8", "tensor")
+    budget = dataset.listing.bytes // 2  # type: ignore[attr-defined]
+    cache = ObjectCache(tmp_path, budget)
+    dataset.keep_objects(True, cache)  # type: ignore[attr-defined]
+    counts = count_requests(dataset)
+    assert counts is not None
+    config = _config(num_workers=0, cache=True)
+    assert sum(_labels(dataset, config).values()) == 96
+    held = cache.held_bytes()
+    assert budget * 0.8 < held <= budget  # filled up to its budget, not past it
+    before = counts.totals()["requests"]
+    assert sum(_labels(dataset, config).values()) == 96  # nothing lost
+    cached = len([p for p in tmp_path.rglob("*") if p.is_file()])
+    assert counts.totals()["requests"] - before == 96 - cached  # the rest from the store
+    assert cache.held_bytes() == held
+
+
+def test_the_space_offers_the_cache_only_where_an_epoch_fits(
+    server: S3Server, tiny_imagenet: Path
+) -> None:
+    spec = DatasetSpec("imagenet", ROOT)
+    listing = build_dataset(spec).listing  # type: ignore[attr-defined]
+    segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
+    job = TrialJob(dataset=spec, model="small-cnn", segment=segment, listing=listing)
+    progress = LogProgress()
+    assert bounds._caches(job, ("map",), progress) == (False, True)  # half the free disk
+    fits = TrialJob(**{**vars(job), "cache_bytes": listing.bytes})
+    assert bounds._caches(fits, ("map",), progress) == (False, True)
+    small = TrialJob(**{**vars(job), "cache_bytes": listing.bytes - 1})
+    assert bounds._caches(small, ("map",), progress) == (False,)  # an epoch would not fit
+    assert bounds._caches(job, ("stream",), progress) == (False,)  # read by index only
+    local = DatasetSpec("imagenet", str(tiny_imagenet))
+    assert bounds._caches(TrialJob(dataset=local, model="small-cnn", segment=segment),
+                          ("map",), progress) == (False,)  # fmt: skip
+
+
+def test_a_cache_trial_measures_its_cold_pass_apart_and_its_window_warm(
+    server: S3Server,
+) -> None:
+    """Two trials of one cache candidate: each fills a cache of its own (48 GETs, none
+    saved by the trial before), and each window reads it warm (no GET); the folders are
+    gone after."""
+    server.proxy.ttfb_s = 0.01
+    segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
+    job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment,
+                   samples_per_trial=48, node_cpus=2)  # fmt: skip
+    config = _config(num_workers=1, fetch_threads=4, cache=True)
+    left_before = set(Path(tempfile.gettempdir()).glob("raytune-cache-*"))
+    for _ in range(2):
+        outcome = run_trial(job, config)
+        assert outcome.failure is None, outcome.detail
+        metrics = outcome.metrics
+        assert metrics is not None
+        assert metrics.cold_store_requests == 48  # the trial's samples, each fetched once
+        assert metrics.store_requests == 0  # the window read the warm cache
+        assert metrics.cold_samples_per_s and metrics.cold_samples_per_s > 0
+    assert set(Path(tempfile.gettempdir()).glob("raytune-cache-*")) == left_before
+    plain = run_trial(job, _config(num_workers=1, fetch_threads=4))
+    assert plain.metrics is not None and plain.metrics.cold_samples_per_s is None
+    assert plain.metrics.store_requests  # without the cache, the window reads the store
+
+
+@pytest.mark.slow
+def test_a_search_on_a_bucket_measures_the_cache_cold_and_warm_and_training_keeps_it(
+    server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line on the bucket 30 ms from its first byte, the cache offered (the
+    tiny epoch fits): a cache trial's window sends no request and its cold pass one a
+    sample; best_config.json says whether the winner caches, and training with it keeps
+    the objects where the docs say, reading the second epoch from there."""
+    import csv
+    import json
+
+    from conftest import TINY_SEARCH, ray_processes, run_cli
+    from raytune_loader import load_best_config
+
+    before, server.proxy.ttfb_s = ray_processes(), 0.03
+    args = [a for a in TINY_SEARCH if a not in ("synthetic-imagenet", "--synthetic-images",
+                                                "96", "--dataset")]  # fmt: skip
+    result = run_cli(
+        *args, "--dataset", "imagenet", "--data-root", ROOT, "--num-samples", "5",
+        "--verify-repeats", "1", "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "out" / "imagenet"
+    with open(folder / "trials.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
+    cached = [r for r in rows if r["cache"] == "True"]
+    assert cached, "the cache was not searched"
+    for row in cached:  # the window warm, the cold pass a GET a trial sample
+        assert int(row["store_requests"]) == 0 and int(row["cold_store_requests"]) == 64, row
+        assert float(row["cold_samples_per_s"]) > 0
+    assert all(not r["cold_samples_per_s"] for r in rows if r["cache"] != "True")
+    best = json.loads((folder / "best_config.json").read_text())
+    assert "cache" in best["pipeline"]
+    assert ray_processes() <= before
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    tuned = load_best_config(folder / "best_config.json")
+    dataset = tuned.image_dataset(f"{ROOT}/train")
+    counts = count_requests(dataset)
+    assert counts is not None
+    for _ in range(2):
+        sum(len(labels) for _, labels in tuned.dataloader(dataset))
+    kept = list((tmp_path / "xdg" / "raytune_loader" / "objects").rglob("*"))
+    if best["pipeline"]["cache"]:  # every object fetched once, then read from the disk
+        assert counts.totals()["requests"] == 96 and len([p for p in kept if p.is_file()]) == 96
+    else:
+        assert counts.totals()["requests"] == 2 * 96 and not kept
