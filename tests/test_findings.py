@@ -21,7 +21,7 @@ from raytune_loader.measuring.outcomes import SegmentMetrics, TrialOutcome
 from raytune_loader.outputs import console
 from raytune_loader.progress import LogProgress
 from raytune_loader.sources.datasets import DatasetSpec
-from raytune_loader.verdict import findings, probes
+from raytune_loader.verdict import findings, probes, store_findings
 from raytune_loader.verdict.findings import Rules, probe_configs
 from raytune_loader.verdict.selection import Candidate
 from raytune_loader.verdict.verify import Verified
@@ -386,13 +386,13 @@ def test_a_throttled_store_is_a_finding_with_the_rate_it_allowed() -> None:
     one); none where nothing was throttled or nothing fetched."""
     config = replace(PROCESSES, fetch_threads=16)
     calm = _run(config, store_requests=100, store_throttled=0)
-    assert findings.store_findings(_candidate(config, calm, calm)) == []
+    assert store_findings.store_findings(_candidate(config, calm, calm)) == []
     once = _run(config, store_requests=100, store_throttled=1)  # a median of 0.5
-    (seen,) = findings.store_findings(_candidate(config, calm, once))
+    (seen,) = store_findings.store_findings(_candidate(config, calm, once))
     assert "answered 1 of 200 GETs" in seen.figure
-    assert findings.store_findings(_candidate(PROCESSES, _run(PROCESSES))) == []
+    assert store_findings.store_findings(_candidate(PROCESSES, _run(PROCESSES))) == []
     loud = _run(config, store_requests=130, store_throttled=10)
-    found = findings.store_findings(_candidate(config, loud, loud))
+    found = store_findings.store_findings(_candidate(config, loud, loud))
     assert [f.kind for f in found] == ["throttled"]
     assert "20 of 260 GETs in the 2 measured windows" in found[0].figure
     assert "about 20 requests/s to 32 in flight" in found[0].figure  # 240 answered in 12 s
@@ -436,3 +436,24 @@ def test_small_objects_from_a_store_are_a_finding_when_shards_would_pay() -> Non
         model, profile=replace(profile, fetch_s=0.002, store_latency={"ttfb_p50_s": 0.001})
     )
     assert findings.findings(winner, [], [], Rules(), near) == []  # 2 ms a GET: little to gain
+
+
+def test_a_cached_winner_s_slow_first_epoch_is_a_finding_with_its_warm_up() -> None:
+    """A winner that caches the bucket's objects: its runs' cold passes at 60 and 70
+    samples/s against warm windows of 300 and 320 make a first epoch 4.8 times a later
+    one (the medians'); none where the cache gains less, or the winner does not cache."""
+    config = replace(PROCESSES, fetch_threads=16, cache=True)
+    runs = [
+        _run(config, 300.0, cold_samples_per_s=60.0),
+        _run(config, 320.0, cold_samples_per_s=70.0),
+    ]
+    (found,) = store_findings.store_findings(_candidate(config, *runs))
+    assert found.kind == "first_epoch" and found.values["ratio"] == pytest.approx(310 / 65)
+    assert "at 65 samples/s" in found.figure and "4.8 times as long" in found.figure
+    assert "warm the cache before the job" in found.fix and "--cache-bytes 0" in found.fix
+    winner = _candidate(config, *runs)
+    assert "first_epoch" in {f.kind for f in findings.findings(winner, [], [], Rules())}
+    close = [_run(config, 100.0, cold_samples_per_s=90.0)]
+    assert store_findings.store_findings(_candidate(config, *close)) == []
+    plain = replace(config, cache=False)
+    assert store_findings.store_findings(_candidate(plain, _run(plain, 300.0))) == []

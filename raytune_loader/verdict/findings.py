@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.candidates.rules import READ_AHEAD
 from raytune_loader.engines import engine_of
 from raytune_loader.machine.watch import FOLLOWED, MAIN, Watch, wait_tail
 from raytune_loader.measuring.memoryfit import MemoryFit
 from raytune_loader.measuring.records import MEASURED, TrialRecord
+from raytune_loader.verdict.finding import Finding
 from raytune_loader.verdict.selection import Candidate, fitting
+from raytune_loader.verdict.store_findings import store_findings
 
 if TYPE_CHECKING:
     from raytune_loader.tuning.costmodel import CostModel
@@ -45,31 +46,6 @@ TUNED = "tuned"  # the tuned configuration's name among the probes
 ACTOR_MEMORY_SHARE = 0.5  # a Ray Data pool's resident memory above this share of the free
 BACKPRESSURE_SHARE = 0.25  # the executor holding tasks back this share of the window's time
 BACKPRESSURE_WAIT = 0.10  # while the loop waited this share of the window
-SHARD_SAMPLES = 256  # images a shard the small-objects projection assumes (a few seconds' GET)
-SHARD_READ_AHEAD = max(READ_AHEAD)  # shards a worker fetches ahead in it: the search's most
-SHARDS_GAIN = 1.25  # shards projected this many times the winner's rate: a finding
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing that would break or slow training later."""
-
-    kind: str  # memory, threads, stragglers, epoch_start; spilled, actor_memory,
-    # backpressure (Ray Data); throttled, small_objects (an object store)
-    figure: str  # what was measured, in words
-    fix: str
-    projection: dict[str, Any] | None = None  # where it leads, for memory
-    values: dict[str, Any] = field(default_factory=dict)  # the figures behind the words
-
-    def as_dict(self) -> dict[str, Any]:
-        """The finding as ``best_config.json``'s ``findings`` list holds it."""
-        return {
-            "kind": self.kind,
-            "figure": self.figure,
-            "projection": self.projection,
-            "fix": self.fix,
-            "values": self.values,
-        }
 
 
 @dataclass(frozen=True)
@@ -122,83 +98,9 @@ def findings(
         _threads(winner, records, probed, rules),
         _stragglers(winner, probed),
         _epoch_start(winner, probed),
-        _small_objects(winner, model),
     ]
-    return [f for f in found if f is not None] + raydata_findings(winner) + store_findings(winner)
-
-
-def _small_objects(winner: Candidate, model: CostModel | None) -> Finding | None:
-    """Single objects from a store, one GET a sample, where the profile projects the same
-    workers reading tar shards (a GET for :data:`SHARD_SAMPLES` samples, that long a
-    body, :data:`SHARD_READ_AHEAD` fetched ahead) at least :data:`SHARDS_GAIN` times
-    faster. The projection is the model's ratio, shards over single objects, applied to
-    the winner's measured rate (the model's own error cancels)."""
-    profile = model.profile if model is not None else None
-    ttfb = (profile.store_latency or {}).get("ttfb_p50_s") if profile is not None else None
-    measured = winner.stats("samples_per_s")
-    config = winner.config
-    if (model is None or profile is None or not ttfb or measured is None
-            or config.access != "map" or profile.requests_per_sample < 0.5):  # fmt: skip
-        return None
-    shard_s = ttfb + SHARD_SAMPLES * max(0.0, profile.fetch_s - ttfb)  # the first byte once
-    sharded = replace(model, profile=replace(
-        profile, fetch_s=shard_s, requests_per_sample=1.0 / SHARD_SAMPLES))  # fmt: skip
-    single = model.predict(config)
-    shards = sharded.predict(replace(config, fetch_threads=SHARD_READ_AHEAD))
-    if single is None or shards is None:
-        return None
-    gain = shards.samples_per_s / single.samples_per_s
-    if gain < SHARDS_GAIN:
-        return None
-    in_flight = config.fetch_threads * max(1, config.num_workers)
-    projected = measured.median * gain
-    figure = (
-        f"each sample is an object of its own, a GET of {profile.fetch_s * 1e3:.0f} ms "
-        f"({ttfb * 1e3:.0f} ms of it to the first byte); the tuned loader reached "
-        f"{measured.median:.0f} samples/s with {in_flight} requests in flight. The profile "
-        f"projects {projected:.0f} samples/s ({gain:.1f}x, bound: {shards.bound}) for the same "
-        f"workers reading tar shards of {SHARD_SAMPLES} images, a GET a shard, "
-        f"{SHARD_READ_AHEAD} fetched ahead"
-    )
-    fix = (
-        "write the images as webdataset tar shards of a few hundred images "
-        "(python experiments/to_shards.py --images DIR --out OUT, or webdataset's "
-        "ShardWriter), upload them, and search them: --dataset webdataset --data-root "
-        "'s3://bucket/shards/train-{0000..0127}.tar'"
-    )
-    values = {"measured_samples_per_s": measured.median, "projected_samples_per_s": projected,
-              "gain": gain, "bound": shards.bound, "shard_samples": SHARD_SAMPLES,
-              "request_s": profile.fetch_s, "ttfb_s": ttfb}  # fmt: skip
-    return Finding("small_objects", figure, fix, None, values)
-
-
-def store_findings(candidate: Candidate) -> list[Finding]:
-    """What an object store did to the candidate's runs: throttled it (503 SlowDown, 429).
-    Counted over all its measured windows: one throttled GET in any of them is one."""
-    runs = [o.metrics for o in candidate.ok if o.metrics is not None and o.metrics.store_requests]
-    throttled = sum(m.store_throttled or 0 for m in runs)
-    requests = sum(m.store_requests or 0 for m in runs)
-    wall = sum(m.wall_s or 0.0 for m in runs)
-    if not throttled or not wall:
-        return []
-    config = candidate.config
-    in_flight = config.fetch_threads * max(1, config.num_workers)
-    allowed = (requests - throttled) / wall
-    figure = (
-        f"the object store answered {throttled} of {requests} GETs in the {len(runs)} measured "
-        f"windows with 503 SlowDown or 429 (retried, backed off): it allowed about "
-        f"{allowed:.0f} requests/s to {in_flight} in flight ({config.num_workers} workers x "
-        f"{config.fetch_threads} fetch threads)"
-    )
-    fix = (
-        "fewer requests in flight (fetch_threads or workers), or fewer, larger objects: "
-        "the images in webdataset tar shards (experiments/to_shards.py), a request per "
-        "shard rather than per image; a bucket's limit is per prefix, so shards spread "
-        "over several prefixes"
-    )
-    values = {"throttled": throttled, "requests": requests, "allowed_requests_per_s": allowed,
-              "in_flight": in_flight}  # fmt: skip
-    return [Finding("throttled", figure, fix, None, values)]
+    found += store_findings(winner, model)
+    return [f for f in found if f is not None] + raydata_findings(winner)
 
 
 def _fit(winner: Candidate) -> MemoryFit | None:
