@@ -194,15 +194,22 @@ def _from_ranks(ranks: list, results: object, timeout: float) -> list[tuple[int,
 
     got: list[tuple[int, object]] = []
     deadline = time.monotonic() + timeout
+    exited: dict[int, float] = {}  # a rank without a result: when it was seen gone
     while len(got) < len(ranks):
         try:
             got.append(results.get(timeout=1))  # type: ignore[attr-defined]
             continue
         except queue.Empty:
             pass
-        dead = [p.exitcode for p in ranks if p.exitcode not in (None, 0)]
+        reported = {rank for rank, _ in got}
+        for rank, process in enumerate(ranks):
+            if rank not in reported and process.exitcode is not None:
+                exited.setdefault(rank, time.monotonic())
+        # a result may still be in the pipe for a moment after its rank exits
+        dead = [r for r, when in exited.items() if time.monotonic() - when > 5]
         if dead or time.monotonic() > deadline:
-            what = f"a rank exited with {dead[0]}" if dead else f"no result in {timeout:.0f} s"
+            what = (f"rank {dead[0]} exited with {ranks[dead[0]].exitcode} and no result"
+                    if dead else f"no result in {timeout:.0f} s")  # fmt: skip
             raise AssertionError(f"{what}; the ranks' output above says why")
     return got
 

@@ -6,7 +6,6 @@ of its own, and its window warm."""
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from raytune_loader.measuring.measure import run_trial
 from raytune_loader.progress import LogProgress
 from raytune_loader.sources import remote_folder
 from raytune_loader.sources.datasets import DatasetSpec, build_dataset
-from raytune_loader.stores.cache import ObjectCache
+from raytune_loader.stores.cache import ObjectCache, default_folder
 from raytune_loader.stores.store import count_requests
 from raytune_loader.tuning import bounds
 
@@ -71,7 +70,7 @@ def test_a_cached_epoch_reads_the_disk_and_sends_no_request(
         requests.append(counts.totals()["requests"] - before)
     assert requests == [96, 0]  # the first epoch fetched each object once; the second none
     assert epochs[0] == epochs[1] and sum(epochs[0].values()) == 96
-    kept = [p for p in tmp_path.rglob("*") if p.is_file()]
+    kept = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != ".used"]
     listing = dataset.listing  # type: ignore[attr-defined]
     assert len(kept) == 96 and sum(p.stat().st_size for p in kept) == listing.bytes
     assert not [p for p in kept if p.name.startswith(".part-")]  # every write completed
@@ -96,7 +95,7 @@ def test_a_full_cache_writes_no_more_and_still_reads_every_sample(
     assert budget * 0.8 < held <= budget  # filled up to its budget, not past it
     before = counts.totals()["requests"]
     assert sum(_labels(dataset, config).values()) == 96  # nothing lost
-    cached = len([p for p in tmp_path.rglob("*") if p.is_file()])
+    cached = len([p for p in tmp_path.rglob("*") if p.is_file() and p.name != ".used"])
     assert counts.totals()["requests"] - before == 96 - cached  # the rest from the store
     assert cache.held_bytes() == held
 
@@ -131,7 +130,8 @@ def test_a_cache_trial_measures_its_cold_pass_apart_and_its_window_warm(
     job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment,
                    samples_per_trial=48, node_cpus=2)  # fmt: skip
     config = _config(num_workers=1, fetch_threads=4, cache=True)
-    left_before = set(Path(tempfile.gettempdir()).glob("raytune-cache-*"))
+    measuring = default_folder().parent / "measuring"
+    left_before = set(measuring.glob("cache-*"))
     for _ in range(2):
         outcome = run_trial(job, config)
         assert outcome.failure is None, outcome.detail
@@ -140,7 +140,7 @@ def test_a_cache_trial_measures_its_cold_pass_apart_and_its_window_warm(
         assert metrics.cold_store_requests == 48  # the trial's samples, each fetched once
         assert metrics.store_requests == 0  # the window read the warm cache
         assert metrics.cold_samples_per_s and metrics.cold_samples_per_s > 0
-    assert set(Path(tempfile.gettempdir()).glob("raytune-cache-*")) == left_before
+    assert set(measuring.glob("cache-*")) == left_before
     plain = run_trial(job, _config(num_workers=1, fetch_threads=4))
     assert plain.metrics is not None and plain.metrics.cold_samples_per_s is None
     assert plain.metrics.store_requests  # without the cache, the window reads the store
@@ -187,8 +187,39 @@ def test_a_search_on_a_bucket_measures_the_cache_cold_and_warm_and_training_keep
     assert counts is not None
     for _ in range(2):
         sum(len(labels) for _, labels in tuned.dataloader(dataset))
-    kept = list((tmp_path / "xdg" / "raytune_loader" / "objects").rglob("*"))
+    kept = [p for p in (tmp_path / "xdg" / "raytune_loader" / "objects").rglob("*")
+            if p.is_file() and p.name != ".used"]  # fmt: skip
     if best["pipeline"]["cache"]:  # every object fetched once, then read from the disk
-        assert counts.totals()["requests"] == 96 and len([p for p in kept if p.is_file()]) == 96
+        assert counts.totals()["requests"] == 96 and len(kept) == 96
+        assert "cache_bytes" in best["source"]
     else:
         assert counts.totals()["requests"] == 2 * 96 and not kept
+
+
+def test_every_cache_of_a_folder_keeps_to_one_budget_and_a_failed_write_loses_nothing(
+    server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two caches of one folder (as two worker processes hold them) count the bytes
+    written together, in the folder's .used file, and stop at the budget; a write that
+    fails (a full disk) still returns the object, leaves no part file, and gives its
+    bytes back to the budget."""
+    import os
+
+    dataset = build_dataset(DatasetSpec("imagenet", ROOT), "uint8", "tensor")
+    store, keys = dataset.store, [k for k, _ in dataset.listing.samples]  # type: ignore[attr-defined]
+    sizes = [len(store.get(k)) for k in keys[:6]]
+    budget = sum(sizes[:3])
+    first, second = ObjectCache(tmp_path, budget), ObjectCache(tmp_path, budget)
+    for index, key in enumerate(keys[:6]):
+        (first if index % 2 else second).get(store, key)
+    assert first.held_bytes() == budget  # the first three fit; the rest did not
+    assert int((tmp_path / ".used").read_text()) == budget
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    other = ObjectCache(tmp_path / "other", 10**9)
+    monkeypatch.setattr(os, "replace", full)
+    assert other.get(store, keys[0]) == store.get(keys[0])
+    assert not [p for p in (tmp_path / "other").rglob("*") if p.name.startswith(".part-")]
+    assert int((tmp_path / "other" / ".used").read_text()) == 0

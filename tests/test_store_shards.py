@@ -73,6 +73,10 @@ def test_a_pattern_and_a_prefix_name_the_same_shards_and_a_missing_one_is_named(
     with pytest.raises(DatasetError, match=f"s3://{BUCKET}/notes holds no .tar object"):
         source.shards(_spec(f"s3://{BUCKET}/notes"))
     assert source.fetches(_spec()) and not source.ray_data_reads(_spec())
+    assert store_shards.expand_braces("s3://b/x-{1..010}.tar")[:2] == [  # as braceexpand
+        "s3://b/x-001.tar", "s3://b/x-002.tar"]  # fmt: skip
+    assert store_shards.expand_braces("s3://b/{a,{b,c}}.tar") == [
+        "s3://b/a.tar", "s3://b/b.tar", "s3://b/c.tar"]  # fmt: skip
     assert source.describe(_spec())["store"]["bucket"] == BUCKET
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -54,7 +55,7 @@ from raytune_loader.measuring.segment import (
 )
 from raytune_loader.measuring.step import Trainer, batch_samples, set_matmul_precision, user_trainer
 from raytune_loader.sources import datasets
-from raytune_loader.stores.cache import ObjectCache, default_budget
+from raytune_loader.stores.cache import ObjectCache, default_budget, default_folder
 from raytune_loader.stores.store import count_requests
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def cold_pass(
     if not config.cache:
         yield {}
         return
-    folder = Path(tempfile.mkdtemp(prefix="raytune-cache-"))
+    folder = _measurement_cache()
     try:
         budget = job.cache_bytes if job.cache_bytes is not None else default_budget(folder)
         set_cached(dataset, True, ObjectCache(folder, budget))
@@ -208,6 +209,22 @@ def cold_pass(
     finally:  # the dataset may be this process's for the next measurement too
         set_cached(dataset, False)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+MEASURING = "measuring"  # beside training's cache folder: its disk, not a tmpfs
+
+
+def _measurement_cache() -> Path:
+    """A fresh folder for one measurement's cache, on the disk training's cache is on
+    (``/tmp`` is often memory), named by this process; the folders of processes that
+    are gone (a trial killed mid-measurement) are removed first."""
+    root = default_folder().parent / MEASURING
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("cache-*-*"):
+        pid = stale.name.split("-")[1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"cache-{os.getpid()}-", dir=root))
 
 
 def _check_memory(job: TrialJob, label: str, held: Held) -> int:

@@ -56,6 +56,10 @@ MERGES: dict[str, Callable[[Sequence[Any], int, int], Any]] = {
     "slowest": lambda values, slowest, _: values[slowest],  # the slowest rank's
     "worst": lambda values, *_: max(_known(values), default=None),  # the highest
     "least": lambda values, *_: min(_known(values), default=None),  # the lowest
+    # N x the lowest: a rate measured outside the window, as the node's (as "rate")
+    "ranks_x_least": lambda values, *_: (
+        len(values) * min(_known(values)) if _known(values) else None
+    ),
     "total": lambda values, *_: _total(values),  # together (unknown if one is)
     "all": lambda values, *_: _all(values),  # true only when every rank's is
     "farthest": lambda values, *_: _farthest(values),  # the ratio farthest from 1
@@ -105,7 +109,7 @@ class SegmentMetrics:
     store_request_s: float | None = _figure("worst", None)  # a GET's mean time, whole
     store_in_flight: float | None = _figure("total", None)  # requests in flight, on average
     # a local object cache's candidate (measure.cold_pass): its first, cold epoch apart
-    cold_samples_per_s: float | None = _figure("least", None)  # the cold pass's rate
+    cold_samples_per_s: float | None = _figure("ranks_x_least", None)  # the cold pass's
     cold_store_requests: int | None = _figure("total", None)  # its GETs (the window's: warm)
     watch: Watch | None = _figure("first", None, flat=False)  # all the watcher read
     memory: MemoryFit | None = _figure("first", None, flat=False)  # its fit

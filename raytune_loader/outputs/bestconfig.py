@@ -364,6 +364,8 @@ def source_section(
     time to first byte, bandwidth per request and top request rate."""
     spec = job.dataset
     out: dict[str, Any] = {**spec.source.describe(spec), "access": config.access}
+    if config.cache:  # the budget training's cache keeps to (None: half its disk's free)
+        out["cache_bytes"] = job.cache_bytes
     if "store" in out and winner is not None:
         request_s = winner.stats("store_request_s")
         out["store"]["request_s"] = request_s.median if request_s else None

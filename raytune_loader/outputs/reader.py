@@ -216,9 +216,21 @@ class BestConfig:
         spec = DatasetSpec("imagefolder", str(root))
         _listed_by_rank_zero(spec, stream=False)
         dataset = build_dataset(spec, self.loader.transfer, self.loader.decode)
-        set_fetch_threads(dataset, self.loader.fetch_threads)  # for a trainer's own loader too
-        set_cached(dataset, self.loader.cache)  # its objects kept on this node's disk
+        self._fetch_settings(dataset)  # for a trainer's own loader too
         return self._as_fast_a_store(dataset)
+
+    def _fetch_settings(self, dataset: Dataset[Any]) -> None:
+        """A remote dataset's tuned requests in flight, and its objects kept on this
+        node's disk where the search chose the cache (under the budget it searched with)."""
+        from raytune_loader.stores.cache import ObjectCache, default_budget, default_folder
+
+        set_fetch_threads(dataset, self.loader.fetch_threads)
+        cache = None
+        if self.loader.cache:
+            folder = default_folder()
+            budget = (self.data.get("source") or {}).get("cache_bytes")
+            cache = ObjectCache(folder, budget if budget is not None else default_budget(folder))
+        set_cached(dataset, self.loader.cache, cache)
 
     def _same_kind_of_store(self, root: str | os.PathLike[str] | None) -> None:
         """A StoreMismatchWarning where ``root`` is a bucket and the search read local
@@ -275,7 +287,9 @@ class BestConfig:
         spec = DatasetSpec(**{**recorded, "data_root": root, "storage_options": pairs})
         _listed_by_rank_zero(spec, stream=loader.access == "stream")
         if loader.access != "stream":
-            return self._as_fast_a_store(spec.source.build(spec, loader.transfer, loader.decode))
+            dataset = spec.source.build(spec, loader.transfer, loader.decode)
+            self._fetch_settings(dataset)  # for a trainer's own loader too
+            return self._as_fast_a_store(dataset)
         source = self.data.get("source") or {}
         variant = StreamVariant(
             transfer=loader.transfer,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -112,26 +111,17 @@ def named_shards(
     return found
 
 
-_BRACES = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
-
-
 def expand_braces(pattern: str) -> list[str]:
-    """A shell-style brace pattern's names, as webdataset and ``braceexpand`` expand
-    them: ``{0000..0003}`` a zero-padded range, ``{a,b}`` each choice, left to right."""
-    found = _BRACES.search(pattern)
-    if found is None:
-        return [pattern]
-    head, tail, inner = pattern[: found.start()], pattern[found.end() :], found.group(1)
-    ranged = _RANGE.match(inner)
-    if ranged:
-        low, high = ranged.groups()
-        width = len(low) if low.lstrip("-").startswith("0") else 0
-        step = 1 if int(high) >= int(low) else -1
-        choices = [str(n).zfill(width) for n in range(int(low), int(high) + step, step)]
-    else:
-        choices = inner.split(",")
-    return [name for choice in choices for name in expand_braces(head + choice + tail)]
+    """A shell-style brace pattern's names, as webdataset expands them (``braceexpand``:
+    ``{0000..0003}`` a zero-padded range, ``{a,b}`` each choice, nested, left to right)."""
+    try:
+        from braceexpand import braceexpand
+    except ImportError:
+        raise DatasetError(
+            f"{pattern} is a brace pattern, which needs the braceexpand package: "
+            "pip install -e '.[streams]'"
+        ) from None
+    return list(braceexpand(pattern))
 
 
 def fetched(store: Store, url: str, what: str) -> bytes:

@@ -119,8 +119,9 @@ def _first_epoch(winner: Candidate) -> Finding | None:
         return None
     figure = (
         f"the first epoch reads the bucket, filling the local cache, at {cold.median:.0f} "
-        f"samples/s; the epochs after it read the cache at {warm.median:.0f} samples/s: the "
-        f"first takes {ratio:.1f} times as long as each later one"
+        f"samples/s (the loader's pass, its workers' start included); the epochs after it "
+        f"train from the cache at {warm.median:.0f} samples/s: the first takes about "
+        f"{ratio:.1f} times as long as each later one"
     )
     fix = (
         "for many epochs nothing: the cache pays from the second. For a short training, "
