@@ -45,6 +45,7 @@ NOT_NEEDED = {
     "huggingface_hub": "the Hugging Face source only",
     "pyarrow": "the Parquet and Hugging Face sources, and Ray Data (STAGE_MODULES)",
     "webdataset": "the WebDataset source only",
+    "braceexpand": "brace patterns of shards (WebDataset, Parquet) only",
     "grpc": "the Ray Data engine's spill reading only (installed with ray)",
     "lightning": "Lightning's worker seeding, under Lightning only (skipped without it)",
     "lightning_fabric": "Lightning's worker seeding, under Lightning only (skipped without it)",
