@@ -129,6 +129,8 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
     profile = model.get("profile", {})
     tuned = best["metrics"]["samples_per_s"]["median"]
     store_samples = (profile.get("store_rate") or 0) / (profile.get("requests_per_sample") or 1)
+    if best["pipeline"].get("cache"):  # a cached winner's window reads the disk, not the store
+        store_samples = 0.0
     bounds = {
         "step": best["metrics"].get("ceiling_samples_per_s"),
         "input": limit.get("input_samples_per_s"),
