@@ -34,6 +34,11 @@ class Structure:
         return f"{key}/stream/{self.batching}" if self.access == "stream" else key
 
     @property
+    def remote(self) -> bool:
+        """Its batches are made beyond the trial's processes, by Ray Data's actors."""
+        return self.kind == "raydata"
+
+    @property
     def receiving(self) -> str:
         """The key of what the training process receives a batch from: kind/transfer
         (the loop itself, without workers, counts as a process; Ray Data's actors

@@ -54,7 +54,6 @@ from typing import Any
 
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.candidates.structure import structure
-from raytune_loader.engines import engine_of
 from raytune_loader.measuring.profile import Profile
 from raytune_loader.tuning.space import SearchSpace
 
@@ -135,7 +134,8 @@ class CostModel:
         """The candidate's samples/s (the node's: all ranks), or None where the profile
         lacks its structure or the batch size has no ceiling. ``cores``: another node
         (usable CPUs), for estimates; the profile's node by default."""
-        side, receiving = structure(config).worker_side, structure(config).receiving
+        built = structure(config)
+        side, receiving = built.worker_side, built.receiving
         per_core = self.profile.per_core.get(side)
         ceiling = self.ceilings.get(config.batch_size)
         if not per_core or not ceiling:
@@ -150,8 +150,9 @@ class CostModel:
         fetch = 0.0 if config.cache else self._fetch(batch, config.fetch_threads)
         worker = batch / per_core + collate * scale + fetch
         rank_cores = (cores or self.profile.cores) / self.ranks
-        if engine_of(config).remote:
-            return self._raydata(config, step + finish, batch / per_core + fetch, rank_cores)
+        if built.remote:
+            making = batch / per_core + fetch
+            return self._raydata(config, receiving, step + finish, making, rank_cores)
         if config.num_workers == 0:
             main = step + worker + finish
             parts = {"step": main}
@@ -172,7 +173,7 @@ class CostModel:
         )
 
     def _raydata(
-        self, config: LoaderConfig, main: float, making: float, cores: float
+        self, config: LoaderConfig, receiving: str, main: float, making: float, cores: float
     ) -> Prediction:
         """A Ray Data candidate: the training process (``main``: step and finish, plus
         taking the batch out of the object store: the profile's time where it measured
@@ -180,7 +181,7 @@ class CostModel:
         ``making`` a batch plus putting it in the store, at its share of a core), and on
         a CPU the trial's cores (the actors' too where they run there)."""
         batch, crossing = config.batch_size, crossing_bytes(config)
-        measured = self.profile.receive_s.get(structure(config).receiving)
+        measured = self.profile.receive_s.get(receiving)
         if measured is not None:  # timed where the trials run, from a remote actor
             main += measured * batch / self.profile.batch_size
         else:
@@ -228,7 +229,7 @@ class CostModel:
         model's error; None where the profile lacks them."""
         cheapest: dict[tuple[Any, int], float] = {}  # structure and batch: fewest CPUs
         for kind, configs in space.structures().items():
-            if not engine_of(configs[0]).remote:
+            if not kind.remote:
                 continue
             for config in {(c.batch_size, c.actor_cpus_each): c for c in configs}.values():
                 actors = self.actors_needed(config)
@@ -251,7 +252,7 @@ def what_if(model: CostModel, config: LoaderConfig, cores: list[int]) -> list[di
     per core of its share (threads or processes as tuned; on a CPU the training step
     shares those cores, as the model counts), from the same measured per-core costs."""
     out: list[dict[str, object]] = []
-    if engine_of(config).remote:
+    if structure(config).remote:
         return _actors_what_if(model, config, cores)
     for count in cores:
         workers = max(1, int(count // model.ranks)) if config.num_workers else 0

@@ -34,7 +34,6 @@ from ray.tune.search import Searcher
 
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.candidates.structure import structure
-from raytune_loader.engines import engine_of
 from raytune_loader.measuring.job import DATA_SLOT
 from raytune_loader.measuring.records import PREDICTED
 from raytune_loader.tuning.costmodel import CostModel, median_error
@@ -154,18 +153,18 @@ class LoaderSearcher(Searcher):
         its predicted best first in any case (its object store's cost was measured
         elsewhere: its trial measures the model's error on it early)."""
         bests, raydata = [], []
-        for configs in self._space.structures().values():
+        for kind, configs in self._space.structures().items():
             scored = [(self._objective(c, p), _preference(c), c) for c in configs
                       if (p := self._predicted(c)) is not None]  # fmt: skip
-            if scored:
-                value, _, config = max(scored, key=lambda item: item[:2])
-                if config in already:
-                    continue
-                if not self._ruled_out(config, self._predicted(config)):
-                    bests.append((value, config))
-                elif engine_of(config).remote:
-                    raydata.append((value, config))
-        raydata += [(value, config) for value, config in bests if engine_of(config).remote]
+            if not scored:
+                continue
+            value, _, config = max(scored, key=lambda item: item[:2])
+            if config in already:
+                continue
+            if kind.remote:  # Ray Data's best is tried whether or not it is ruled out
+                raydata.append((value, config))
+            if not self._ruled_out(config, self._predicted(config)):
+                bests.append((value, config))
         first = [max(raydata, key=lambda item: item[0])[1]] if raydata else []
         rest = [config for _, config in sorted(bests, key=lambda item: -item[0])]
         return first + [config for config in rest if config not in first]
