@@ -72,9 +72,16 @@ def test_a_store_s_latency_is_paid_per_wave_of_requests_in_flight_and_takes_no_c
     assert capped.predict(_with(2, fetch_threads=1)) == rates[1]  # slower than the cap
     two = replace(capped, ranks=2).predict(_with(2, fetch_threads=64))
     assert two.samples_per_s == pytest.approx(300.0)  # type: ignore[union-attr]
-    # a candidate that caches the objects is modelled warm: local reads, no store cap
+    # a candidate that caches the objects is modelled warm: local reads, no store cap,
+    # at the rate a core reads the warm cache (no request to sign and parse) where the
+    # profile timed it
     cached = capped.predict(_with(2, fetch_threads=1, cache=True))
     assert cached == local.predict(_with(2, fetch_threads=1))
+    timed = replace(capped, profile=replace(capped.profile, per_core={"pil/float32": 400.0},
+                                            cached_per_core={"pil/float32": 1000.0}))  # fmt: skip
+    assert timed.predict(_with(2, fetch_threads=1, cache=True)) == cached
+    slower = timed.predict(_with(2, fetch_threads=1))  # reading the store, at the store's rate
+    assert slower.samples_per_s < rates[1].samples_per_s  # type: ignore[union-attr]
 
 
 def test_a_shard_s_get_is_shared_by_its_samples_and_read_ahead_hides_it() -> None:

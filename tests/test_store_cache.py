@@ -21,7 +21,7 @@ from raytune_loader.progress import LogProgress
 from raytune_loader.sources import remote_folder
 from raytune_loader.sources.datasets import DatasetSpec, build_dataset
 from raytune_loader.stores.cache import ObjectCache, default_folder
-from raytune_loader.stores.store import count_requests
+from raytune_loader.stores.store import count_requests, store_of
 from raytune_loader.tuning import bounds
 
 pytest.importorskip("moto")
@@ -223,3 +223,33 @@ def test_every_cache_of_a_folder_keeps_to_one_budget_and_a_failed_write_loses_no
     assert other.get(store, keys[0]) == store.get(keys[0])
     assert not [p for p in (tmp_path / "other").rglob("*") if p.name.startswith(".part-")]
     assert int((tmp_path / "other" / ".used").read_text()) == 0
+
+
+@pytest.mark.alone
+def test_the_profile_times_a_store_s_cpu_not_its_wait_and_a_warm_cache_as_local_files(
+    server: S3Server, tiny_imagenet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """150 ms away a sample spends 150 ms on its GET and a few ms of CPU: the profile's
+    per-core rate from the store is the reading thread's CPU (the request's signing and
+    parsing included), past the old floor of a tenth of the wall time; and what a cache
+    candidate's model reads, a warm cache's rate, is a local folder's, in a cache of its
+    own that is gone after."""
+    from raytune_loader.measuring import profile
+
+    monkeypatch.setattr(profile, "SAMPLES", 16)
+    server.proxy.ttfb_s = 0.15
+    remote = build_dataset(DatasetSpec("imagenet", ROOT), "uint8", "tensor")
+    local = build_dataset(DatasetSpec("imagenet", str(tiny_imagenet)), "uint8", "tensor")
+    local_rate, local_request_s, _ = profile._worker_side(local)
+    remote_rate, request_s, per_sample = profile._worker_side(remote)
+    assert request_s >= 0.15 and per_sample == 1.0 and local_request_s == 0.0
+    assert 10 / (request_s + 1 / local_rate) < remote_rate < 1.5 * local_rate
+    segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
+    job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment)
+    measuring = default_folder().parent / "measuring"
+    left_before = set(measuring.glob("cache-*"))
+    warm = profile._warm_side(job, remote, _config(num_workers=2, fetch_threads=16, cache=True))
+    counted = store_of(remote).counts  # counting since the fill began
+    assert counted.totals()["requests"] == 16  # the timed samples' fill; their reads: none
+    assert 0.6 * local_rate < warm < 1.6 * local_rate
+    assert set(measuring.glob("cache-*")) == left_before and remote.cache is None  # type: ignore[attr-defined]

@@ -20,8 +20,9 @@ a shard's GET, ``fetch_threads`` shards fetched ahead); the wait takes no core. 
 store itself is a part too: no candidate reads faster than the most GETs a second it
 answered the profile's ramp of requests in flight (``store_rate``), shared by the ranks.
 A candidate that keeps the objects in a local cache is modelled warm, as the epochs
-after the first read it: no wait and no store part (its first, cold epoch is measured
-apart).
+after the first read it: no wait, no store part, and the profile's per-core rate on a
+warm cache (a file read, no request to sign and parse); its first, cold epoch is
+measured apart.
 
 Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
@@ -137,6 +138,8 @@ class CostModel:
         built = structure(config)
         side, receiving = built.worker_side, built.receiving
         per_core = self.profile.per_core.get(side)
+        if config.cache:  # its samples are read from the local disk after the first epoch
+            per_core = self.profile.cached_per_core.get(side, per_core)
         ceiling = self.ceilings.get(config.batch_size)
         if not per_core or not ceiling:
             return None

@@ -195,8 +195,10 @@ def cost_model(
     proposes with TPE alone and says so)."""
     if opts.search != "model":
         return None
-    structures = [  # beyond a trainer's limits too: the report says what they cost
-        next((c for c in configs if c.num_workers), configs[0])
+    structures = [  # beyond a trainer's limits too: the report says what they cost;
+        # with workers, and keeping the objects where the cache is offered (the profile
+        # then times its warm reads too)
+        max(configs, key=lambda c: (c.num_workers > 0, c.cache))
         for configs in space.unrestricted().structures().values()
     ]
     progress.stage(f"Profiling the pipeline's stages ({len(structures)} structures)")
