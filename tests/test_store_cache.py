@@ -248,8 +248,36 @@ def test_the_profile_times_a_store_s_cpu_not_its_wait_and_a_warm_cache_as_local_
     job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment)
     measuring = default_folder().parent / "measuring"
     left_before = set(measuring.glob("cache-*"))
+    sent = server.proxy.requests
     warm = profile._warm_side(job, remote, _config(num_workers=2, fetch_threads=16, cache=True))
-    counted = store_of(remote).counts  # counting since the fill began
-    assert counted.totals()["requests"] == 16  # the timed samples' fill; their reads: none
+    assert server.proxy.requests - sent == 16  # the timed samples' objects, once
+    assert warm is not None  # its timed reads sent no request
+    assert store_of(remote).counts.totals()["requests"] == 0  # type: ignore[union-attr]
     assert 0.6 * local_rate < warm < 1.6 * local_rate
     assert set(measuring.glob("cache-*")) == left_before and remote.cache is None  # type: ignore[attr-defined]
+
+
+def test_the_profile_times_a_warm_cache_where_the_space_offers_one(server: S3Server) -> None:
+    """Where the space offers the cache, each structure is profiled in a configuration
+    that keeps the objects, and the profile records its warm reads' rate beside the
+    store's; where it does not, nothing is cached."""
+    from raytune_loader.candidates.structure import structure
+    from raytune_loader.measuring import profile
+    from raytune_loader.tuning.setup import profiled
+    from raytune_loader.tuning.space import SearchSpace
+
+    offered = SearchSpace(2, (8,), False, 2, fetch_threads=(1, 4), caches=(False, True))
+    chosen = profiled(offered)
+    assert chosen and all(c.cache for c in chosen)
+    assert all(c.num_workers for c in chosen if structure(c).kind != "none")
+    plain = SearchSpace(2, (8,), False, 2, fetch_threads=(1, 4))
+    assert not any(c.cache for c in profiled(plain))
+    server.proxy.ttfb_s = 0.01
+    segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
+    job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment,
+                   samples_per_trial=48, node_cpus=2)  # fmt: skip
+    found = profile.profile(job, chosen[:1], 2)
+    (side,) = found.per_core
+    assert set(found.cached_per_core) == {side} and found.fetch_s >= 0.01
+    without = profile.profile(job, [c for c in profiled(plain)][:1], 2)
+    assert without.cached_per_core == {} and set(without.per_core) == {side}

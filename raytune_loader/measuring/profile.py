@@ -106,8 +106,6 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 if request_s > fetch_s:
                     fetch_s, requests_per_sample = request_s, per_sample
                 store = store_of(dataset)
-                if store is not None and config.cache:
-                    cached_per_core[key] = _warm_side(job, dataset, config)
                 if store is not None and not store_rate and (keys := keys_of(dataset)):
                     store_rate = top_rate(store, keys)
                     measured = latency(store, keys)
@@ -117,6 +115,10 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 if trainer is None:
                     trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
                 finish_s[key] = _finish_cost(config, _collate(config)(samples), trainer)
+            if config.cache and key not in cached_per_core and store_of(dataset) is not None:
+                warm = _warm_side(job, dataset, config)
+                if warm is not None:
+                    cached_per_core[key] = warm
             kind = structure(config).receiving
             if kind not in receive_s and config.num_workers > 0:
                 samples = _samples(dataset, batch, config)
@@ -175,18 +177,22 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     return per_sample, busy_s / requests, min(1.0, requests / samples)
 
 
-def _warm_side(job: TrialJob, dataset: Dataset[Any], config: LoaderConfig) -> float:
+def _warm_side(job: TrialJob, dataset: Dataset[Any], config: LoaderConfig) -> float | None:
     """One core's samples/s on the worker side reading a warm local cache of the objects:
     a cache of its own, holding the timed samples' objects (fetched first, all in
-    flight, by :func:`~raytune_loader.measuring.measure.cold_pass`), timed as a local
-    folder's would be."""
+    flight, by :func:`~raytune_loader.measuring.measure.cold_pass`), timed in wall time
+    as a local folder's is (no request is waited for). None where a timed read still
+    went to the store (a cache that could not keep an object: its budget, its disk):
+    that rate would not be a warm cache's."""
     filling = LoaderConfig.from_dict(
         {"fetch_threads": max(FETCH_THREADS), "cache": True, "transfer": config.transfer,
          "decode": config.decode}, batch_size=config.batch_size,
     )  # fmt: skip
     timed = Subset(dataset, range(min(SAMPLES, len(dataset))))  # type: ignore[arg-type]
     with cold_pass(job, filling, timed):
-        return worker_side_rate(dataset, SAMPLES)
+        counts = count_requests(dataset)
+        rate = worker_side_rate(dataset, SAMPLES)
+    return rate if counts is None or counts.totals()["requests"] == 0 else None
 
 
 def receiver(config: LoaderConfig) -> LoaderConfig:

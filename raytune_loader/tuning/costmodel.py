@@ -139,7 +139,9 @@ class CostModel:
         side, receiving = built.worker_side, built.receiving
         per_core = self.profile.per_core.get(side)
         if config.cache:  # its samples are read from the local disk after the first epoch
-            per_core = self.profile.cached_per_core.get(side, per_core)
+            # (a profile pickled before it timed a warm cache, resumed, has none)
+            warm = getattr(self.profile, "cached_per_core", {})
+            per_core = warm.get(side, per_core)
         ceiling = self.ceilings.get(config.batch_size)
         if not per_core or not ceiling:
             return None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import RaytuneLoaderError, last_line
 from raytune_loader.files import ensure_writable, write_json
 from raytune_loader.machine import hardware
@@ -195,12 +196,7 @@ def cost_model(
     proposes with TPE alone and says so)."""
     if opts.search != "model":
         return None
-    structures = [  # beyond a trainer's limits too: the report says what they cost;
-        # with workers, and keeping the objects where the cache is offered (the profile
-        # then times its warm reads too)
-        max(configs, key=lambda c: (c.num_workers > 0, c.cache))
-        for configs in space.unrestricted().structures().values()
-    ]
+    structures = profiled(space)
     progress.stage(f"Profiling the pipeline's stages ({len(structures)} structures)")
     try:
         found = measurer.profile(job, structures, cores)
@@ -212,6 +208,16 @@ def cost_model(
     log.info("profile: %s", found)
     cuda = job.device.startswith("cuda")
     return CostModel(found, job.ceilings, cuda=cuda, ranks=job.ranks, remote_actors=remote_actors)
+
+
+def profiled(space: SearchSpace) -> list[LoaderConfig]:
+    """A configuration of each structure for the profile, beyond a trainer's limits too
+    (the report says what they cost): with workers, and keeping the objects where the
+    cache is offered (the profile then times a warm cache's reads too)."""
+    return [
+        max(configs, key=lambda c: (c.num_workers > 0, c.cache))
+        for configs in space.unrestricted().structures().values()
+    ]
 
 
 def default_concurrency(gpus_per_trial: float, cluster: Any) -> int:
