@@ -173,8 +173,8 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
         return rate, 0.0, 1.0
     samples = max(1, round(rate * (wall_s - started)))  # timed: fewer where the data has fewer
     busy_s = (after["busy_us"] - totals["busy_us"]) / 1e6
-    per_sample = samples / max(cpu_s - cpu_started, 1e-6)
-    return per_sample, busy_s / requests, min(1.0, requests / samples)
+    cpu_rate = samples / max(cpu_s - cpu_started, 1e-6)  # samples a CPU-second
+    return cpu_rate, busy_s / requests, min(1.0, requests / samples)
 
 
 def _warm_side(job: TrialJob, dataset: Dataset[Any], config: LoaderConfig) -> float | None:
