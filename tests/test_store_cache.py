@@ -80,6 +80,42 @@ def test_a_cached_epoch_reads_the_disk_and_sends_no_request(
     assert counts.totals()["requests"] - before == 96
 
 
+def test_an_object_written_again_is_fetched_anew_not_read_stale(
+    server: S3Server, tmp_path: Path
+) -> None:
+    """A cache's copy is of the object's version as listed (its ETag): once an image is
+    written again, a new listing's dataset fetches it (one GET) and reads its new bytes,
+    and every other image still comes from the disk."""
+
+    spec = DatasetSpec("imagenet", ROOT)
+    dataset = build_dataset(spec, "uint8", "tensor")
+    cache = ObjectCache(tmp_path, 10**9)
+    dataset.keep_objects(True, cache)  # type: ignore[attr-defined]
+    assert sum(_labels(dataset, _config(num_workers=0, cache=True)).values()) == 96
+    first, second = (k for k, _ in dataset.listing.samples[:2])  # type: ignore[attr-defined]
+    client = server.client()
+    original = client.get_object(Bucket=BUCKET, Key=first)["Body"].read()
+    other = client.get_object(Bucket=BUCKET, Key=second)["Body"].read()
+    client.put_object(Bucket=BUCKET, Key=first, Body=other)  # the first image, replaced
+    try:
+        remote_folder._LISTINGS.clear()  # a new job lists the bucket again
+        again = build_dataset(spec, "uint8", "tensor")
+        again.keep_objects(True, cache)  # type: ignore[attr-defined]
+        counts = count_requests(again)
+        assert counts is not None
+        again[0]
+        assert counts.totals()["requests"] == 1  # the new version, fetched
+        # its copy holds the second image's bytes now; the old version's copy is apart
+        listed = again.listing  # type: ignore[attr-defined]
+        assert cache.get(again.store, first, listed.version(0)) == other  # type: ignore[attr-defined]
+        old = dataset.listing.version(0)  # type: ignore[attr-defined]
+        assert old != listed.version(0) and cache.get(again.store, first, old) == original  # type: ignore[attr-defined]
+        assert sum(_labels(again, _config(num_workers=0, cache=True)).values()) == 96
+        assert counts.totals()["requests"] == 1  # the rest from the disk
+    finally:  # the module's bucket as the other tests know it
+        client.put_object(Bucket=BUCKET, Key=first, Body=original)
+
+
 def test_a_full_cache_writes_no_more_and_still_reads_every_sample(
     server: S3Server, tmp_path: Path
 ) -> None:

@@ -201,7 +201,7 @@ def test_workers_forked_after_the_training_process_fetched_in_threads_read_every
 def test_the_window_s_figures_count_the_store_s_requests(server: S3Server) -> None:
     server.proxy.ttfb_s, server.proxy.throttle = 0.02, 0.2
     store = Store(parse(f"s3://{BUCKET}/imagenet"), StoreOptions(), Counts())
-    keys = [key for key, _ in store.list()][:12]
+    keys = [key for key, _, _ in store.list()][:12]
     watch, throttled = StoreWatch(store.counts), server.proxy.throttled
     watch.window_started()
     for key in keys:
@@ -323,7 +323,7 @@ def test_the_latency_probe_times_the_first_byte_and_a_request_s_bandwidth(
     from raytune_loader.stores.store import latency
 
     store = Store(parse(f"s3://{BUCKET}/imagenet"), StoreOptions())
-    keys = [key for key, _ in store.list()]
+    keys = [key for key, _, _ in store.list()]
     server.proxy.ttfb_s, server.proxy.bytes_per_s = 0.03, 2e6  # 16 Mbit/s a request
     try:
         measured = latency(store, keys, requests=12)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import zlib
+from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -44,6 +46,13 @@ class Listing:
     classes: tuple[str, ...]
     samples: tuple[tuple[str, int], ...]
     bytes: int = 0
+    # each image's version: a CRC-32 of its ETag (4 bytes a key, not its 34 characters),
+    # which names its copy in a local cache; empty where the listing had none
+    versions: array[int] = field(default_factory=lambda: array("L"))
+
+    def version(self, index: int) -> int:
+        """The version of sample ``index``'s object as listed (0 where none was)."""
+        return self.versions[index] if index < len(self.versions) else 0
 
 
 def listing(url: StoreUrl, options: StoreOptions) -> Listing:
@@ -61,17 +70,20 @@ def listing(url: StoreUrl, options: StoreOptions) -> Listing:
     with ThreadPoolExecutor(LIST_THREADS, "raytune-list") as pool:
         listed = list(pool.map(lambda name: store.list(name), classes))
     samples: list[tuple[str, int]] = []
+    versions = array("L")
     total = 0
     for index, found in enumerate(listed):
-        kept = [(key, size) for key, size in found if key.lower().endswith(IMAGE_SUFFIXES)
+        kept = [(key, size, tag) for key, size, tag in found
+                if key.lower().endswith(IMAGE_SUFFIXES)
                 and "/" not in key[len(url.key(classes[index])) + 1 :]]  # fmt: skip
-        samples += [(key, index) for key, _ in kept]
-        total += sum(size for _, size in kept)
+        samples += [(key, index) for key, _, _ in kept]
+        versions.extend(zlib.crc32(tag.encode()) for _, _, tag in kept)
+        total += sum(size for _, size, _ in kept)
     if not samples:
         raise DatasetError(
             f"no images under {url} in the ImageFolder layout {url}/<class>/<image>.JPEG"
         )
-    _LISTINGS[cache] = Listing(str(url), tuple(classes), tuple(samples), total)
+    _LISTINGS[cache] = Listing(str(url), tuple(classes), tuple(samples), total, versions)
     log.info("listed %s: %d images in %d classes", url, len(samples), len(classes))
     return _LISTINGS[cache]
 
@@ -118,15 +130,15 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         key, label = self.listing.samples[index]
-        return self._made(key, self._get(key)), label
+        return self._made(key, self._get(index)), label
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
         """A batch's samples, their objects fetched ``fetch_threads`` at a time."""
         keys = [self.listing.samples[i][0] for i in indices]
         if self.fetch_threads <= 1 or len(keys) == 1:
-            blobs = [self._get(key) for key in keys]
+            blobs = [self._get(i) for i in indices]
         else:
-            blobs = list(self._threads().map(self._get, keys))
+            blobs = list(self._threads().map(self._get, indices))
         return [(self._made(key, blob), self.listing.samples[i][1])
                 for i, key, blob in zip(indices, keys, blobs, strict=True)]  # fmt: skip
 
@@ -139,9 +151,13 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
         elif cache is not None or self.cache is None:
             self.cache = cache or ObjectCache(default_folder(), default_budget(default_folder()))
 
-    def _get(self, key: str) -> bytes:
-        """The object ``key``: from the local cache where there is one, else the store."""
-        return self.store.get(key) if self.cache is None else self.cache.get(self.store, key)
+    def _get(self, index: int) -> bytes:
+        """Sample ``index``'s object: from the local cache where there is one (its copy of
+        the version listed), else the store."""
+        key = self.listing.samples[index][0]
+        if self.cache is None:
+            return self.store.get(key)
+        return self.cache.get(self.store, key, self.listing.version(index))
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool_pid != os.getpid():  # a forked worker: the parent's threads (and a

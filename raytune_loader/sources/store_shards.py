@@ -101,7 +101,7 @@ def named_shards(
         url = parse(root)
         store = Store(url, options)
         store.check()
-        found = tuple(url.of(key) for key, _ in store.list() if key.endswith(suffix))
+        found = tuple(url.of(key) for key, _, _ in store.list() if key.endswith(suffix))
         if not found:
             raise DatasetError(
                 f"{what}: {root} holds no {suffix} object: put the files there, or name "

@@ -1,8 +1,9 @@
 """A local cache of a bucket's objects: the second epoch read from disk, not the store.
 
 :class:`ObjectCache` keeps each object a worker fetched as a file of a folder on the
-node's disk, named by a hash of its endpoint, bucket and key, under a byte budget. A
-read looks there first; a miss is one GET (through
+node's disk, named by a hash of its endpoint, bucket, key and version (a hash of the
+ETag the listing saw: an object written again since is fetched anew, never read
+stale), under a byte budget. A read looks there first; a miss is one GET (through
 :class:`~raytune_loader.stores.store.Store`, retried and counted as every request is)
 whose bytes are written beside it, whole (a temporary file renamed), so the loader's
 worker processes and threads share the folder and a reader never sees half a file.
@@ -12,8 +13,8 @@ is spent nothing more is written, and an object that does not fit is read from t
 store each epoch. A write that fails (a full disk) leaves nothing behind and the read
 still returns its bytes.
 
-Objects are taken as immutable, as training data is: delete the folder when a
-bucket's objects are rewritten, or to free the space (nothing is evicted).
+Nothing is evicted: the copy of an object written again stays, counted in the budget,
+until the folder is deleted to free the space.
 
 Where an epoch fits, every epoch after the first reads the node's disk (and, while it
 holds them, its page cache) and sends no request: the search measures such a candidate
@@ -63,10 +64,10 @@ class ObjectCache:
     folder: Path
     budget: int
 
-    def get(self, store: Store, key: str) -> bytes:
-        """The object ``key`` of ``store``: from the folder, or fetched and kept there
-        while the budget lasts."""
-        path = self._path(store, key)
+    def get(self, store: Store, key: str, version: int = 0) -> bytes:
+        """The object ``key`` of ``store`` at ``version`` (a hash of its listed ETag): from
+        the folder, or fetched and kept there while the budget lasts."""
+        path = self._path(store, key, version)
         try:
             return path.read_bytes()
         except FileNotFoundError:
@@ -84,9 +85,9 @@ class ObjectCache:
             p.stat().st_size for p in self.folder.rglob("*") if p.is_file() and p.name != USED
         )
 
-    def _path(self, store: Store, key: str) -> Path:
+    def _path(self, store: Store, key: str, version: int) -> Path:
         endpoint = store.options.resolved().endpoint_url or "aws"
-        where = f"{endpoint}|{store.url.scheme}://{store.url.bucket}/{key}"
+        where = f"{endpoint}|{store.url.scheme}://{store.url.bucket}/{key}|{version}"
         name = hashlib.sha256(where.encode()).hexdigest()
         return self.folder / name[:2] / name
 

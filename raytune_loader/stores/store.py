@@ -197,13 +197,15 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------
 
-    def list(self, prefix: str = "") -> list[tuple[str, int]]:
+    def list(self, prefix: str = "") -> list[tuple[str, int, str]]:
         """Every object under ``prefix`` (a folder, relative to the store's own), as (key,
-        bytes), in key order; one listing request per thousand keys."""
+        bytes, ETag: what changes when the object is written again), in key order; one
+        listing request per thousand keys."""
         where = self._folder(prefix)
-        found: list[tuple[str, int]] = []
+        found: list[tuple[str, int, str]] = []
         for page in self._pages(Prefix=where):
-            found += [(item["Key"], int(item["Size"])) for item in page.get("Contents", ())]
+            found += [(item["Key"], int(item["Size"]), str(item.get("ETag", "")))
+                      for item in page.get("Contents", ())]  # fmt: skip
         return sorted(found)
 
     def folders(self, prefix: str = "") -> list[str]:
