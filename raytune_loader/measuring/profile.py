@@ -156,22 +156,21 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     (Wall time less the requests' time is a difference of two near-equal figures:
     30 ms away a sample's 2 ms of decoding drowns in its 32 ms.)"""
     counts = count_requests(dataset)
-    before: list[tuple[dict[str, int], float, float]] = []
+    before: list[tuple[dict[str, int], float]] = []
     rate = worker_side_rate(
         dataset,
         SAMPLES,
-        timing=(lambda: before.append((counts.totals(), time.perf_counter(), time.thread_time())))
-        if counts
-        else None,
+        timing=(lambda: before.append((counts.totals(), time.thread_time()))) if counts else None,
     )
-    cpu_s, wall_s = time.thread_time(), time.perf_counter()
+    cpu_s = time.thread_time()
     if counts is None or not before:
         return rate, 0.0, 1.0
-    (totals, started, cpu_started), after = before[0], counts.totals()
+    (totals, cpu_started), after = before[0], counts.totals()
     requests = after["requests"] - totals["requests"]
     if not requests:
         return rate, 0.0, 1.0
-    samples = max(1, round(rate * (wall_s - started)))  # timed: fewer where the data has fewer
+    # the timed samples: fewer where the data has fewer (a stream's batch may overshoot)
+    samples = SAMPLES if isinstance(dataset, IterableDataset) else min(SAMPLES, len(dataset))  # type: ignore[arg-type]
     busy_s = (after["busy_us"] - totals["busy_us"]) / 1e6
     cpu_rate = samples / max(cpu_s - cpu_started, 1e-6)  # samples a CPU-second
     return cpu_rate, busy_s / requests, min(1.0, requests / samples)
