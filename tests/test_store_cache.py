@@ -318,3 +318,20 @@ def test_the_profile_times_a_warm_cache_where_the_space_offers_one(server: S3Ser
     assert set(found.cached_per_core) == {side} and found.fetch_s >= 0.01
     without = profile.profile(job, [c for c in profiled(plain)][:1], 2)
     assert without.cached_per_core == {} and set(without.per_core) == {side}
+
+
+def test_the_profile_s_untimed_samples_from_a_store_are_fetched_all_in_flight(
+    server: S3Server,
+) -> None:
+    """The samples the profile collates and hands over (not timed) are the dataset's own,
+    in order, their GETs sent at once: one at a time, 30 ms away, 16 of them took half a
+    second a call, a quarter of a profile on a bucket."""
+    from raytune_loader.measuring import profile
+
+    remote = build_dataset(DatasetSpec("imagenet", ROOT), "uint8", "tensor")
+    server.proxy.ttfb_s = 0.03
+    server.proxy.peak_in_flight = 0
+    got = profile._samples(remote, 20, _config())
+    assert server.proxy.peak_in_flight > 4
+    size = len(remote)  # type: ignore[arg-type]
+    assert [label for _, label in got] == [remote[i % size][1] for i in range(20)]

@@ -17,6 +17,7 @@ actor on another node (:func:`raytune_loader.raydata.receive_cost.receive_second
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -214,7 +215,13 @@ def _samples(dataset: Dataset[Any], count: int, config: LoaderConfig) -> list[An
         with opened(dataset) as items:
             return _from_stream(items, count, config)
     size = len(dataset)  # type: ignore[arg-type]
-    return [dataset[i % size] for i in range(count)]
+    indices = [i % size for i in range(count)]
+    if store_of(dataset) is None:
+        return [dataset[i] for i in indices]
+    # not timed: from a store, all in flight, where one at a time each waited its GET
+    # (16 at 30 ms: 0.8 s a call, 6.3 of a 24 s profile)
+    with ThreadPoolExecutor(min(count, max(FETCH_THREADS)), "raytune-profile") as pool:
+        return list(pool.map(dataset.__getitem__, indices))
 
 
 def _from_stream(items: Any, count: int, config: LoaderConfig) -> list[Any]:
