@@ -177,3 +177,35 @@ def test_a_section_no_engine_reads_is_refused_in_one_line() -> None:
     # an older file's pipeline words still read
     old = {"loader": {"batch_size": 8, "num_workers": 2}, "pipeline": {"decode": "cpu"}}
     assert config_from_settings(old).decode == "pil"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LoaderConfig(32, 2, 4, True, True),
+        RayDataConfig(16, 3, 3, 2.0, crosses="uint8", decoder="tensor").candidate(),
+    ],
+)  # fmt: skip
+def test_an_engine_s_section_of_best_config_reads_back_as_its_pipeline(
+    config: LoaderConfig,
+) -> None:
+    """The engine writes its own section of ``best_config.json`` (keyed by its name, the
+    figures the search hands it) and reads it back; the DataLoader's are the file's
+    ``loader`` sections, so it writes none and reads none."""
+    from raytune_loader.engines import Verdict
+
+    engine = engine_of(config)
+    verdict = Verdict(True, "top-1", {"samples_per_s": 10.0}, None, 1.0, 4.0, 6.0, [])
+    section = engine.section(verdict)
+    read = type(engine).read_section({"loader": {}, **section})
+    if not engine.remote:
+        assert section == {} and read is None
+        return
+    assert list(section) == [engine.name]
+    assert section[engine.name]["reserved"] == {
+        "trial_cpus": 1.0, "actor_cpus": config.actor_cpus, "offered_cpus": 4.0,
+    }  # fmt: skip
+    assert section[engine.name]["remote_cpus_to_ceiling"] == 6.0
+    assert read == RayDataEngine(config).pipeline and read.candidate() == config
+    with pytest.raises(ConfigError, match="'raydata' must hold a 'config' object"):
+        type(engine).read_section({engine.name: {"name": "top-1"}})

@@ -14,7 +14,7 @@ May import: the foundations, ``candidates``, ``pipeline``, ``loaders``, ``source
 from __future__ import annotations
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.engines.base import Engine, Held, SegmentWatch
+from raytune_loader.engines.base import Engine, Held, SegmentWatch, Verdict
 from raytune_loader.engines.dataloader import DataLoaderEngine
 from raytune_loader.engines.raydata import RayDataEngine
 from raytune_loader.errors import ConfigError
@@ -76,6 +76,7 @@ __all__ = [
     "Engine",
     "Held",
     "SegmentWatch",
+    "Verdict",
     "config_from_settings",
     "engine_named",
     "engine_of",

@@ -36,6 +36,25 @@ class Held:
     fix: str
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the search found of an engine's best verified candidate, for its section of
+    ``best_config.json`` (:meth:`Engine.section`): whether it was ``chosen``, its
+    ``name`` and ``metrics``, its speedup over the DataLoader written beside it, the
+    CPUs the trial took and the CPUs the space offered its makers of batches, the
+    makers' CPUs the cost model says reach the ceiling (None without the model), and
+    its ``findings`` (each as its JSON object)."""
+
+    chosen: bool
+    name: str
+    metrics: dict[str, Any]
+    speedup_vs_dataloader: dict[str, Any] | None
+    trial_cpus: float
+    offered_cpus: float
+    cpus_to_ceiling: float | None
+    findings: list[dict[str, Any]]
+
+
 class SegmentWatch(Protocol):
     """What an engine watches beyond the loop's own figures while a segment runs."""
 
@@ -120,6 +139,20 @@ class Engine(abc.ABC):
     def settings(self) -> dict[str, Any]:
         """Called when ``best_config.json`` lists a candidate (a runner-up, a baseline):
         its settings as the file names them."""
+
+    @abc.abstractmethod
+    def section(self, verdict: Verdict) -> dict[str, Any]:
+        """Called when ``best_config.json`` is written, on the engine of each engine's
+        best verified candidate: the file's top-level section for it, keyed by
+        :attr:`name` (its settings, what it reserved, and ``verdict``); empty where the
+        file's own ``loader`` sections hold it."""
+
+    @classmethod
+    @abc.abstractmethod
+    def read_section(cls, data: Mapping[str, Any]) -> Any:
+        """Called when ``best_config.json`` is read: the pipeline that :meth:`section`
+        wrote into ``data`` (the file's content), validated without importing what runs
+        it (a ConfigError saying what is wrong); None where the file has none."""
 
     @classmethod
     @abc.abstractmethod

@@ -22,7 +22,7 @@ from raytune_loader.candidates.config import (
     WORKER_KEYS,
     LoaderConfig,
 )
-from raytune_loader.engines.base import Engine, Held, SegmentWatch
+from raytune_loader.engines.base import Engine, Held, SegmentWatch, Verdict
 from raytune_loader.errors import ConfigError
 from raytune_loader.loaders.loader import build_dataloader
 
@@ -106,6 +106,16 @@ class DataLoaderEngine(Engine):
         config = self.config
         return {"loader": config.kwargs(), "pipeline": config.pipeline(),
                 "worker_init": config.worker_init()}  # fmt: skip
+
+    def section(self, verdict: Verdict) -> dict[str, Any]:
+        """None of its own: the file's ``loader``, ``pipeline`` and ``worker_init``
+        (:meth:`settings`) are the DataLoader's."""
+        return {}
+
+    @classmethod
+    def read_section(cls, data: Mapping[str, Any]) -> None:
+        """None: :meth:`from_settings` reads the DataLoader's sections."""
+        return None
 
     @classmethod
     def from_settings(cls, section: Mapping[str, Any]) -> LoaderConfig | None:

@@ -16,7 +16,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from raytune_loader.candidates.config import CONFIG_KEYS, LoaderConfig
-from raytune_loader.engines.base import Engine, Held, SegmentWatch
+from raytune_loader.engines.base import Engine, Held, SegmentWatch, Verdict
+from raytune_loader.errors import ConfigError
 from raytune_loader.raydata.config import RayDataConfig
 from raytune_loader.raydata.dataset import build_dataset
 from raytune_loader.raydata.receiving import RayDataLoader
@@ -99,6 +100,36 @@ class RayDataEngine(Engine):
 
     def settings(self) -> dict[str, Any]:
         return {"engine": self.name, "raydata": self.config.raydata_values()}
+
+    def section(self, verdict: Verdict) -> dict[str, Any]:
+        """``raydata``: the pipeline's knobs, its figures, what it reserved (the trial's
+        CPUs, the actors', those the space offered) and its findings."""
+        reserved = {"trial_cpus": verdict.trial_cpus, "actor_cpus": self.config.actor_cpus,
+                    "offered_cpus": verdict.offered_cpus}  # fmt: skip
+        return {self.name: {
+            "chosen": verdict.chosen,
+            "name": verdict.name,
+            "config": self.config.raydata_values(),
+            "metrics": verdict.metrics,
+            "speedup_vs_dataloader": verdict.speedup_vs_dataloader,
+            "reserved": reserved,
+            "remote_cpus_to_ceiling": verdict.cpus_to_ceiling,
+            "findings": verdict.findings,
+        }}  # fmt: skip
+
+    @classmethod
+    def read_section(cls, data: Mapping[str, Any]) -> RayDataConfig | None:
+        """The ``raydata`` section's pipeline (no Ray imported)."""
+        section = data.get(cls.name)
+        if section is None:
+            return None
+        config = section.get("config") if isinstance(section, Mapping) else None
+        if not isinstance(config, Mapping):
+            raise ConfigError("'raydata' must hold a 'config' object; re-run the search")
+        try:
+            return RayDataConfig.from_dict(dict(config))
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"invalid raydata section: {exc}") from None
 
     @classmethod
     def from_settings(cls, section: Mapping[str, Any]) -> LoaderConfig | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.engines import engine_of
+from raytune_loader.engines import Verdict, engine_of
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.files import write_json
 from raytune_loader.machine import hardware
@@ -238,7 +238,7 @@ def best_config(
             ),
             "metric": "samples_per_s (median of verification runs)",
         },
-        **_raydata_section(ctx, selection, loader),
+        **_engine_sections(ctx, selection, loader),
         "job": job_section(ctx.job, ctx.space, fitting(winner).batch_size),
         **({"pipeline": loader.config.pipeline()} if ctx.space.pipeline else {}),
         "source": source_section(
@@ -304,26 +304,28 @@ def _settings(candidate: Candidate) -> dict[str, Any]:
     return {"name": candidate.name, **engine_of(candidate.config).settings()}
 
 
-def _raydata_section(ctx: SearchContext, selection: Selection, loader: Candidate) -> dict[str, Any]:
-    """``raydata``: the best verified Ray Data candidate, chosen or the runner-up to the
-    DataLoader, with its pipeline, figures, what it reserves and its findings."""
-    ranked = [c for c in selection.ranked if engine_of(c.config).remote]
-    if not ranked:
-        return {}
-    best = ranked[0]
-    config = fitting(best)
-    needed = ctx.model.remote_cpus(ctx.space) if ctx.model is not None else None
-    return {"raydata": {
-        "chosen": best is selection.winner,
-        "name": best.name,
-        "config": config.raydata_values(),
-        "metrics": metrics_of(best),
-        "speedup_vs_dataloader": _speedup(best, loader),
-        "reserved": {"trial_cpus": ctx.job.cpus_for(0), "actor_cpus": config.actor_cpus,
-                     "offered_cpus": ctx.space.raydata_cpus},
-        "remote_cpus_to_ceiling": needed,
-        "findings": [f.as_dict() for f in findings.raydata_findings(best)],
-    }}  # fmt: skip
+def _engine_sections(ctx: SearchContext, selection: Selection, loader: Candidate) -> dict[str, Any]:
+    """Each engine's section beside the DataLoader's (:meth:`Engine.section`): its best
+    verified candidate, chosen or a runner-up, with its figures and findings."""
+    sections: dict[str, Any] = {}
+    seen: set[str] = set()
+    for candidate in selection.ranked:
+        engine = engine_of(fitting(candidate))
+        if engine.name in seen:
+            continue
+        seen.add(engine.name)
+        verdict = Verdict(
+            chosen=candidate is selection.winner,
+            name=candidate.name,
+            metrics=metrics_of(candidate),
+            speedup_vs_dataloader=_speedup(candidate, loader),
+            trial_cpus=ctx.job.cpus_for(0),
+            offered_cpus=ctx.space.raydata_cpus,
+            cpus_to_ceiling=ctx.model.remote_cpus(ctx.space) if ctx.model is not None else None,
+            findings=[f.as_dict() for f in findings.raydata_findings(candidate)],
+        )  # fmt: skip
+        sections.update(engine.section(verdict))
+    return sections
 
 
 def _search_method(ctx: SearchContext) -> dict[str, Any]:

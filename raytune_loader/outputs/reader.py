@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.engines import engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
+from raytune_loader.engines.raydata import RayDataEngine
 from raytune_loader.errors import ConfigError, DatasetError, UserInputError
 from raytune_loader.loaders.batches import set_cached, set_fetch_threads
 from raytune_loader.loaders.loader import build_dataloader
@@ -436,20 +437,11 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
         loader = DataLoaderEngine.from_settings(data)
     except (ConfigError, TypeError) as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
-    return BestConfig(file, loader, data, _raydata(file, data.get("raydata")))
-
-
-def _raydata(file: Path, section: Any) -> RayDataConfig | None:
-    """The ``raydata`` section's pipeline, validated (no Ray imported)."""
-    if section is None:
-        return None
-    config = section.get("config") if isinstance(section, dict) else None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{file}: 'raydata' must hold a 'config' object; re-run the search")
     try:
-        return RayDataConfig.from_dict(config)
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"{file}: invalid raydata section: {exc}") from None
+        raydata = RayDataEngine.read_section(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{file}: {exc}") from None
+    return BestConfig(file, loader, data, raydata)
 
 
 SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
