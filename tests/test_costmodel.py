@@ -186,6 +186,26 @@ def test_remote_actors_add_speed_until_the_training_process_is_the_limit() -> No
     )  # two actors on half a core each make what one on a core does
 
 
+def test_a_ray_data_actor_on_a_store_waits_once_a_map_call_not_once_a_row() -> None:
+    """30 ms a request: an actor fetches its map call's objects together (up to
+    ACTOR_FETCHES), so a call of 32 rows waits one request's time and one of 128 two
+    (64 at a time), shared by its rows; a local dataset's actor waits for nothing."""
+    from raytune_loader.candidates.rules import ACTOR_FETCHES
+    from raytune_loader.tuning.costmodel import OBJECT_STORE, crossing_bytes
+
+    local = _model(per_core=50.0, cores=1)
+    remote = replace(local, profile=replace(local.profile, fetch_s=0.030))
+    put = OBJECT_STORE.put.seconds(crossing_bytes(_actors(1)))
+    for rows, waves in ((32, 1), (128, 128 // ACTOR_FETCHES)):
+        found = remote.predict(_actors(1, map_batch_size=rows))
+        assert found is not None and found.bound == "actors"
+        actor = 32 / 50.0 + waves * 0.030 * 32 / rows + 32 * put
+        assert found.samples_per_s == pytest.approx(32 / actor)
+    assert local.predict(_actors(1)).samples_per_s == pytest.approx(  # type: ignore[union-attr]
+        1 / (1 / 50.0 + put)
+    )
+
+
 def test_actors_on_the_trial_s_node_share_its_cores() -> None:
     """With --ray-data on one machine the actors take the cores the step runs on."""
     remote, local = _model(per_core=100.0, cores=2), replace(_model(100.0, 2), remote_actors=False)

@@ -181,6 +181,33 @@ def test_fetch_threads_put_a_batch_s_requests_in_flight_together(server: S3Serve
     assert peaks == {1: 1, 8: 8}
 
 
+def test_a_ray_data_actor_fetches_its_map_call_s_objects_together(server: S3Server) -> None:
+    """What a Ray Data actor runs on a bucket's dataset by index: a map call's objects in
+    flight at once (one at a time, each of its rows waited 50 ms for its request), the
+    same samples in the same order, every row stamped from the call's start; a local
+    dataset's rows are still made one at a time."""
+    import numpy as np
+
+    from raytune_loader.raydata.actors import Indexed, make_samples
+
+    server.proxy.ttfb_s = 0.05
+    dataset = build_dataset(_spec(), "uint8", "tensor")
+    indices = [5, 0, 17, 3, 40, 2, 9, 11]
+    made = make_samples({"index": np.array(indices)}, "uint8", "tensor", Indexed(dataset, 64))
+    assert server.proxy.peak_in_flight == len(indices)
+    assert made["label"].tolist() == [dataset[i][1] for i in indices]
+    assert made["image"].shape == (len(indices), *dataset[3][0].shape)  # augmented anew
+    # the rows' times add up to the call's (a batch's cost is their sum): the first
+    # row's holds the wait for every request
+    started, ended = made["_started"], made["_made"]
+    assert (started[1:] == ended[:-1]).all() and ended[0] - started[0] >= 0.05
+    assert (ended - started).sum() == pytest.approx(ended[-1] - started[0])
+    server.proxy.peak_in_flight = 0
+    one_by_one = make_samples({"index": np.array(indices)}, "uint8", "tensor", Indexed(dataset))
+    assert server.proxy.peak_in_flight == 1
+    assert one_by_one["label"].tolist() == made["label"].tolist()
+
+
 def test_workers_forked_after_the_training_process_fetched_in_threads_read_every_sample(
     server: S3Server,
 ) -> None:

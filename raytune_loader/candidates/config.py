@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from raytune_loader.candidates.rules import _VALUE_CHECKS, ENGINES, RULES, applies
+from raytune_loader.candidates.rules import _VALUE_CHECKS, ACTOR_FETCHES, ENGINES, RULES, applies
 from raytune_loader.errors import ConfigError
 
 
@@ -245,6 +245,16 @@ class LoaderConfig:
     def actor_cpus_each(self) -> float:
         """CPUs each of a Ray Data candidate's actors reserves (one where unset)."""
         return 1.0 if self.cpus_per_actor is None else float(self.cpus_per_actor)
+
+    @property
+    def requests_in_flight(self) -> int:
+        """A store's requests the candidate keeps in flight at most: each worker's
+        ``fetch_threads`` (the training process's without workers), or each Ray Data
+        actor's map call's objects (up to
+        :data:`~raytune_loader.candidates.rules.ACTOR_FETCHES`)."""
+        if self.pool_size:
+            return self.pool_size * min(ACTOR_FETCHES, self.map_batch_size or ACTOR_FETCHES)
+        return self.fetch_threads * max(1, self.num_workers)
 
     @property
     def actor_cpus(self) -> float:

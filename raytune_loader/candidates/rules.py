@@ -45,6 +45,7 @@ WORKER_THREADS = (None, 1)  # each worker's BLAS/OpenMP/torch threads: the libra
 
 FETCH_THREADS = (1, 4, 16, 64)  # a batch's objects in flight per worker, from an object store
 READ_AHEAD = (1, 2, 4)  # a stream's shards fetched at once per worker (each held whole)
+ACTOR_FETCHES = max(FETCH_THREADS)  # a Ray Data actor's objects in flight: a map call's, at most
 
 
 ENGINES = ("dataloader", "raydata")  # who makes the batches: a DataLoader, or Ray Data's actors

@@ -128,10 +128,20 @@ def set_fetch_threads(dataset: Dataset[Any], threads: int) -> None:
     """Give ``threads`` to the dataset under ``dataset``'s wrappers (``Subset``, the
     measurement's) that fetches a batch's objects with that many at once: a remote
     dataset's ``fetch_threads``; a dataset without one is left as it is."""
-    for layer in wrapped(dataset):
-        if "fetch_threads" in vars(layer):
-            layer.fetch_threads = threads
-            return
+    layer = _fetching(dataset)
+    if layer is not None:
+        layer.fetch_threads = threads
+
+
+def fetch_threads_of(dataset: Dataset[Any]) -> int | None:
+    """The requests in flight of the dataset under ``dataset``'s wrappers that fetches a
+    batch's objects (:func:`set_fetch_threads`); None for one that fetches nothing."""
+    layer = _fetching(dataset)
+    return None if layer is None else int(layer.fetch_threads)
+
+
+def _fetching(dataset: Dataset[Any]) -> Any:
+    return next((layer for layer in wrapped(dataset) if "fetch_threads" in vars(layer)), None)
 
 
 def set_cached(dataset: Dataset[Any], on: bool, cache: Any = None) -> None:

@@ -37,17 +37,26 @@ def make_samples(
     (a dict of its columns) through ``decoded``, the source's decoder of the variant
     (default: rows ``path``, ``label`` of image files, each file read and passed through
     :func:`~raytune_loader.pipeline.transforms.worker_image`), with when each row's making started
-    and ended (the stacking counted in the last row's). Images cross as one
-    (N, 3, 224, 224) array; encoded files as bytes."""
+    and ended (the stacking counted in the last row's); a store's objects the call's
+    rows fetched together (:meth:`Indexed.together`), the first row's making started
+    with the call, each next one's where the last one's ended.
+    Images cross as one (N, 3, 224, 224) array; encoded files as bytes."""
     import numpy as np
 
     decoded = decoded or FileImage(transfer, decode)
     made_list: list[Any] = []
     labels: list[int] = []
     started, made = [], []
-    for index in range(len(next(iter(batch.values())))):
-        started.append(time.monotonic())
-        sample, label = decoded(_row(batch, index))
+    rows = [_row(batch, index) for index in range(len(next(iter(batch.values()))))]
+    call_started = time.monotonic()
+    # a store's objects: the call's fetched at once, each row made when all were
+    together = decoded.together(rows) if isinstance(decoded, Indexed) else None
+    for index, row in enumerate(rows):
+        # fetched together: each row's making starts where the last one's ended, the
+        # first with the call, so that the rows' times add up to the call's (a batch's
+        # cost is their sum)
+        started.append(time.monotonic() if together is None else made[-1] if made else call_started)
+        sample, label = decoded(row) if together is None else together[index]
         made_list.append(sample.numpy().tobytes() if decode == "device" else _array(sample))
         labels.append(int(label))
         made.append(time.monotonic())
@@ -55,10 +64,10 @@ def make_samples(
         np.array(made_list, dtype=object) if decode == "device" else np.stack(made_list)
     )
     made[-1] = time.monotonic()
-    rows = len(made)
+    count = len(made)
     return {"image": images, "label": np.asarray(labels, dtype=np.int64),
             "_started": np.array(started), "_made": np.array(made),
-            "_rss": np.full(rows, _resident()), "_free": np.full(rows, _available())}  # fmt: skip
+            "_rss": np.full(count, _resident()), "_free": np.full(count, _available())}  # fmt: skip
 
 
 def _row(batch: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -103,13 +112,31 @@ class FileImage:
 
 @dataclass(frozen=True)
 class Indexed:
-    """A :class:`ByIndex` row (``index``) as the dataset's own sample."""
+    """A :class:`ByIndex` row (``index``) as the dataset's own sample. A dataset that
+    fetches a batch's objects from a store (``__getitems__``, ``fetch_threads`` at a
+    time) has a map call's fetched ``in_flight`` at a time (:meth:`together`), as a
+    DataLoader worker fetches its batch's, where one at a time each row waited for its
+    request."""
 
     dataset: TorchDataset[Any]
+    in_flight: int = 1
 
     def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
         sample, label = self.dataset[int(row["index"])][:2]
         return sample, label
+
+    def together(self, rows: list[dict[str, Any]]) -> list[tuple[Any, int]] | None:
+        """The rows' samples from one ``__getitems__`` of the actor's own copy of the
+        dataset, its requests ``in_flight`` at once; None where the dataset fetches
+        nothing (the rows are then made one at a time)."""
+        from raytune_loader.loaders.batches import fetch_threads_of, set_fetch_threads
+
+        many = getattr(self.dataset, "__getitems__", None)
+        if self.in_flight <= 1 or fetch_threads_of(self.dataset) is None or many is None:
+            return None
+        set_fetch_threads(self.dataset, self.in_flight)
+        found = many([int(row["index"]) for row in rows])
+        return [(sample, label) for sample, label, *_ in found]
 
 
 def _resident() -> int:

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from raytune_loader.candidates.rules import ACTOR_FETCHES
 from raytune_loader.errors import ConfigError, DatasetError
 from raytune_loader.raydata.actors import Indexed, RowDecoder, SampleMaker
 from raytune_loader.raydata.config import RayDataConfig
@@ -140,7 +141,8 @@ def _read(
     from ray.data import RandomSeedConfig
 
     if isinstance(rows, ByIndex):
-        count, decoded = len(rows.dataset), Indexed(rows.dataset)  # type: ignore[arg-type]
+        count = len(rows.dataset)  # type: ignore[arg-type]
+        decoded = Indexed(rows.dataset, ACTOR_FETCHES)
     elif isinstance(rows, (list, tuple)):
         count, decoded = len(rows), None
     else:

@@ -33,7 +33,9 @@ pace in this model; the search tunes them around the structures the model ranks.
 several ranks each has its share of the cores, and the node's rate is ranks x one
 rank's.
 
-A Ray Data candidate's actors run the same worker side as a worker, plus what putting
+A Ray Data candidate's actors run the same worker side as a worker (on a store, a map
+call's objects fetched :data:`~raytune_loader.candidates.rules.ACTOR_FETCHES` at a
+time), plus what putting
 a sample into Ray's object store costs them (:data:`OBJECT_STORE`: a cost per sample
 and one per byte, measured on one node by ``experiments/raydata_overhead.py``); the
 training process pays what taking it out costs: as the profile timed it on the trials'
@@ -54,6 +56,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from raytune_loader.candidates.config import LoaderConfig
+from raytune_loader.candidates.rules import ACTOR_FETCHES
 from raytune_loader.candidates.structure import structure
 from raytune_loader.measuring.profile import Profile
 from raytune_loader.tuning.space import SearchSpace
@@ -156,7 +159,7 @@ class CostModel:
         worker = batch / per_core + collate * scale + fetch
         rank_cores = (cores or self.profile.cores) / self.ranks
         if built.remote:
-            making = batch / per_core + fetch
+            making = batch / per_core + self._actor_fetch(config, fetch)
             return self._raydata(config, receiving, step + finish, making, rank_cores)
         if config.num_workers == 0:
             main = step + worker + finish
@@ -209,6 +212,15 @@ class CostModel:
         if requests >= 1:
             return math.ceil(requests / in_flight) * self.profile.fetch_s
         return requests * self.profile.fetch_s / in_flight
+
+    def _actor_fetch(self, config: LoaderConfig, worker_fetch: float) -> float:
+        """A Ray Data actor's wait for a training batch's objects: its map call's rows
+        (a GET each) fetched :data:`ACTOR_FETCHES` at a time, that call's wait shared by
+        its rows; a stream's shards as a worker waits for them."""
+        if self.profile.requests_per_sample < 1:
+            return worker_fetch
+        rows = config.map_batch_size or config.batch_size
+        return self._fetch(rows, ACTOR_FETCHES) * config.batch_size / rows
 
     def _store(self, batch: int) -> dict[str, float]:
         """An object store's part: a rank's batch's requests at its share of the most GETs

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from raytune_loader.candidates.rules import READ_AHEAD
+from raytune_loader.candidates.rules import READ_AHEAD, applies
 from raytune_loader.verdict.finding import Finding
 from raytune_loader.verdict.selection import Candidate
 
@@ -50,13 +50,15 @@ def _small_objects(winner: Candidate, model: CostModel | None) -> Finding | None
     sharded = replace(model, profile=replace(
         profile, fetch_s=shard_s, requests_per_sample=1.0 / SHARD_SAMPLES))  # fmt: skip
     single = model.predict(config)
-    shards = sharded.predict(replace(config, fetch_threads=SHARD_READ_AHEAD))
+    # shards fetched ahead where the candidate has fetch threads (Ray Data's reader its own)
+    ahead = applies("fetch_threads", config.values())
+    shards = sharded.predict(replace(config, fetch_threads=SHARD_READ_AHEAD) if ahead else config)
     if single is None or shards is None:
         return None
     gain = shards.samples_per_s / single.samples_per_s
     if gain < SHARDS_GAIN:
         return None
-    in_flight = config.fetch_threads * max(1, config.num_workers)
+    in_flight = config.requests_in_flight
     projected = measured.median * gain
     figure = (
         f"each sample is an object of its own, a GET of {profile.fetch_s * 1e3:.0f} ms "
@@ -88,7 +90,7 @@ def _throttled(candidate: Candidate) -> Finding | None:
     if not throttled or not wall:
         return None
     config = candidate.config
-    in_flight = config.fetch_threads * max(1, config.num_workers)
+    in_flight = config.requests_in_flight
     allowed = (requests - throttled) / wall
     figure = (
         f"the object store answered {throttled} of {requests} GETs in the {len(runs)} measured "
