@@ -208,6 +208,40 @@ def test_a_ray_data_actor_fetches_its_map_call_s_objects_together(server: S3Serv
     assert one_by_one["label"].tolist() == made["label"].tolist()
 
 
+@pytest.mark.slow
+def test_a_ray_data_epoch_on_a_bucket_reads_every_object_once_a_call_s_together(
+    server: S3Server,
+) -> None:
+    """A Ray Data pipeline's actors (real Ray, their processes started in the store's
+    environment) read the bucket's images by index: each object is fetched exactly once
+    an epoch, with its class, a map call's 16 objects in flight at once."""
+    from collections import Counter
+
+    import ray
+
+    from conftest import ray_processes, ray_processes_left
+    from raytune_loader import raydata
+    from raytune_loader.raydata.config import RayDataConfig
+
+    server.proxy.ttfb_s = 0.03
+    dataset = build_dataset(_spec(), "uint8", "tensor")
+    config = RayDataConfig(16, map_batch_size=16, crosses="uint8", decoder="tensor")
+    before_ray = ray_processes()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        before = server.proxy.answered.copy()
+        rows = raydata.rows_of(dataset)
+        loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=1), config)
+        labels = Counter(int(label) for _, batch_labels in loader for label in batch_labels)
+    finally:
+        ray.shutdown()
+    assert not ray_processes_left(before_ray)
+    answered = server.proxy.answered - before
+    assert set(answered.values()) == {1} and len(answered) == len(dataset)  # type: ignore[arg-type]
+    assert labels == Counter(dataset.targets)  # type: ignore[attr-defined]
+    assert server.proxy.peak_in_flight == 16
+
+
 def test_workers_forked_after_the_training_process_fetched_in_threads_read_every_sample(
     server: S3Server,
 ) -> None:
