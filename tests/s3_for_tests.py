@@ -213,14 +213,17 @@ class S3Server:
                             aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
 
     def reset(self) -> None:
-        """Before a test: the proxy's faults off and its peak forgotten, and no listing or
-        count of an earlier test's shards left in this process."""
+        """Before a test: the proxy's faults off, its peak forgotten and its draws of
+        faults started again from its seed (which GETs a test's faults hit does not depend
+        on how many earlier tests sent), and no listing or count of an earlier test's
+        shards left in this process."""
         from raytune_loader.sources import store_shards
 
         store_shards.LISTED.clear()
         store_shards.COUNTED.clear()
         self.proxy.ttfb_s = self.proxy.throttle = self.proxy.cut = 0.0
         self.proxy.peak_in_flight = 0
+        self.proxy._random = random.Random(self.proxy.seed)
 
     def upload_folder(self, folder: Path, bucket: str, prefix: str) -> int:
         """Every file under ``folder`` as ``prefix/<its path under folder>``; how many."""
