@@ -204,6 +204,12 @@ def test_a_ray_data_actor_on_a_store_waits_once_a_map_call_not_once_a_row() -> N
     assert local.predict(_actors(1)).samples_per_s == pytest.approx(  # type: ignore[union-attr]
         1 / (1 / 50.0 + put)
     )
+    # whole blocks (map_batch_size None): Ray's blocks of a trial's rows hold a row or
+    # two, so each row waits a request's time
+    whole = remote.predict(_actors(1))
+    assert whole.samples_per_s == pytest.approx(1 / (1 / 50.0 + 0.030 + put))  # type: ignore[union-attr]
+    assert _actors(2).requests_in_flight == 2
+    assert _actors(2, map_batch_size=128).requests_in_flight == 2 * ACTOR_FETCHES
 
 
 def test_actors_on_the_trial_s_node_share_its_cores() -> None:

@@ -436,6 +436,12 @@ def test_small_objects_from_a_store_are_a_finding_when_shards_would_pay() -> Non
         model, profile=replace(profile, fetch_s=0.002, store_latency={"ttfb_p50_s": 0.001})
     )
     assert findings.findings(winner, [], [], Rules(), near) == []  # 2 ms a GET: little to gain
+    # a Ray Data winner (a call a row: shards would gain): its actors read objects only
+    actors = LoaderConfig.from_dict(
+        {"engine": "raydata", "max_actors": 2, "map_batch_size": 1}, batch_size=16
+    )
+    ray_winner = _candidate(actors, _run(actors, 100.0), _run(actors, 110.0))
+    assert store_findings.store_findings(ray_winner, model) == []
 
 
 def test_a_cached_winner_s_slow_first_epoch_is_a_finding_with_its_warm_up() -> None:

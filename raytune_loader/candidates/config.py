@@ -252,8 +252,8 @@ class LoaderConfig:
         ``fetch_threads`` (the training process's without workers), or each Ray Data
         actor's map call's objects (up to
         :data:`~raytune_loader.candidates.rules.ACTOR_FETCHES`)."""
-        if self.pool_size:
-            return self.pool_size * min(ACTOR_FETCHES, self.map_batch_size or ACTOR_FETCHES)
+        if self.pool_size:  # whole blocks (map_batch_size None): a row or two a call
+            return self.pool_size * min(ACTOR_FETCHES, self.map_batch_size or 1)
         return self.fetch_threads * max(1, self.num_workers)
 
     @property

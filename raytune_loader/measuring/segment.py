@@ -276,7 +276,10 @@ def train_segment(
         cpus = min(hardware.usable_cpus(), 1 + config.num_workers)
         watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
         engine_watch = batches.engine.segment_watch(batches.loader)
-        watches = [w for w in (engine_watch, counts and StoreWatch(counts)) if w is not None]
+        # a store's requests as this process made them: a remote engine's makers (Ray
+        # Data's actors) make theirs in their own processes, uncounted here
+        counted = counts if counts and not batches.engine.remote else None
+        watches = [w for w in (engine_watch, counted and StoreWatch(counted)) if w is not None]
 
         def fetch() -> tuple[Any, Stamped]:  # the next batch on the device, its stamps
             stamped = next(batches)

@@ -38,8 +38,8 @@ def make_samples(
     (default: rows ``path``, ``label`` of image files, each file read and passed through
     :func:`~raytune_loader.pipeline.transforms.worker_image`), with when each row's making started
     and ended (the stacking counted in the last row's); a store's objects the call's
-    rows fetched together (:meth:`Indexed.together`), the first row's making started
-    with the call, each next one's where the last one's ended.
+    rows fetched together (:meth:`Indexed.together`), each row's time holding its share
+    of the call's wait.
     Images cross as one (N, 3, 224, 224) array; encoded files as bytes."""
     import numpy as np
 
@@ -49,13 +49,13 @@ def make_samples(
     started, made = [], []
     rows = [_row(batch, index) for index in range(len(next(iter(batch.values()))))]
     call_started = time.monotonic()
-    # a store's objects: the call's fetched at once, each row made when all were
+    # a store's objects: the call's fetched at once (None: each row made on its own)
     together = decoded.together(rows) if isinstance(decoded, Indexed) else None
+    # the call's wait shared by its rows, so that their times add up to the call's
+    # (a batch's cost is its rows' sum) and a batch cut across calls gets its share
+    share = (time.monotonic() - call_started) / max(1, len(rows)) if together else 0.0
     for index, row in enumerate(rows):
-        # fetched together: each row's making starts where the last one's ended, the
-        # first with the call, so that the rows' times add up to the call's (a batch's
-        # cost is their sum)
-        started.append(time.monotonic() if together is None else made[-1] if made else call_started)
+        started.append(time.monotonic() - share)
         sample, label = decoded(row) if together is None else together[index]
         made_list.append(sample.numpy().tobytes() if decode == "device" else _array(sample))
         labels.append(int(label))

@@ -112,7 +112,7 @@ class ImageFolders(Source):
         return ("map",)
 
     def ray_data_reads(self, spec: Spec) -> bool:
-        return True  # the (file, class) rows of the trial's subset
+        return True  # the (file, class) rows of the trial's subset; a bucket's, by index
 
     def pipeline_searched(self, spec: Spec) -> bool:
         return True

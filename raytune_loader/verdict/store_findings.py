@@ -43,16 +43,16 @@ def _small_objects(winner: Candidate, model: CostModel | None) -> Finding | None
     ttfb = (profile.store_latency or {}).get("ttfb_p50_s") if profile is not None else None
     measured = winner.stats("samples_per_s")
     config = winner.config
+    # a Ray Data winner (no fetch threads): on a bucket its actors read objects only
     if (model is None or profile is None or not ttfb or measured is None
-            or config.access != "map" or profile.requests_per_sample < 0.5):  # fmt: skip
+            or config.access != "map" or profile.requests_per_sample < 0.5
+            or not applies("fetch_threads", config.values())):  # fmt: skip
         return None
     shard_s = ttfb + SHARD_SAMPLES * max(0.0, profile.fetch_s - ttfb)  # the first byte once
     sharded = replace(model, profile=replace(
         profile, fetch_s=shard_s, requests_per_sample=1.0 / SHARD_SAMPLES))  # fmt: skip
     single = model.predict(config)
-    # shards fetched ahead where the candidate has fetch threads (Ray Data's reader its own)
-    ahead = applies("fetch_threads", config.values())
-    shards = sharded.predict(replace(config, fetch_threads=SHARD_READ_AHEAD) if ahead else config)
+    shards = sharded.predict(replace(config, fetch_threads=SHARD_READ_AHEAD))
     if single is None or shards is None:
         return None
     gain = shards.samples_per_s / single.samples_per_s
