@@ -252,9 +252,15 @@ class LoaderConfig:
         ``fetch_threads`` (the training process's without workers), or each Ray Data
         actor's map call's objects (up to
         :data:`~raytune_loader.candidates.rules.ACTOR_FETCHES`)."""
-        if self.pool_size:  # whole blocks (map_batch_size None): a row or two a call
-            return self.pool_size * min(ACTOR_FETCHES, self.map_batch_size or 1)
+        if self.pool_size:
+            return self.pool_size * min(ACTOR_FETCHES, self.rows_per_call)
         return self.fetch_threads * max(1, self.num_workers)
+
+    @property
+    def rows_per_call(self) -> int:
+        """The rows a Ray Data actor makes in one map call: ``map_batch_size``, or with
+        whole blocks (None) one: Ray's blocks of a trial's rows hold a row or two."""
+        return self.map_batch_size or 1
 
     @property
     def actor_cpus(self) -> float:

@@ -309,6 +309,7 @@ def _engine_sections(ctx: SearchContext, selection: Selection, loader: Candidate
     verified candidate, chosen or a runner-up, with its figures and findings."""
     sections: dict[str, Any] = {}
     seen: set[str] = set()
+    to_ceiling = ctx.model.remote_cpus(ctx.space) if ctx.model is not None else None
     for candidate in selection.ranked:
         engine = engine_of(fitting(candidate))
         if engine.name in seen:
@@ -321,7 +322,7 @@ def _engine_sections(ctx: SearchContext, selection: Selection, loader: Candidate
             speedup_vs_dataloader=_speedup(candidate, loader),
             trial_cpus=ctx.job.cpus_for(0),
             offered_cpus=ctx.space.raydata_cpus,
-            cpus_to_ceiling=ctx.model.remote_cpus(ctx.space) if ctx.model is not None else None,
+            cpus_to_ceiling=to_ceiling,
             findings=[f.as_dict() for f in findings.raydata_findings(candidate)],
         )  # fmt: skip
         sections.update(engine.section(verdict))

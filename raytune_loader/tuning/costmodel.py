@@ -215,13 +215,12 @@ class CostModel:
 
     def _actor_fetch(self, config: LoaderConfig, worker_fetch: float) -> float:
         """A Ray Data actor's wait for a training batch's objects: its map call's rows
-        (a GET each) fetched :data:`ACTOR_FETCHES` at a time, that call's wait shared by
-        its rows (whole blocks, ``map_batch_size`` None: Ray's blocks of a trial's rows
-        hold a row or two, so a request's wait a row); a stream's shards as a worker
+        (:attr:`~LoaderConfig.rows_per_call`, a GET each) fetched :data:`ACTOR_FETCHES`
+        at a time, that call's wait shared by its rows; a stream's shards as a worker
         waits for them."""
         if self.profile.requests_per_sample < 1:
             return worker_fetch
-        rows = config.map_batch_size or 1
+        rows = config.rows_per_call
         return self._fetch(rows, ACTOR_FETCHES) * config.batch_size / rows
 
     def _store(self, batch: int) -> dict[str, float]:
