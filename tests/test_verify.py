@@ -127,21 +127,26 @@ def test_verification_takes_trusted_trials_before_unsteady_ones_or_defects() -> 
 class Scripted(LocalMeasurer):
     """Each configuration's samples/s come from a script, by its workers, in order."""
 
-    def __init__(self, speeds: dict[int, list[float]]) -> None:
+    def __init__(self, speeds: dict[int, list[float]], unsteady: int | None = None) -> None:
         self.speeds = speeds
+        self.unsteady = unsteady  # the workers whose windows are not steady
+        self.calls: list[int] = []
 
     def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
         from raytune_loader.measuring.outcomes import SegmentMetrics
 
+        self.calls.append(config.num_workers)
         speed = self.speeds[config.num_workers].pop(0)
         metrics = SegmentMetrics(speed, 0.1, speed / 1000, "step-timing", None, 100, 1.0)
+        if config.num_workers == self.unsteady:
+            metrics = replace(metrics, steady=False, steady_ratio=1.5)
         return TrialOutcome(config, 1 + config.num_workers, 0, metrics, effective_batch_size=8)
 
 
 @pytest.mark.parametrize(
     ("speeds", "rounds"),
     [
-        ({0: [100, 110, 105, 102, 101], 2: [500, 510, 505, 502, 501]}, 2),  # apart: 2 rounds
+        ({0: [250, 260, 255, 252, 251], 2: [500, 510, 505, 502, 501]}, 2),  # apart: 2 rounds
         ({0: [480, 520, 500, 490, 510], 2: [500, 510, 495, 505, 498]}, 3),  # the same: 3
         ({0: [300, 520, 280, 600, 250], 2: [500, 290, 505, 510, 498]}, 5),  # unsettled: all
     ],
@@ -154,6 +159,28 @@ def test_verification_runs_as_many_rounds_as_the_evidence_needs(
     verified = verify(JOB, configs, 5, Scripted(speeds), objective="samples_per_s")
     assert verified.rounds == rounds
     assert all(len(c.outcomes) == rounds for c in verified.candidates)
+
+
+def test_a_configuration_out_of_reach_of_the_best_is_not_measured_again() -> None:
+    """A slow baseline on a bucket (21 samples/s against 529) is measured once: its
+    threefold gap no run could close. One 2.5x below is measured every round until the
+    runs decide, as is any configuration when the best's windows were not steady."""
+    configs = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
+    speeds = {0: [21, 22, 21], 1: [200, 205, 202], 2: [529, 517, 542]}
+    measurer = Scripted({k: list(v) for k, v in speeds.items()})
+    verified = verify(JOB, configs, 3, measurer, objective="samples_per_s")
+    runs = {c.name: len(c.outcomes) for c in verified.candidates}
+    assert runs == {"none": 1, "one": 2, "two": 2} and verified.rounds == 2
+    assert measurer.calls == [0, 1, 2, 1, 2]
+    # the best unsteady: its figure cannot rule the others out
+    unsteady = Scripted({k: list(v) for k, v in speeds.items()}, unsteady=2)
+    pair = {"none": configs["none"], "two": configs["two"]}
+    verified = verify(JOB, pair, 3, unsteady, objective="samples_per_s")
+    assert {c.name: len(c.outcomes) for c in verified.candidates} == {"none": 2, "two": 2}
+    # without an objective (the bench), every configuration runs every round
+    plain = Scripted({k: list(v) for k, v in speeds.items()})
+    verify(JOB, configs, 3, plain)
+    assert len(plain.calls) == 9
 
 
 def test_the_best_tuned_ray_data_trial_is_verified_beside_ray_s_documented_pipeline() -> None:

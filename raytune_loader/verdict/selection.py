@@ -21,6 +21,10 @@ from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.measuring.outcomes import TrialOutcome
 
 MIN_ROUNDS = 2  # verification rounds before the evidence may decide
+# a configuration whose every run is this many times below the best steady one's worst
+# is not re-measured: the runs of one configuration differ by a few percent to 20% (a
+# window whose halves differ by more is marked not steady), not threefold
+OUT_OF_REACH = 3.0
 
 
 def rotation(names: Sequence[str], repeat: int) -> list[str]:
@@ -161,6 +165,24 @@ def decided(candidates: Sequence[Candidate], objective: str) -> bool:
         if other is not best and stats.min < low <= stats.max:
             return False  # its runs straddle the best's worst: in or out is not known
     return True
+
+
+def out_of_reach(candidates: Sequence[Candidate], objective: str) -> set[str]:
+    """The configurations no further run could bring near the best: every run of theirs
+    ``OUT_OF_REACH`` times or more below the worst run of the best steady configuration
+    (none without a steady one). Re-measuring them would only lengthen verification: a
+    slow baseline on a bucket takes ten times a tuned candidate's window."""
+    steady = [c for c in candidates if c.steady and c.stats(objective) is not None]
+    if not steady:
+        return set()
+    best = max(steady, key=lambda c: c.stats(objective).median)  # type: ignore[union-attr]
+    low = best.stats(objective).min  # type: ignore[union-attr]
+    return {
+        c.name
+        for c in candidates
+        if c is not best and (stats := c.stats(objective)) is not None
+        and stats.max * OUT_OF_REACH <= low
+    }  # fmt: skip
 
 
 def fitting(candidate: Candidate) -> LoaderConfig:

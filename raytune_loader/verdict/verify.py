@@ -26,9 +26,11 @@ from raytune_loader.progress import Progress
 from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.verdict.selection import (
     MIN_ROUNDS,
+    OUT_OF_REACH,
     Candidate,
     decided,
     fitting,
+    out_of_reach,
     rotation,
     select,
 )
@@ -99,14 +101,19 @@ def verify(
     """Each configuration once a round, one at a time, the order rotated every round,
     with the ceiling re-measured in each round at every batch size that has one; up to
     ``repeats`` rounds, fewer when the runs already decide the winner (with an
-    ``objective``: :func:`raytune_loader.verdict.selection.decided`, after ``MIN_ROUNDS``)."""
+    ``objective``: :func:`raytune_loader.verdict.selection.decided`, after ``MIN_ROUNDS``).
+    With an ``objective``, a configuration out of reach of the best after a round
+    (:func:`raytune_loader.verdict.selection.out_of_reach`) is not measured again."""
     order = list(configs) + ([CEILING] if job.ceilings else [])
     outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in configs}
     ceilings = dict(job.ceilings)
     total = len(configs) * repeats
     done = 0
+    left_out: set[str] = set()  # out of reach of the best: measured no more
     for repeat in range(repeats):
         for name in rotation(order, repeat):
+            if name in left_out:
+                continue
             if name == CEILING:
                 _remeasure(job, measurer, ceilings)
                 continue
@@ -117,10 +124,18 @@ def verify(
             if on_measured is not None:
                 on_measured(done, total, name, repeat + 1, outcome)
         candidates = _candidates(configs, outcomes, ceilings)
-        if objective and repeat + 1 >= MIN_ROUNDS and decided(candidates, objective):
+        if not objective:
+            continue
+        if repeat + 1 >= MIN_ROUNDS and decided(candidates, objective):
             if on_measured is not None and done < total:
                 log.info("verification decided after %d rounds", repeat + 1)
             break
+        far = out_of_reach(candidates, objective) - left_out
+        if far:
+            log.info("not measured again, %gx or more below the best: %s",
+                     OUT_OF_REACH, ", ".join(sorted(far)))  # fmt: skip
+            left_out |= far
+            total -= len(far) * (repeats - repeat - 1)
     return Verified(_candidates(configs, outcomes, ceilings), ceilings, rounds=repeat + 1)
 
 
