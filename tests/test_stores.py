@@ -206,6 +206,49 @@ def test_a_ray_data_actor_fetches_its_map_call_s_objects_together(server: S3Serv
     assert one_by_one["label"].tolist() == made["label"].tolist()
 
 
+def test_a_ray_data_actor_says_what_its_map_calls_asked_of_the_store(
+    server: S3Server, tiny_imagenet: Path
+) -> None:
+    """An actor's requests are made in its own process, where the trial's counts cannot
+    see them: each map call hands its counts over in its first row (every GET, retries
+    by cause), and a measured segment's watch sums those of the batches received during
+    its window, not before or after it. A local dataset's calls carry no counts."""
+    import numpy as np
+
+    from raytune_loader.raydata.actors import STORE_COLUMNS, Indexed, make_samples
+    from raytune_loader.raydata.receiving import PipelineWatch
+
+    server.proxy.ttfb_s, server.proxy.throttle = 0.01, 0.3
+    dataset = build_dataset(_spec(), "uint8", "tensor")
+    sent, throttled = server.proxy.requests, server.proxy.throttled
+    calls = [
+        make_samples({"index": np.arange(start, start + 8)}, "uint8", "tensor",
+                     Indexed(dataset, 64))
+        for start in (0, 8, 16, 24)
+    ]  # fmt: skip
+    asked = {c: sum(int(call[c].sum()) for call in calls) for c in STORE_COLUMNS}
+    assert asked["_store_requests"] == 32  # each object once
+    assert asked["_store_throttled"] == server.proxy.throttled - throttled > 0
+    assert 32 + asked["_store_throttled"] == server.proxy.requests - sent  # every GET sent
+    assert not any(call[c][1:].any() for call in calls for c in STORE_COLUMNS)
+    watch = PipelineWatch()
+    watch.saw(calls[0])  # collated before the window opened
+    watch.window_started()
+    watch.saw(calls[1])
+    watch.saw(calls[2])
+    watch.window_ended()
+    watch.saw(calls[3])  # after it closed
+    figures = watch.figures()
+    inside = calls[1:3]
+    assert figures["store_requests"] == sum(int(c["_store_requests"].sum()) for c in inside)
+    assert figures["store_throttled"] == sum(int(c["_store_throttled"].sum()) for c in inside)
+    assert figures["store_request_s"] >= 0.01  # at least the time to its first byte
+    local = build_dataset(DatasetSpec("imagenet", str(tiny_imagenet)), "uint8", "tensor")
+    made = make_samples({"index": np.arange(8)}, "uint8", "tensor", Indexed(local, 64))
+    assert not set(STORE_COLUMNS) & set(made)
+    assert "store_requests" not in PipelineWatch().figures()
+
+
 @pytest.mark.slow
 def test_a_ray_data_epoch_on_a_bucket_reads_every_object_once_a_call_s_together(
     server: S3Server,
@@ -229,8 +272,13 @@ def test_a_ray_data_epoch_on_a_bucket_reads_every_object_once_a_call_s_together(
     try:
         before = server.proxy.answered.copy()
         rows = raydata.rows_of(dataset)
-        loader = raydata.RayDataLoader(raydata.build_dataset(rows, config, seed=1), config)
-        labels = Counter(int(label) for _, batch_labels in loader for label in batch_labels)
+        source = raydata.build_dataset(rows, config, seed=1)
+        loader = raydata.RayDataLoader(source, config, stamp=True)
+        assert loader.watch is not None
+        loader.watch.window_started()
+        labels = Counter(int(label) for stamped in loader for label in stamped.batch[1])
+        loader.watch.window_ended()
+        asked = loader.watch.figures()
     finally:
         ray.shutdown()
     assert not ray_processes_left(before_ray)
@@ -238,6 +286,8 @@ def test_a_ray_data_epoch_on_a_bucket_reads_every_object_once_a_call_s_together(
     assert set(answered.values()) == {1} and len(answered) == len(dataset)  # type: ignore[arg-type]
     assert labels == Counter(dataset.targets)  # type: ignore[attr-defined]
     assert server.proxy.peak_in_flight == 16
+    # the actors' GETs, counted in their processes, summed by the trial's watch
+    assert asked["store_requests"] == len(dataset) and asked["store_throttled"] == 0  # type: ignore[arg-type]
 
 
 def test_workers_forked_after_the_training_process_fetched_in_threads_read_every_sample(

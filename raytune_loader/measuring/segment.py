@@ -277,7 +277,8 @@ def train_segment(
         watcher = watch.Watcher(batches.worker_pids, cpus, active=spec.watch).start()
         engine_watch = batches.engine.segment_watch(batches.loader)
         # a store's requests as this process made them: a remote engine's makers (Ray
-        # Data's actors) make theirs in their own processes, uncounted here
+        # Data's actors) make theirs in their own processes and say so with their
+        # batches (its segment watch counts them)
         counted = counts if counts and not batches.engine.remote else None
         watches = [w for w in (engine_watch, counted and StoreWatch(counted)) if w is not None]
 

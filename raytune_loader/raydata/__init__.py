@@ -10,10 +10,11 @@ from them; :mod:`~raytune_loader.raydata.receiving` the training process's side 
 batches, what a measured segment watches); :mod:`~raytune_loader.raydata.receive_cost`
 what receiving costs the trials' node. The engine that runs a Ray Data candidate is
 :class:`raytune_loader.engines.raydata.RayDataEngine`. No module imports Ray until it
-builds or reads a pipeline. The modules' names are also this room's (it was one module
-before 0.2), imported on first use.
+builds or reads a pipeline; the actors count a store's requests with ``stores``. The
+modules' names are also this room's (it was one module before 0.2), imported on first
+use.
 
-May import: the foundations, ``candidates``, ``pipeline``, ``loaders``.
+May import: the foundations, ``stores``, ``candidates``, ``pipeline``, ``loaders``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raytune_loader.errors import CorruptSampleError
+from raytune_loader.stores.store import Counts, store_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 # The actors' side -------------------------------------------------------------------------
 
 RowDecoder = Callable[[dict[str, Any]], tuple[Any, int]]  # a row's columns -> (sample, class)
+# what a map call asked of a store (Counts' names): the call's totals in its first row,
+# so that any batch cut across calls sums each call's once
+STORE_COLUMNS = tuple(f"_store_{name}" for name in Counts.NAMES)
 
 
 def make_samples(
@@ -39,7 +43,8 @@ def make_samples(
     :func:`~raytune_loader.pipeline.transforms.worker_image`), with when each row's making started
     and ended (the stacking counted in the last row's); a store's objects the call's
     rows fetched together (:meth:`Indexed.together`), each row's time holding its share
-    of the call's wait.
+    of the call's wait, and what the call asked of the store (:data:`STORE_COLUMNS`:
+    the actor's requests are made in its own process, uncounted by the trial's).
     Images cross as one (N, 3, 224, 224) array; encoded files as bytes."""
     import numpy as np
 
@@ -49,6 +54,8 @@ def make_samples(
     started, made = [], []
     rows = [_row(batch, index) for index in range(len(next(iter(batch.values()))))]
     call_started = time.monotonic()
+    counts = decoded.counts() if isinstance(decoded, Indexed) else None
+    asked_before = counts.totals() if counts is not None else None
     # a store's objects: the call's fetched at once (None: each row made on its own)
     together = decoded.together(rows) if isinstance(decoded, Indexed) else None
     # the call's wait shared by its rows, so that their times add up to the call's
@@ -65,9 +72,15 @@ def make_samples(
     )
     made[-1] = time.monotonic()
     count = len(made)
-    return {"image": images, "label": np.asarray(labels, dtype=np.int64),
-            "_started": np.array(started), "_made": np.array(made),
-            "_rss": np.full(count, _resident()), "_free": np.full(count, _available())}  # fmt: skip
+    out = {"image": images, "label": np.asarray(labels, dtype=np.int64),
+           "_started": np.array(started), "_made": np.array(made),
+           "_rss": np.full(count, _resident()), "_free": np.full(count, _available())}  # fmt: skip
+    if counts is not None and asked_before is not None:
+        after = counts.totals()
+        for column, name in zip(STORE_COLUMNS, Counts.NAMES, strict=True):
+            out[column] = np.zeros(count, dtype=np.int64)
+            out[column][0] = after[name] - asked_before[name]
+    return out
 
 
 def _row(batch: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -124,6 +137,17 @@ class Indexed:
     def __call__(self, row: dict[str, Any]) -> tuple[Any, int]:
         sample, label = self.dataset[int(row["index"])][:2]
         return sample, label
+
+    def counts(self) -> Counts | None:
+        """The requests this actor's copy of the dataset makes, counted in this process
+        (a count of its own from the first call: a copy's is not the trial's); None where
+        it reads no store."""
+        store = store_of(self.dataset)
+        if store is None:
+            return None
+        if store.counts is None:
+            store.counts = Counts()
+        return store.counts
 
     def together(self, rows: list[dict[str, Any]]) -> list[tuple[Any, int]] | None:
         """The rows' samples from one ``__getitems__`` of the actor's own copy of the

@@ -13,11 +13,15 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from raytune_loader.errors import CorruptSampleError
+from raytune_loader.raydata.actors import STORE_COLUMNS
 from raytune_loader.raydata.config import RayDataConfig
+from raytune_loader.stores.store import Counts, window_figures
 
 if TYPE_CHECKING:
     import numpy as np
@@ -150,30 +154,48 @@ class PipelineWatch:
     """What a measured Ray Data segment shows beyond its rate: the bytes Ray spilled from
     the object store during the window (the cluster's count, before and after), the
     largest resident memory an actor reported and the least memory its node had free,
-    and Ray Data's own figures of its last full execution (the largest USS it measured
-    in the actors' map tasks; the time its executor held the actors' tasks back,
-    backpressure)."""
+    Ray Data's own figures of its last full execution (the largest USS it measured in
+    the actors' map tasks; the time its executor held the actors' tasks back,
+    backpressure), and on a bucket what the actors asked of the store for the batches
+    received during the window (requests, retries by cause, time in flight)."""
 
     def __init__(self) -> None:
         self.actor_rss = 0
         self.actor_free: int | None = None
         self._spilled: list[int | None] = []
         self.stats: dict[str, Any] = {}
+        self._lock = threading.Lock()  # Ray's threads collate the batches ahead
+        self._window: list[float] = []  # when the window started (and ended)
+        self._asked: dict[str, int] | None = None  # a store's counts over the window
 
     def saw(self, batch: Mapping[str, Any]) -> None:
-        """A batch's rows as the actors made them: what they said of their memory."""
+        """A batch's rows as the actors made them: what they said of their memory, and
+        of a store's requests (counted while the window is open)."""
         if "_rss" in batch and len(batch["_rss"]):
             self.actor_rss = max(self.actor_rss, int(batch["_rss"].max()))
             free = int(batch["_free"].min())
             self.actor_free = free if self.actor_free is None else min(self.actor_free, free)
+        if STORE_COLUMNS[0] not in batch:
+            return
+        with self._lock:
+            if len(self._window) != 1:
+                return
+            asked = self._asked if self._asked is not None else dict.fromkeys(Counts.NAMES, 0)
+            for column, name in zip(STORE_COLUMNS, Counts.NAMES, strict=True):
+                asked[name] += int(batch[column].sum())
+            self._asked = asked
 
     def window_started(self) -> None:
         """The window starts: the cluster's spilled bytes so far."""
         self._spilled = [spilled_bytes()]
+        with self._lock:
+            self._window, self._asked = [time.monotonic()], None
 
     def window_ended(self) -> None:
         """The window ends: the cluster's spilled bytes now."""
         self._spilled.append(spilled_bytes())
+        with self._lock:
+            self._window.append(time.monotonic())
 
     def executed(self, source: Any) -> None:
         """An execution read to its end: Ray Data's figures of its map operator."""
@@ -197,7 +219,14 @@ class PipelineWatch:
             "actor_free_bytes": self.actor_free,
             "actor_uss_ray_bytes": self.stats.get("actor_uss_ray_bytes"),
             "backpressure_s": self.stats.get("backpressure_s"),
+            **self._store_figures(),
         }
+
+    def _store_figures(self) -> dict[str, Any]:
+        with self._lock:
+            if self._asked is None or len(self._window) != 2:
+                return {}
+            return window_figures(self._asked, self._window[1] - self._window[0])
 
 
 def spilled_bytes() -> int | None:

@@ -514,12 +514,18 @@ class StoreWatch:
             return {}
         (before, start), (after, end) = self._started, self._ended
         took = {name: after[name] - before[name] for name in Counts.NAMES}
-        requests, wall = took["requests"], max(end - start, 1e-9)
-        return {
-            "store_requests": requests,
-            "store_throttled": took["throttled"],
-            "store_timeouts": took["timeout"],
-            "store_resets": took["reset"],
-            "store_request_s": took["busy_us"] / 1e6 / requests if requests else None,
-            "store_in_flight": took["busy_us"] / 1e6 / wall,
-        }
+        return window_figures(took, end - start)
+
+
+def window_figures(took: Mapping[str, int], wall_s: float) -> dict[str, Any]:
+    """A window's figures by ``SegmentMetrics``' names from what its requests took
+    (:attr:`Counts.NAMES`, summed over every process that made them) in ``wall_s``."""
+    requests = took["requests"]
+    return {
+        "store_requests": requests,
+        "store_throttled": took["throttled"],
+        "store_timeouts": took["timeout"],
+        "store_resets": took["reset"],
+        "store_request_s": took["busy_us"] / 1e6 / requests if requests else None,
+        "store_in_flight": took["busy_us"] / 1e6 / max(wall_s, 1e-9),
+    }
