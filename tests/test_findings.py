@@ -389,16 +389,24 @@ def test_a_throttled_store_is_a_finding_with_the_rate_it_allowed() -> None:
     assert store_findings.store_findings(_candidate(config, calm, calm)) == []
     once = _run(config, store_requests=100, store_throttled=1)  # a median of 0.5
     (seen,) = store_findings.store_findings(_candidate(config, calm, once))
-    assert "answered 1 of 200 GETs" in seen.figure
+    assert "answered 1 of the 201 GETs sent" in seen.figure  # 200 answered, 1 tried again
     assert store_findings.store_findings(_candidate(PROCESSES, _run(PROCESSES))) == []
     loud = _run(config, store_requests=130, store_throttled=10)
     found = store_findings.store_findings(_candidate(config, loud, loud))
     assert [f.kind for f in found] == ["throttled"]
-    assert "20 of 260 GETs in the 2 measured windows" in found[0].figure
-    assert "about 20 requests/s to 32 in flight" in found[0].figure  # 240 answered in 12 s
-    assert "shards" in found[0].fix and found[0].values["allowed_requests_per_s"] == 20
+    assert "20 of the 280 GETs sent in the 2 measured windows" in found[0].figure
+    assert "about 22 requests/s to 32 in flight" in found[0].figure  # 260 answered in 12 s
+    assert "(2 workers x 16 fetch threads)" in found[0].figure
+    assert "shards" in found[0].fix and "(fetch_threads or workers)" in found[0].fix
+    assert found[0].values["allowed_requests_per_s"] == pytest.approx(260 / 12)
     winner = _candidate(config, loud, loud)
     assert "throttled" in {f.kind for f in findings.findings(winner, [], [], Rules())}
+    # a Ray Data candidate's requests are its actors' (counted with its batches)
+    actors = LoaderConfig.from_dict({"engine": "raydata", "max_actors": 2,
+                                     "map_batch_size": 8}, 16)  # fmt: skip
+    (rd,) = store_findings.store_findings(_candidate(actors, loud, loud))
+    assert "16 in flight (2 actors x 8 objects a map call)" in rd.figure
+    assert "(map_batch_size or max_actors)" in rd.fix
 
 
 def test_small_objects_from_a_store_are_a_finding_when_shards_would_pay() -> None:

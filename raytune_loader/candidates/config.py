@@ -257,6 +257,17 @@ class LoaderConfig:
         return self.fetch_threads * max(1, self.num_workers)
 
     @property
+    def requests_in_flight_terms(self) -> tuple[str, str]:
+        """:attr:`requests_in_flight` in words (``2 workers x 16 fetch threads``), and
+        the knobs that set it."""
+        if self.pool_size:
+            each = min(ACTOR_FETCHES, self.rows_per_call)
+            return (f"{self.pool_size} actors x {each} objects a map call",
+                    "map_batch_size or max_actors")  # fmt: skip
+        return (f"{self.num_workers} workers x {self.fetch_threads} fetch threads",
+                "fetch_threads or workers")  # fmt: skip
+
+    @property
     def rows_per_call(self) -> int:
         """The rows a Ray Data actor makes in one map call: ``map_batch_size``, or with
         whole blocks (None) one: Ray's blocks of a trial's rows hold a row or two."""

@@ -82,24 +82,26 @@ def _small_objects(winner: Candidate, model: CostModel | None) -> Finding | None
 
 def _throttled(candidate: Candidate) -> Finding | None:
     """What an object store did to the candidate's runs: throttled it (503 SlowDown, 429).
-    Counted over all its measured windows: one throttled GET in any of them is one."""
+    Counted over all its measured windows: one throttled GET in any of them is one. The
+    GETs sent are those answered (``store_requests``) and those tried again, by cause."""
     runs = [o.metrics for o in candidate.ok if o.metrics is not None and o.metrics.store_requests]
     throttled = sum(m.store_throttled or 0 for m in runs)
     requests = sum(m.store_requests or 0 for m in runs)
+    sent = requests + throttled + sum((m.store_timeouts or 0) + (m.store_resets or 0) for m in runs)
     wall = sum(m.wall_s or 0.0 for m in runs)
     if not throttled or not wall:
         return None
     config = candidate.config
     in_flight = config.requests_in_flight
-    allowed = (requests - throttled) / wall
+    said, knobs = config.requests_in_flight_terms
+    allowed = requests / wall
     figure = (
-        f"the object store answered {throttled} of {requests} GETs in the {len(runs)} measured "
-        f"windows with 503 SlowDown or 429 (retried, backed off): it allowed about "
-        f"{allowed:.0f} requests/s to {in_flight} in flight ({config.num_workers} workers x "
-        f"{config.fetch_threads} fetch threads)"
+        f"the object store answered {throttled} of the {sent} GETs sent in the {len(runs)} "
+        f"measured windows with 503 SlowDown or 429 (retried, backed off): it allowed about "
+        f"{allowed:.0f} requests/s to {in_flight} in flight ({said})"
     )
     fix = (
-        "fewer requests in flight (fetch_threads or workers), or fewer, larger objects: "
+        f"fewer requests in flight ({knobs}), or fewer, larger objects: "
         "the images in webdataset tar shards (experiments/to_shards.py), a request per "
         "shard rather than per image; a bucket's limit is per prefix, so shards spread "
         "over several prefixes"
