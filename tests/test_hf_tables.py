@@ -89,11 +89,36 @@ def test_two_ranks_of_two_threads_read_each_sample_once_a_pass(
     assert read == tables.samples
 
 
+class _Counts:
+    """A Progress that keeps what its counts said."""
+
+    def __init__(self) -> None:
+        self.counts: list[tuple[int, int]] = []
+
+    def stage(self, text: str) -> None:
+        pass
+
+    def count(self, what: str, done: int, total: int) -> None:
+        self.counts.append((done, total))
+
+    def trial(self, event: object) -> None:
+        pass
+
+    def warn(self, text: str) -> None:
+        pass
+
+
 def test_prepare_data_reads_the_shards_every_trial_reads(tables: Tables) -> None:
     for folder in (tables.saved, tables.parquet):
-        job = prepare_data(_job(folder), 8)
+        progress = _Counts()
+        job = prepare_data(_job(folder), 8, progress)  # type: ignore[arg-type]
         # 32 rows a file: 2 hold a trial's 48 samples and give the node's 2 workers one each
         assert (job.stream_shards, job.stream_workers) == (2, 2)
+        assert progress.counts[-1] == (2, 2)  # the count ends at the shards read
+    progress = _Counts()
+    job = prepare_data(_job(tables.parquet, samples_per_trial=80), 8, progress)  # type: ignore[arg-type]
+    assert job.stream_shards == 3  # more than the 2 workers need: 80 samples
+    assert all(done <= total for done, total in progress.counts) and progress.counts[-1] == (3, 3)
 
 
 @pytest.mark.parametrize(

@@ -67,9 +67,11 @@ def prepare_stream(job: TrialJob, largest_batch: int, progress: Progress) -> Tri
         info = spec.source.read_shard(spec, path)
         infos.append(info)
         read += info.samples
-        progress.count("reading shards", len(infos), wanted)
+        # how many it takes is known once they hold a trial's samples: up to them all
+        progress.count("reading shards", len(infos), len(shards))
         if read >= job.samples_per_trial and len(infos) >= wanted:
             break
+    progress.count("reading shards", len(infos), len(infos))  # done: these are all
     if read < largest_batch * job.ranks:
         raise DatasetError(
             f"{spec.name}: {len(infos)} shards hold {read} samples, fewer than one batch of "
