@@ -72,7 +72,7 @@ def test_a_pattern_and_a_prefix_name_the_same_shards_and_a_missing_one_is_named(
     server.client().put_object(Bucket=BUCKET, Key="notes/readme.txt", Body=b"no shard")
     with pytest.raises(DatasetError, match=f"s3://{BUCKET}/notes holds no .tar object"):
         source.shards(_spec(f"s3://{BUCKET}/notes"))
-    assert source.fetches(_spec()) and not source.ray_data_reads(_spec())
+    assert source.fetches(_spec()) and source.ray_data_reads(_spec())  # Arrow's S3 client
     assert store_shards.expand_braces("s3://b/x-{1..010}.tar")[:2] == [  # as braceexpand
         "s3://b/x-001.tar", "s3://b/x-002.tar"]  # fmt: skip
     assert store_shards.expand_braces("s3://b/{a,{b,c}}.tar") == [
@@ -164,6 +164,73 @@ def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Se
     stream = _stream(root)
     assert server.proxy.requests == requests
     assert stream.sizes == (24, 24, 24, 24)
+
+
+def test_arrow_s_filesystem_reads_the_bucket_with_the_store_s_settings(
+    server: S3Server,
+) -> None:
+    """What Ray Data's own readers read a bucket's shards through: Arrow's S3 client on
+    the store's endpoint and region, credentials from the environment (none passed as
+    values), a throttled GET retried by it. A profile only --storage-options names is
+    refused in one line: Arrow's client takes one from AWS_PROFILE alone."""
+    from raytune_loader.errors import ConfigError
+    from raytune_loader.stores.arrow import arrow_filesystem
+    from raytune_loader.stores.store import Store, StoreOptions
+    from raytune_loader.stores.url import parse
+
+    server.proxy.throttle = 0.4
+    store = Store(parse(f"s3://{BUCKET}/wds"))
+    filesystem = arrow_filesystem(store)
+    throttled = server.proxy.throttled
+    for i in range(4):
+        key = f"wds/shard-{i:04d}.tar"
+        with filesystem.open_input_stream(f"{BUCKET}/{key}") as handle:
+            got = handle.read()
+        assert got == server.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    assert server.proxy.throttled > throttled  # answered 503, tried again by Arrow
+    assert "testing" not in repr(filesystem.__reduce__())  # what a read task is sent
+    named = Store(parse(f"s3://{BUCKET}/wds"), StoreOptions(profile="training"))
+    with pytest.raises(ConfigError, match="export AWS_PROFILE=training, or pass --no-ray-data"):
+        arrow_filesystem(named)
+
+
+@pytest.mark.slow
+def test_a_ray_data_epoch_reads_a_bucket_s_shards_with_ray_s_own_reader(
+    server: S3Server, tiny_shards: Path
+) -> None:
+    """Ray Data's ``read_webdataset`` of the bucket's shards (real Ray, through Arrow's
+    S3 client): every sample once an epoch with the classes the local shards give, each
+    shard's object fetched, the throttled GETs retried."""
+    from collections import Counter
+
+    import ray
+
+    from conftest import ray_processes, ray_processes_left
+    from raytune_loader import raydata
+    from raytune_loader.raydata.config import RayDataConfig
+
+    server.proxy.throttle = 0.3
+    config = RayDataConfig(8, map_batch_size=8, crosses="uint8", decoder="tensor")
+    streams = {
+        "remote": _stream(PATTERN),
+        "local": _stream(str(tiny_shards / "shard-{0000..0003}.tar")),
+    }
+    before_ray = ray_processes()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        answered, throttled = server.proxy.answered.copy(), server.proxy.throttled
+        labels = {}
+        for name, stream in streams.items():
+            read = raydata.rows_of(stream)
+            loader = raydata.RayDataLoader(raydata.build_dataset(read, config, seed=1), config)
+            labels[name] = Counter(int(y) for _, ys in loader for y in ys)
+    finally:
+        ray.shutdown()
+    assert not ray_processes_left(before_ray)
+    assert labels["remote"] == labels["local"] and sum(labels["local"].values()) == 96
+    fetched = server.proxy.answered - answered
+    assert set(fetched) == {f"wds/shard-{i:04d}.tar" for i in range(4)}
+    assert server.proxy.throttled > throttled
 
 
 @pytest.mark.slow

@@ -66,7 +66,7 @@ def test_a_bucket_s_files_stream_the_rows_of_the_local_files_a_get_a_file(
     assert SOURCE.shards(_spec(f"{PREFIX}/part-{{0..2}}.parquet")) == urls  # no request
     assert server.proxy.requests == requests
     assert SOURCE.accesses(spec) == ("stream",)  # by index would copy every file here
-    assert SOURCE.fetches(spec) and not SOURCE.ray_data_reads(spec)
+    assert SOURCE.fetches(spec) and SOURCE.ray_data_reads(spec)  # Arrow's S3 client
     gets = server.proxy.gets
     stream = SOURCE.build_stream(spec, [], RAW)
     assert server.proxy.gets - gets == 3  # each file read once to count and check it
@@ -143,6 +143,35 @@ def test_a_broken_file_or_a_missing_column_is_named_in_one_line(
     client.put_object(Bucket=BUCKET, Key="texts/readme.txt", Body=b"no table")
     with pytest.raises(DatasetError, match=f"s3://{BUCKET}/texts holds no .parquet object"):
         SOURCE.shards(replace(spec, data_root=f"s3://{BUCKET}/texts"))
+
+
+@pytest.mark.slow
+def test_a_ray_data_epoch_reads_a_bucket_s_parquet_with_ray_s_own_reader(
+    server: S3Server, tables: Tables
+) -> None:
+    """Ray Data's ``read_parquet`` of the bucket's files (real Ray, through Arrow's S3
+    client): every row once an epoch with its class, as the local files hold them."""
+    import ray
+
+    from conftest import ray_processes, ray_processes_left
+    from raytune_loader import raydata
+    from raytune_loader.raydata.config import RayDataConfig
+
+    stream = SOURCE.build_stream(_spec(), [], StreamVariant("uint8", "tensor"))
+    read = raydata.rows_of(stream)
+    assert (read.reader, read.rows, read.store is not None) == ("parquet", 96, True)  # type: ignore[union-attr]
+    config = RayDataConfig(8, map_batch_size=8, crosses="uint8", decoder="tensor")
+    before_ray = ray_processes()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        gets = server.proxy.gets
+        loader = raydata.RayDataLoader(raydata.build_dataset(read, config, seed=1), config)
+        labels = Counter(int(y) for _, ys in loader for y in ys)
+    finally:
+        ray.shutdown()
+    assert not ray_processes_left(before_ray)
+    assert labels == Counter(label for _, label in tables.samples.elements())
+    assert server.proxy.gets > gets  # read from the bucket, not from a local copy
 
 
 @pytest.mark.slow

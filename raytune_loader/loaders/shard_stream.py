@@ -60,6 +60,7 @@ class RayRead:
     rows: int
     decoded: Callable[[dict[str, Any]], tuple[Any, int]]
     columns: tuple[str, ...] = ()  # all of them when empty
+    store: Any = None  # the stores.Store the files are objects of (read as s3:// paths)
 
 
 class ShardReader(Protocol):
@@ -142,7 +143,8 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         if reader is None:
             return None
         columns = tuple(getattr(self.reader, "columns", ()))
-        return RayRead(reader, self.shards, sum(self.sizes), self.decode, columns)
+        store = getattr(self.reader, "store", None)
+        return RayRead(reader, tuple(self.shards), sum(self.sizes), self.decode, columns, store)
 
     def for_loader(
         self,

@@ -163,9 +163,10 @@ def _read(
 def _read_shards(
     read: RayRead, seed: int, samples: int | None, placement: dict[str, Any]
 ) -> ray.data.Dataset:
-    """A stream's shards through Ray's own reader (:attr:`RayRead.reader`), the members
-    or columns left undecoded for the source's decoder in the actors, rows in file
-    order. An epoch reads each file once, in a seeded order drawn anew every epoch
+    """A stream's shards through Ray's own reader (:attr:`RayRead.reader`; a bucket's
+    through Arrow's S3 filesystem, :func:`~raytune_loader.stores.arrow.arrow_filesystem`),
+    the members or columns left undecoded for the source's decoder in the actors, rows
+    in file order. An epoch reads each file once, in a seeded order drawn anew every epoch
     (``FileShuffleConfig``: shuffling blocks would hold every file's bytes before the
     first decode); ``samples`` reads the files pass after pass (:func:`shard_passes`),
     cut to length."""
@@ -175,6 +176,10 @@ def _read_shards(
     if read.rows < 1:
         raise DatasetError("no samples to read: the Ray Data candidate's shards are empty")
     common: dict[str, Any] = {"num_cpus": READ_CPUS, "ray_remote_args": placement or None}
+    if read.store is not None:  # a bucket's objects, through Arrow's S3 client
+        from raytune_loader.stores.arrow import arrow_filesystem
+
+        common["filesystem"] = arrow_filesystem(read.store)
     if samples is None:
         paths = list(read.paths)
         common["shuffle"] = FileShuffleConfig(seed=seed, reseed_after_execution=True)

@@ -139,9 +139,9 @@ class HuggingFaceTables(Source):
         return ("stream",) if is_remote(spec.data_root) else ("map", "stream")
 
     def ray_data_reads(self, spec: Spec) -> bool:
-        # Parquet through ray.data.read_parquet, save_to_disk's rows by index; files in a
-        # bucket are read by the DataLoader candidates only
-        return not is_remote(spec.data_root)
+        # Parquet through ray.data.read_parquet (in a bucket, through Arrow's S3
+        # filesystem: stores.arrow), save_to_disk's rows by index
+        return True
 
     def fetches(self, spec: Spec) -> bool:
         return is_remote(spec.data_root)

@@ -215,7 +215,8 @@ class RemoteFiles(TableShards):
         return self.learned(path).rows
 
     def ray_reader(self, paths: Sequence[str]) -> str | None:
-        return None  # read by the DataLoader candidates only
+        """``read_parquet`` of the bucket's Parquet files (through Arrow's S3 filesystem)."""
+        return "parquet" if all(p.endswith(".parquet") for p in paths) else None
 
     def reads(self, wanted: Any, ahead: int) -> Iterator[dict[str, Any]]:
         """The rows of ``wanted`` spans in order, ``ahead`` files fetched at once."""

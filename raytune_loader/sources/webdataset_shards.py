@@ -81,9 +81,9 @@ class WebDatasetShards(Source):
         return ("loader", "workers")
 
     def ray_data_reads(self, spec: Spec) -> bool:
-        # the trial's shards through ray.data.read_webdataset (ShardStream.ray_read); shards
-        # in a bucket are read by the DataLoader candidates only
-        return not is_remote(spec.data_root)
+        # the trial's shards through ray.data.read_webdataset (ShardStream.ray_read); in a
+        # bucket, through Arrow's S3 filesystem (stores.arrow)
+        return True
 
     def fetches(self, spec: Spec) -> bool:
         return is_remote(spec.data_root)
