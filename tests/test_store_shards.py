@@ -145,6 +145,51 @@ def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Serv
     assert keys_of(stream) == [f"wds/shard-{i:04d}.tar" for i in range(4)]
 
 
+def test_the_profile_s_untimed_samples_of_a_stream_skip_its_shuffle_buffer(
+    server: S3Server,
+) -> None:
+    """Filling a stream's shuffle buffer reads every shard (and again, the stream
+    repeating): the profile's untimed samples (collated, finished, handed over) come from
+    the stream without it, a shard's GET, where a 5 MB shard's took 0.4 s each time."""
+    from dataclasses import replace
+
+    from raytune_loader.measuring import profile
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+
+    spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
+    job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
+                   samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
+    config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
+    buffered, checked = profile.prepare(job, 0, config, check=False)  # the shards counted
+    assert checked == 0  # unchecked: no sample read
+    unshuffled = replace(job, dataset=replace(spec, shuffle_buffer=0))
+    gets = server.proxy.gets
+    samples = profile._samples(profile._untimed(buffered, unshuffled, config), 8, config)
+    assert len(samples) == 8 and server.proxy.gets - gets == 1
+    gets = server.proxy.gets
+    assert len(profile._samples(buffered, 8, config)) == 8
+    assert server.proxy.gets - gets >= 4  # with the buffer: every shard first
+
+
+def test_the_latency_probe_of_large_objects_stops_at_its_budget(
+    server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One GET at a time, 48 of them; where they take longer than the budget (a bucket's
+    5 MB shards: 34 s), those sent within it, at least 8."""
+    from raytune_loader.stores import store as stores
+    from raytune_loader.stores.url import parse
+
+    server.proxy.ttfb_s = 0.05
+    bucket = stores.Store(parse(f"s3://{BUCKET}/wds"))
+    keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
+    monkeypatch.setattr(stores, "LATENCY_BUDGET_S", 0.2)
+    found = stores.latency(bucket, keys)
+    assert found is not None and found.requests == stores.LATENCY_LEAST
+    assert found.ttfb_p50_s >= 0.05
+    monkeypatch.setattr(stores, "LATENCY_BUDGET_S", 60.0)
+    assert stores.latency(bucket, keys, requests=12).requests == 12  # type: ignore[union-attr]
+
+
 def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Server) -> None:
     """A trial's process builds its stream from the job's listing: no LIST, and no shard
     fetched to count its samples (a count there is a whole shard's GET)."""

@@ -65,23 +65,26 @@ CEILING_WINDOWS = 3  # the ceiling is the best of this many measured windows
 
 
 def prepare(
-    job: TrialJob, slot: int = 0, config: LoaderConfig | None = None
+    job: TrialJob, slot: int = 0, config: LoaderConfig | None = None, *, check: bool = True
 ) -> tuple[Dataset[Any], int]:
     """What a measurement of ``config`` reads, with the worker-side stages of its
     pipeline variant: the trial's subset, or its stream over the trial's shards; and
-    the bytes of one of its samples."""
+    the bytes of one of its samples, read to check it (0 without ``check``: a stream's
+    first sample waits for its shuffle buffer, a bucket's shards)."""
     config = config or LoaderConfig(batch_size=1)
     datasets.adopt_listing(job.dataset, job.listing)  # the driver's: no listing again here
     config = engine_of(config).source_variant(job.dataset.source.accesses(job.dataset))
     if config.access == "stream":
         stream = shards.stream_for_trial(job, config, slot)
+        if not check:
+            return stream, 0
         first = _first_sample(stream)
         per_item = config.batch_size if config.batching == "workers" else 1
         return stream, sample_nbytes(first) // per_item
     full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)
     indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
     subset = Subset(full, indices)
-    return subset, sample_nbytes(_first_sample(subset))
+    return subset, sample_nbytes(_first_sample(subset)) if check else 0
 
 
 def _first_sample(dataset: Dataset[Any]) -> Any:
