@@ -12,7 +12,9 @@ Mbit/s a request. Two parts, in one run:
   (as before); the two in rotated rounds, the ratio of their medians.
 - **The search.** ``--ray-data`` on the bucket (s3_search.py's flags, 8 trials): the
   best verified Ray Data candidate, whether it was chosen, and its speed over the
-  rule of thumb and over the best DataLoader.
+  rule of thumb and over the best DataLoader; then the same on the images as
+  ``--shards`` webdataset tar shards in the bucket, which Ray Data reads with Ray's
+  own ``read_webdataset`` through Arrow's S3 client.
 
 Writes results/benchmarks/s3_raydata.json.
 """
@@ -30,10 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from s3_search import BUCKET, BYTES_PER_S, SEARCH, _server, _upload
+from s3_search import BUCKET, BYTES_PER_S, SEARCH, _server, _upload, _upload_shards
 
 from _common import save
 from raytune_loader.sources import synthetic
+from to_shards import images_of, write_webdataset
 
 TTFB_S = 0.03
 
@@ -43,18 +46,25 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--shards", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, _server((TTFB_S,)) as (moto, proxy):
         root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
         _upload(root / "train", moto)
+        files, labels, _ = images_of(root / "train")
+        _upload_shards(write_webdataset(files, labels, Path(tmp) / "shards", args.shards), moto)
         env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": proxy}  # fmt: skip
         os.environ.update(env)  # the actors' processes start in it
         pipeline = _pipeline(args.rounds)
-        search = _search(args.num_samples, Path(tmp) / "out")
+        search = _search(args.num_samples, Path(tmp) / "out", "imagenet",
+                         f"s3://{BUCKET}/imagenet")  # fmt: skip
+        pattern = f"s3://{BUCKET}/shards/shard-{{0000..{args.shards - 1:04d}}}.tar"
+        shards = _search(args.num_samples, Path(tmp) / "out-shards", "webdataset", pattern)
     save("s3_raydata", {"images": args.images, "ttfb_s": TTFB_S,
-                        "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
-                        "pipeline": pipeline, "search": search})  # fmt: skip
+                        "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6, "shards": args.shards,
+                        "pipeline": pipeline, "search": search,
+                        "search_shards": shards})  # fmt: skip
 
 
 def _pipeline(rounds: int) -> dict[str, Any]:
@@ -102,16 +112,16 @@ def _pipeline(rounds: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _search(num_samples: int, out: Path) -> dict[str, Any]:
+def _search(num_samples: int, out: Path, dataset: str, root: str) -> dict[str, Any]:
     """The search with Ray Data candidates on the bucket: its best Ray Data candidate."""
-    flags = [*SEARCH, "--num-samples", str(num_samples), "--dataset", "imagenet",
-             "--data-root", f"s3://{BUCKET}/imagenet", "--ray-data", "--out", str(out)]  # fmt: skip
+    flags = [*SEARCH, "--num-samples", str(num_samples), "--dataset", dataset,
+             "--data-root", root, "--ray-data", "--out", str(out)]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "raytune_loader.search", *flags],
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    best = json.loads((out / "imagenet" / "best_config.json").read_text())
+    best = json.loads((out / dataset / "best_config.json").read_text())
     section = best.get("raydata") or {}
     metrics = section.get("metrics", {}).get("samples_per_s") or {}
     return {
