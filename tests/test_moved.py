@@ -153,6 +153,12 @@ def test_resume_continues_a_search_folder_that_0_1_left(
     assert all(r["status"] in ("ok", "stopped_early") for r in rows)
     assert len(list(folder.glob("tune/search-*/trial_fn_*"))) == 3  # none run twice
     best = json.loads((folder / "best_config.json").read_text())
-    assert best["search"]["trials"] == 3
+    # the folder's trials ran on the machine that made it: on another hardware class
+    # (their node gone) they are kept but not verified, and the result is this machine's
+    (new,) = [r for r in rows if r["trial_id"] not in kept]
+    here = [r for r in rows if r["hardware_class"] == new["hardware_class"]]
+    assert best["search"]["trials"] == len(here)
+    if len(here) < len(rows):
+        assert "ran on nodes no longer in the cluster" in result.stdout + result.stderr
     assert not (folder / "last_search.json").exists()
     assert not ray_processes_left(before)

@@ -205,3 +205,27 @@ def test_the_best_tuned_ray_data_trial_is_verified_beside_ray_s_documented_pipel
     assert (configs["top-1"], configs["top-raydata"]) == (fast, tuned)
     plain = replace(space, raydata_cpus=0.0)
     assert "top-raydata" not in verification_configs(records[:1], plain, 1, "util")
+
+
+def test_a_class_whose_nodes_are_gone_is_said_and_left_unverified() -> None:
+    """A search resumed on other hardware holds trials whose nodes left the cluster:
+    verifying them would pin runs to a node that no longer exists, so that class is
+    said and left out; with every class here, or one class, or no Ray, all are kept."""
+    from raytune_loader.measuring.records import NodeFacts
+    from raytune_loader.verdict.classes import _live_classes
+
+    def on(node: str, hw_class: str, trial: str) -> object:
+        return replace(record(trial, "ok"), node=NodeFacts(node_id=node, hardware_class=hw_class))
+
+    by_class = {"epyc-2": [on("gone", "epyc-2", "a"), on("gone", "epyc-2", "b")],
+                "xeon-2": [on("here", "xeon-2", "c")]}  # fmt: skip
+    quiet = _Quiet()
+    assert list(_live_classes(by_class, {"here"}, quiet)) == ["xeon-2"]  # type: ignore[arg-type]
+    (said,) = quiet.warnings
+    assert said.startswith("epyc-2: its 2 trials ran on nodes no longer in the cluster")
+    assert said.endswith("not verified, kept in trials.csv")
+    assert _live_classes(by_class, {"here", "gone"}, quiet) == by_class  # type: ignore[arg-type]
+    assert _live_classes(by_class, None, quiet) == by_class  # type: ignore[arg-type]
+    assert _live_classes(by_class, {"elsewhere"}, quiet) == by_class  # type: ignore[arg-type]
+    one = {"epyc-2": by_class["epyc-2"]}
+    assert _live_classes(one, {"here"}, quiet) == one  # type: ignore[arg-type]

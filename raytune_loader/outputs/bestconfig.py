@@ -449,9 +449,9 @@ def write_results(
     Returns:
         The content of the top ``best_config.json``, and every trial's record.
     """
-    rebased = {
+    rebased = {  # a class left unverified (its nodes gone) keeps its trials' own ceilings
         hw_class: [r.rebased(verified[hw_class].ceilings.get(r.effective_batch_size or 0))
-                   for r in class_records]
+                   if hw_class in verified else r for r in class_records]
         for hw_class, class_records in by_class.items()
     }  # fmt: skip
     results = {

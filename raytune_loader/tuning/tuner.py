@@ -235,6 +235,13 @@ def check_cpu_nodes(cluster: RayCluster, timeout_s: float = 120.0) -> None:
             )
 
 
+def live_nodes() -> set[str] | None:
+    """The ids of the cluster's live nodes; None without a running Ray."""
+    if not ray.is_initialized():
+        return None
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+
+
 def stop_ray() -> None:
     """Shut down the Ray instance this process started or joined (its daemons with it)."""
     if ray.is_initialized():

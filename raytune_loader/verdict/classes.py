@@ -46,12 +46,36 @@ def verify_classes(
     Returns:
         Each class's verification, the class with the most trials first.
     """
+    from raytune_loader.tuning.tuner import live_nodes
+
     by_class = records.by_hardware_class(trials)
+    live = _live_classes(by_class, live_nodes(), progress)
     return {
         hw_class: verify_class(job, space, class_records, opts, cluster, gpus_per_trial,
-                               progress, len(by_class))
-        for hw_class, class_records in by_class.items()
+                               progress, len(live))
+        for hw_class, class_records in live.items()
     }  # fmt: skip
+
+
+def _live_classes(
+    by_class: dict[str, list[TrialRecord]], alive: set[str] | None, progress: Progress
+) -> dict[str, list[TrialRecord]]:
+    """The classes with a node in the cluster now (each class's trials on its live nodes
+    kept for choosing where to verify it), where there are several. A search resumed on
+    other hardware holds trials whose nodes are gone: verifying there would pin the runs
+    to a node that no longer exists, so that class is said and left unverified (its
+    trials stay in trials.csv)."""
+    if alive is None or len(by_class) < 2:
+        return by_class
+    live = {c: rs for c, rs in by_class.items() if any(r.node.node_id in alive for r in rs)}
+    for hw_class in by_class.keys() - live.keys():
+        progress.warn(
+            f"{hw_class}: its {len(by_class[hw_class])} trials ran on nodes no longer in the "
+            "cluster (a search resumed elsewhere): not verified, kept in trials.csv"
+        )
+    if not live:  # none of them here: verify on whatever this cluster has
+        return by_class
+    return live
 
 
 def verify_class(
@@ -67,9 +91,11 @@ def verify_class(
     """Re-measure the top configurations and both baselines, interleaved, one at a time,
     with the whole accelerator. With several hardware classes each is verified on the
     node its best trial ran on; the baselines and reservations then follow that node."""
-    from raytune_loader.tuning.tuner import RayMeasurer
+    from raytune_loader.tuning.tuner import RayMeasurer, live_nodes
 
-    node_id = records.best_node(class_records, opts.objective) if classes > 1 else None
+    live = live_nodes() if classes > 1 else None
+    here = [r for r in class_records if live is None or r.node.node_id in live]
+    node_id = records.best_node(here, opts.objective) if classes > 1 else None
     node_cpus = job.node_cpus
     if node_id:
         node = next(r.node for r in class_records if r.node.node_id == node_id)
