@@ -399,6 +399,7 @@ def test_a_throttled_store_is_a_finding_with_the_rate_it_allowed() -> None:
     assert "(2 workers x 16 fetch threads)" in found[0].figure
     assert "shards" in found[0].fix and "(fetch_threads or workers)" in found[0].fix
     assert found[0].values["allowed_requests_per_s"] == pytest.approx(260 / 12)
+    assert (found[0].values["requests"], found[0].values["sent"]) == (260, 280)
     winner = _candidate(config, loud, loud)
     assert "throttled" in {f.kind for f in findings.findings(winner, [], [], Rules())}
     # a Ray Data candidate's requests are its actors' (counted with its batches)

@@ -71,7 +71,8 @@ def prepare_stream(job: TrialJob, largest_batch: int, progress: Progress) -> Tri
         progress.count("reading shards", len(infos), len(shards))
         if read >= job.samples_per_trial and len(infos) >= wanted:
             break
-    progress.count("reading shards", len(infos), len(infos))  # done: these are all
+    if len(infos) < len(shards):
+        progress.count("reading shards", len(infos), len(infos))  # done: these are all
     if read < largest_batch * job.ranks:
         raise DatasetError(
             f"{spec.name}: {len(infos)} shards hold {read} samples, fewer than one batch of "

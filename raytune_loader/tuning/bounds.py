@@ -118,8 +118,8 @@ def raydata_cpus(opts: SearchOptions, cluster: Any, job: TrialJob, progress: Pro
         why = "several ranks per trial" if job.ranks > 1 else job.dataset.name
         if opts.ray_data:
             progress.warn(f"Ray Data candidates are not offered with {why}: its actors read "
-                          "image folders (local or on a bucket), local webdataset shards and "
-                          "hf tables, and map-style datasets of your own, for one rank per "
+                          "image folders, webdataset shards and hf tables (local or on a "
+                          "bucket), and map-style datasets of your own, for one rank per "
                           "trial")  # fmt: skip
         return 0.0
     cpus = cluster.remote_cpus or max(0.0, cluster.node_cpus - job.cpus_for(0))

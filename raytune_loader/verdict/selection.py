@@ -170,7 +170,8 @@ def decided(candidates: Sequence[Candidate], objective: str) -> bool:
 def out_of_reach(candidates: Sequence[Candidate], objective: str) -> set[str]:
     """The configurations no further run could bring near the best: every run of theirs
     ``OUT_OF_REACH`` times or more below the worst run of the best steady configuration
-    (none without a steady one). Re-measuring them would only lengthen verification: a
+    (none without a steady one), their own windows steady (one that was not may have
+    been hit by something passing). Re-measuring them would only lengthen verification: a
     slow baseline on a bucket takes ten times a tuned candidate's window."""
     steady = [c for c in candidates if c.steady and c.stats(objective) is not None]
     if not steady:
@@ -180,7 +181,7 @@ def out_of_reach(candidates: Sequence[Candidate], objective: str) -> set[str]:
     return {
         c.name
         for c in candidates
-        if c is not best and (stats := c.stats(objective)) is not None
+        if c is not best and c.steady and (stats := c.stats(objective)) is not None
         and stats.max * OUT_OF_REACH <= low
     }  # fmt: skip
 

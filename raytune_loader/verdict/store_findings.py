@@ -106,8 +106,8 @@ def _throttled(candidate: Candidate) -> Finding | None:
         "shard rather than per image; a bucket's limit is per prefix, so shards spread "
         "over several prefixes"
     )
-    values = {"throttled": throttled, "requests": requests, "allowed_requests_per_s": allowed,
-              "in_flight": in_flight}  # fmt: skip
+    values = {"throttled": throttled, "requests": requests, "sent": sent,
+              "allowed_requests_per_s": allowed, "in_flight": in_flight}  # fmt: skip
     return Finding("throttled", figure, fix, None, values)
 
 

@@ -130,7 +130,7 @@ def verify(
             if on_measured is not None and done < total:
                 log.info("verification decided after %d rounds", repeat + 1)
             break
-        far = out_of_reach(candidates, objective) - left_out
+        far = out_of_reach(candidates, objective) - left_out if repeat + 1 < repeats else set()
         if far:
             log.info("not measured again, %gx or more below the best: %s",
                      OUT_OF_REACH, ", ".join(sorted(far)))  # fmt: skip
