@@ -239,6 +239,37 @@ def test_arrow_s_filesystem_reads_the_bucket_with_the_store_s_settings(
         arrow_filesystem(named)
 
 
+def test_a_profile_arrow_cannot_take_keeps_ray_data_out_of_the_search_in_one_line() -> None:
+    """Ray's readers take a profile from AWS_PROFILE only: one that only --storage-options
+    names is said once, before any trial, and Ray Data is not offered (every Ray Data
+    trial failed on it one by one); without it, Ray Data is offered on the bucket."""
+    from dataclasses import replace
+
+    from raytune_loader.tuning.bounds import raydata_cpus
+    from raytune_loader.tuning.options import SearchOptions, job_from_options
+
+    class Said:
+        def __init__(self) -> None:
+            self.warnings: list[str] = []
+
+        def stage(self, text: str) -> None: ...
+
+        def warn(self, text: str) -> None:
+            self.warnings.append(text)
+
+    class OneNode:
+        remote_cpus, node_cpus = 0.0, 2.0
+
+    opts = SearchOptions(ray_data=True)
+    base = job_from_options(opts, "small-cnn", device="cpu", node_cpus=2.0)
+    named = DatasetSpec("webdataset", PATTERN, storage_options=(("profile", "training"),))
+    said = Said()
+    assert raydata_cpus(opts, OneNode(), replace(base, dataset=named), said) == 0.0  # type: ignore[arg-type]
+    (line,) = said.warnings
+    assert "export AWS_PROFILE=training" in line and "\n" not in line
+    assert raydata_cpus(opts, OneNode(), replace(base, dataset=_spec()), Said()) == 1.0  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_a_ray_data_epoch_reads_a_bucket_s_shards_with_ray_s_own_reader(
     server: S3Server, tiny_shards: Path

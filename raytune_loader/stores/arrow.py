@@ -23,19 +23,28 @@ if TYPE_CHECKING:
     import pyarrow.fs
 
 
-def arrow_filesystem(store: Store) -> pyarrow.fs.S3FileSystem:
-    """Arrow's S3 filesystem for ``store``'s bucket. A ``profile`` that
-    ``--storage-options`` set and the environment's ``AWS_PROFILE`` does not is refused
-    in one line: Arrow's client takes a profile from the environment only."""
-    from pyarrow.fs import AwsStandardS3RetryStrategy, S3FileSystem
-
+def refused(store: Store) -> ConfigError | None:
+    """Why Arrow's client cannot read ``store`` as its options say, or None: a
+    ``profile`` that ``--storage-options`` set and the environment's ``AWS_PROFILE``
+    does not (Arrow's client takes a profile from the environment only)."""
     options = store.options.resolved()
     if options.profile and options.profile != os.environ.get("AWS_PROFILE"):
-        raise ConfigError(
+        return ConfigError(
             f"Ray Data reads {store.url}'s shards with Arrow's S3 client, which takes a "
             f"profile from the environment only: export AWS_PROFILE={options.profile}, or "
             "pass --no-ray-data"
         )
+    return None
+
+
+def arrow_filesystem(store: Store) -> pyarrow.fs.S3FileSystem:
+    """Arrow's S3 filesystem for ``store``'s bucket; what :func:`refused` says, raised."""
+    from pyarrow.fs import AwsStandardS3RetryStrategy, S3FileSystem
+
+    problem = refused(store)
+    if problem is not None:
+        raise problem
+    options = store.options.resolved()
     endpoint = urlparse(options.endpoint_url) if options.endpoint_url else None
     return S3FileSystem(
         anonymous=options.unsigned,

@@ -96,6 +96,24 @@ def _caches(job: TrialJob, accesses: tuple[str, ...], progress: Progress) -> tup
     return (False, True)
 
 
+def _arrow_refuses(job: TrialJob) -> str | None:
+    """Why Ray's own readers (Arrow's S3 client) cannot read the job's shards in a
+    bucket as its storage options say (:func:`raytune_loader.stores.arrow.refused`); None
+    where they can, or where the actors read through the package's own client (a
+    source read by index)."""
+    from raytune_loader.stores.arrow import refused
+    from raytune_loader.stores.store import Store, StoreOptions
+    from raytune_loader.stores.url import is_remote, parse
+
+    spec = job.dataset
+    if not spec.data_root or not is_remote(spec.data_root):
+        return None
+    if "map" in spec.source.accesses(spec):
+        return None
+    problem = refused(Store(parse(spec.data_root), StoreOptions.from_pairs(spec.storage_options)))
+    return None if problem is None else str(problem)
+
+
 def _locality_works() -> bool:
     from raytune_loader import raydata
 
@@ -121,6 +139,11 @@ def raydata_cpus(opts: SearchOptions, cluster: Any, job: TrialJob, progress: Pro
                           "image folders, webdataset shards and hf tables (local or on a "
                           "bucket), and map-style datasets of your own, for one rank per "
                           "trial")  # fmt: skip
+        return 0.0
+    problem = _arrow_refuses(job)
+    if problem is not None:  # said once here, not by every Ray Data trial
+        if opts.ray_data:
+            progress.warn(f"Ray Data candidates are not offered: {problem}")
         return 0.0
     cpus = cluster.remote_cpus or max(0.0, cluster.node_cpus - job.cpus_for(0))
     if opts.remote_cpus is not None:
