@@ -94,6 +94,28 @@ TINY_SEARCH = (
 )  # fmt: skip
 
 
+class Said:
+    """A Progress that keeps its warnings (stages and counts pass)."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def stage(self, text: str) -> None: ...
+
+    def count(self, what: str, done: int, total: int) -> None: ...
+
+    def trial(self, event: object) -> None: ...
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+class OneNode:
+    """A one-node cluster of 2 CPUs, no CPU node beyond the trials' (RayCluster's face)."""
+
+    remote_cpus, node_cpus = 0.0, 2.0
+
+
 @dataclass(frozen=True)
 class Searched:
     """One real search, run once per test session and read by many tests."""

@@ -581,19 +581,9 @@ def test_what_ray_data_cannot_read_is_refused_in_one_line_saying_what_to_do() ->
 def test_ray_data_is_offered_for_shards_tables_and_map_style_datasets_not_user_streams(
     dataset: str, offered: float
 ) -> None:
+    from conftest import OneNode, Said
     from raytune_loader.tuning.bounds import raydata_cpus
     from raytune_loader.tuning.options import SearchOptions, job_from_options
-
-    class Said:
-        warnings: list[str] = []
-
-        def stage(self, text: str) -> None: ...
-
-        def warn(self, text: str) -> None:
-            self.warnings.append(text)
-
-    class OneNode:
-        remote_cpus, node_cpus = 0.0, 2.0
 
     opts = SearchOptions(ray_data=True)
     job = replace(job_from_options(opts, "small-cnn", device="cpu", node_cpus=2.0),

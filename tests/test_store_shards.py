@@ -245,20 +245,9 @@ def test_a_profile_arrow_cannot_take_keeps_ray_data_out_of_the_search_in_one_lin
     trial failed on it one by one); without it, Ray Data is offered on the bucket."""
     from dataclasses import replace
 
+    from conftest import OneNode, Said
     from raytune_loader.tuning.bounds import raydata_cpus
     from raytune_loader.tuning.options import SearchOptions, job_from_options
-
-    class Said:
-        def __init__(self) -> None:
-            self.warnings: list[str] = []
-
-        def stage(self, text: str) -> None: ...
-
-        def warn(self, text: str) -> None:
-            self.warnings.append(text)
-
-    class OneNode:
-        remote_cpus, node_cpus = 0.0, 2.0
 
     opts = SearchOptions(ray_data=True)
     base = job_from_options(opts, "small-cnn", device="cpu", node_cpus=2.0)
