@@ -110,6 +110,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             # read where something is measured of it, unchecked: the search checked the
             # data, and a stream's first sample waits for its buffer (87 of those 216 s)
             dataset = prepare(job, 0, config, check=False)[0] if any(asked) else None
+            untimed = _untimed(dataset, unshuffled, config) if asked[0] or asked[2] else None
             if dataset is not None and asked[0]:
                 per_core[key], request_s, per_sample = _worker_side(dataset)
                 if request_s > fetch_s:
@@ -119,7 +120,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                     store_rate = top_rate(store, keys)
                     measured = latency(store, keys)
                     store_latency = measured.as_dict() if measured else {}
-                samples = _samples(_untimed(dataset, unshuffled, config), batch, config)
+                samples = _samples(untimed, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
                 if trainer is None:
                     trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
@@ -129,7 +130,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 if warm is not None:
                     cached_per_core[key] = warm
             if dataset is not None and asked[2]:
-                samples = _samples(_untimed(dataset, unshuffled, config), batch, config)
+                samples = _samples(untimed, batch, config)
                 receive_s[kind], hand_over_s[kind] = _receive_cost(samples, config)
             elif kind not in receive_s and engine_of(config).remote and beside_an_actor:
                 receive_s[kind] = receive_seconds(RayDataEngine(receiver(config)).pipeline)
@@ -216,9 +217,11 @@ def _collate(config: LoaderConfig) -> Any:
     return collate_encoded if config.decode == "device" else default_collate
 
 
-def _untimed(dataset: Dataset[Any], unshuffled: TrialJob, config: LoaderConfig) -> Dataset[Any]:
+def _untimed(
+    dataset: Dataset[Any] | None, unshuffled: TrialJob, config: LoaderConfig
+) -> Dataset[Any] | None:
     """Where the untimed samples come from: a stream's without its shuffle buffer."""
-    if not isinstance(dataset, IterableDataset):
+    if dataset is None or not isinstance(dataset, IterableDataset):
         return dataset
     return prepare(unshuffled, 0, config, check=False)[0]
 

@@ -6,8 +6,10 @@ endpoint, region and addressing style :meth:`StoreOptions.resolved` gives, unsig
 a public bucket, and the credentials from where the AWS SDK looks in each process that
 reads (the environment, ``~/.aws``, the node's role), never passed as values: a
 filesystem is pickled into every read task. Arrow's client retries a throttled or failed
-request itself (its standard strategy, up to :data:`~raytune_loader.stores.store.ATTEMPTS`
-attempts), out of the package's counts.
+request itself, out of the package's counts: up to
+:data:`~raytune_loader.stores.store.ATTEMPTS` attempts in this process, but pyarrow's
+pickling drops the retry strategy, so Ray's read tasks get Arrow's default (3 attempts),
+with Ray Data's own retries of a failed read on top.
 """
 
 from __future__ import annotations

@@ -49,10 +49,11 @@ def verify_classes(
     from raytune_loader.tuning.tuner import live_nodes
 
     by_class = records.by_hardware_class(trials)
-    live = _live_classes(by_class, live_nodes(), progress)
+    alive = live_nodes()
+    live = _live_classes(by_class, alive, progress)
     return {
         hw_class: verify_class(job, space, class_records, opts, cluster, gpus_per_trial,
-                               progress, len(live))
+                               progress, len(live), alive)
         for hw_class, class_records in live.items()
     }  # fmt: skip
 
@@ -60,8 +61,7 @@ def verify_classes(
 def _live_classes(
     by_class: dict[str, list[TrialRecord]], alive: set[str] | None, progress: Progress
 ) -> dict[str, list[TrialRecord]]:
-    """The classes with a node in the cluster now (each class's trials on its live nodes
-    kept for choosing where to verify it), where there are several. A search resumed on
+    """The classes with a node in the cluster now, where there are several. A search resumed on
     other hardware holds trials whose nodes are gone: verifying there would pin the runs
     to a node that no longer exists, so that class is said and left unverified (its
     trials stay in trials.csv)."""
@@ -87,14 +87,15 @@ def verify_class(
     gpus_per_trial: float,
     progress: Progress,
     classes: int,
+    alive: set[str] | None = None,
 ) -> Verified:
     """Re-measure the top configurations and both baselines, interleaved, one at a time,
     with the whole accelerator. With several hardware classes each is verified on the
-    node its best trial ran on; the baselines and reservations then follow that node."""
-    from raytune_loader.tuning.tuner import RayMeasurer, live_nodes
+    node its best trial ran on (of those in the cluster, ``alive``); the baselines and
+    reservations then follow that node."""
+    from raytune_loader.tuning.tuner import RayMeasurer
 
-    live = live_nodes() if classes > 1 else None
-    here = [r for r in class_records if live is None or r.node.node_id in live]
+    here = [r for r in class_records if alive is None or r.node.node_id in alive]
     node_id = records.best_node(here, opts.objective) if classes > 1 else None
     node_cpus = job.node_cpus
     if node_id:
