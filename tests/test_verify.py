@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -185,6 +186,50 @@ def test_a_configuration_out_of_reach_of_the_best_is_not_measured_again() -> Non
     plain = Scripted({k: list(v) for k, v in speeds.items()})
     verify(JOB, configs, 3, plain)
     assert len(plain.calls) == 9
+
+
+def test_a_configuration_the_search_already_measured_out_of_reach_is_not_measured() -> None:
+    """A trial that ran alone (one at a time, as on one CPU machine) is measured as a
+    verification run is: a baseline whose trial was 3x or more below the best trial's is
+    not measured again, its trial its one run. Not so where the trials overlapped (the
+    GPU slices of a search side by side), where ASHA stopped it, where its window was
+    not steady, or where it is within reach."""
+    from raytune_loader.verdict.verify import searched_runs
+
+    configs = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
+
+    def trial(name: str, speed: float, start: float, status: str = "ok", **more: Any) -> Any:
+        return record(name, status, config=configs[name], samples_per_s=speed, steady=True,
+                      effective_batch_size=8, cpus_reserved=1.0, finished_at=start + 10.0,
+                      time_total_s=10.0, **more)  # fmt: skip
+
+    alone = [trial("none", 20.0, 0.0), trial("one", 200.0, 10.0), trial("two", 520.0, 20.0)]
+    searched = searched_runs(alone, configs)
+    assert {n: o.metrics.samples_per_s for n, o in searched.items()} == {  # type: ignore[union-attr]
+        "none": 20.0, "one": 200.0, "two": 520.0}  # fmt: skip
+    measurer = Scripted({1: [201, 203, 202], 2: [529, 517, 542]})
+    planned: list[int] = []
+    verified = verify(JOB, configs, 3, measurer, objective="samples_per_s", searched=searched,
+                      on_start=planned.append)  # fmt: skip
+    assert measurer.calls == [1, 2, 1, 2]  # "none" never measured; the rest as before
+    assert planned == [6]  # the progress's total leaves it out from the start
+    runs = {c.name: [o.metrics.samples_per_s for o in c.outcomes] for c in verified.candidates}  # type: ignore[union-attr]
+    assert runs == {"none": [20.0], "one": [201, 203], "two": [529, 517]}
+    # side by side (the best trial overlapped the others by 5 s): nothing counts
+    beside = [*alone[:2], trial("two", 520.0, 15.0)]
+    assert searched_runs(beside, configs) == {"none": searched["none"]}
+    # a stopped trial's short window, an unsteady one, or no span: none counts either
+    assert "none" not in searched_runs([trial("none", 20.0, 0.0, "stopped_early"), *alone[1:]],
+                                       configs)  # fmt: skip
+    shaky = [replace(alone[0], metrics=replace(alone[0].metrics, steady=False)), *alone[1:]]
+    assert "none" not in searched_runs(shaky, configs)
+    assert searched_runs([replace(alone[0], finished_at=None), *alone[1:]], configs) == {}
+    # within reach (2.5x): measured every round as before
+    near = Scripted({0: [210, 212], 1: [201, 203], 2: [529, 517]})
+    within = [trial("none", 210.0, 0.0), *alone[1:]]
+    verify(JOB, configs, 3, near, objective="samples_per_s",
+           searched=searched_runs(within, configs))  # fmt: skip
+    assert sorted(near.calls) == [0, 0, 1, 1, 2, 2]
 
 
 def test_the_best_tuned_ray_data_trial_is_verified_beside_ray_s_documented_pipeline() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from raytune_loader.candidates.config import CONFIG_KEYS, LoaderConfig
 from raytune_loader.errors import ConfigError
 from raytune_loader.files import write_csv
-from raytune_loader.measuring.outcomes import FIGURES, SegmentMetrics, efficiency
+from raytune_loader.measuring.outcomes import FIGURES, SegmentMetrics, TrialOutcome, efficiency
 from raytune_loader.measuring.steady import above_ceiling
 
 PREDICTED = "predicted_samples_per_s"  # the cost model's, in a trial's config and trials.csv
@@ -129,6 +129,33 @@ class TrialRecord:
         trial that may be ranked."""
         return self.steady is not False and not self.bounds
 
+    @property
+    def span(self) -> tuple[float, float] | None:
+        """When the trial ran (wall clock, start and end; None where Tune did not say)."""
+        if self.finished_at is None or self.time_total_s is None:
+            return None
+        return self.finished_at - self.time_total_s, self.finished_at
+
+    def outcome(self) -> TrialOutcome | None:
+        """The trial's window as one measurement of its configuration, as verification
+        takes one (None where it has no figures, no configuration, or several ranks,
+        whose figures are the slowest rank's).
+
+        Returns:
+            The outcome, against the ceiling the trial ran beside.
+        """
+        if self.metrics is None or self.config is None or (self.ranks or 1) > 1:
+            return None
+        return TrialOutcome(
+            self.config,
+            self.cpus_reserved or 0.0,
+            self.host_bytes_in_flight or 0,
+            metrics=self.metrics,
+            effective_batch_size=self.effective_batch_size,
+            oom_backoffs=self.oom_backoffs or 0,
+            ceiling_samples_per_s=self.ceiling_samples_per_s,
+        )
+
     def rebased(self, ceiling: float | None) -> TrialRecord:
         """Against the search's final ceiling (:meth:`SegmentMetrics.rebased`).
 
@@ -171,6 +198,28 @@ def _typed(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """The entries of ``values`` that are fields of ``cls``, missing ones left out."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in values.items() if k in names and v is not None}
+
+
+# Tune stamps a report in whole seconds: two trials one after the other may seem to
+# share this much
+SPAN_SLACK_S = 1.0
+
+
+def ran_alone(records: list[TrialRecord]) -> list[TrialRecord]:
+    """The trials no other trial of ``records`` ran beside (by their :attr:`~TrialRecord.span`),
+    as one verification run is measured: a search one trial at a time (one CPU machine's),
+    or a trial that happened to have the machine to itself. A trial whose span is not
+    known is not one of them."""
+    spans = [(r, r.span) for r in records]
+
+    def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return min(a[1], b[1]) - max(a[0], b[0]) > SPAN_SLACK_S
+
+    return [
+        r for r, span in spans
+        if span is not None
+        and not any(o is not r and (s is None or overlaps(span, s)) for o, s in spans)
+    ]  # fmt: skip
 
 
 def record_from_report(

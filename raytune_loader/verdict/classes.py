@@ -20,7 +20,13 @@ from raytune_loader.progress import Progress
 from raytune_loader.tuning.options import SearchOptions
 from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.verdict import findings, probes
-from raytune_loader.verdict.verify import Verified, verification_configs, verify, with_input_rates
+from raytune_loader.verdict.verify import (
+    Verified,
+    searched_runs,
+    verification_configs,
+    verify,
+    with_input_rates,
+)
 
 
 def verify_classes(
@@ -111,7 +117,6 @@ def verify_class(
     if node_id:  # this class's own ceiling, not the one of whichever node measured first
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
     what = "verifying (each configuration alone, repeated)"
-    progress.count(what, 0, len(configs) * opts.verify_repeats)
     verified = verify(
         job,
         configs,
@@ -120,6 +125,8 @@ def verify_class(
         on_measured=lambda done, total, *_: progress.count(what, done, total),
         slot_base=opts.num_samples,
         objective=opts.objective,
+        searched=searched_runs(class_records, configs),
+        on_start=lambda total: progress.count(what, 0, total),
     )
     if verified.rounds < opts.verify_repeats:
         progress.stage(f"Verification decided after {verified.rounds} of {opts.verify_repeats} "

@@ -12,7 +12,7 @@ input pipeline alone, to say whether the input or the model is the limit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from raytune_loader.candidates.config import LoaderConfig
@@ -21,7 +21,7 @@ from raytune_loader.errors import UserInputError, last_line
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.measurer import Measurer
 from raytune_loader.measuring.outcomes import InputRate, TrialOutcome
-from raytune_loader.measuring.records import MEASURED, TrialRecord
+from raytune_loader.measuring.records import MEASURED, TrialRecord, ran_alone
 from raytune_loader.progress import Progress
 from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.verdict.selection import (
@@ -97,19 +97,29 @@ def verify(
     slot_base: int = 0,
     on_measured: MeasuredFn | None = None,
     objective: str | None = None,
+    searched: Mapping[str, TrialOutcome] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> Verified:
     """Each configuration once a round, one at a time, the order rotated every round,
     with the ceiling re-measured in each round at every batch size that has one; up to
     ``repeats`` rounds, fewer when the runs already decide the winner (with an
     ``objective``: :func:`raytune_loader.verdict.selection.decided`, after ``MIN_ROUNDS``).
     With an ``objective``, a configuration out of reach of the best after a round
-    (:func:`raytune_loader.verdict.selection.out_of_reach`) is not measured again."""
+    (:func:`raytune_loader.verdict.selection.out_of_reach`) is not measured again; one
+    already out of reach by the search's own runs (``searched``: the trials that ran
+    alone, :func:`searched_runs`) is not measured at all, its trial its one run.
+    ``on_start`` hears the runs planned, ``on_measured`` each run as it ends."""
     order = list(configs) + ([CEILING] if job.ceilings else [])
     outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in configs}
     ceilings = dict(job.ceilings)
-    total = len(configs) * repeats
+    # out of reach of the best: measured no more
+    left_out = _out_of_reach_already(configs, searched or {}, ceilings, objective)
+    for name in left_out:
+        outcomes[name].append(searched[name])  # type: ignore[index]
+    total = (len(configs) - len(left_out)) * repeats
     done = 0
-    left_out: set[str] = set()  # out of reach of the best: measured no more
+    if on_start is not None:
+        on_start(total)
     for repeat in range(repeats):
         for name in rotation(order, repeat):
             if name in left_out:
@@ -137,6 +147,41 @@ def verify(
             left_out |= far
             total -= len(far) * (repeats - repeat - 1)
     return Verified(_candidates(configs, outcomes, ceilings), ceilings, rounds=repeat + 1)
+
+
+def searched_runs(
+    records: Sequence[TrialRecord], configs: Mapping[str, LoaderConfig]
+) -> dict[str, TrialOutcome]:
+    """The search's own run of each configuration to verify, where one counts as a
+    verification run: its trial finished its window (ASHA did not stop it), was trusted
+    (steady, within bounds), and ran alone (:func:`~raytune_loader.measuring.records.ran_alone`),
+    measured by the same code, on the same hardware, as verification's runs are."""
+    alone = [r for r in ran_alone(list(records)) if r.status == "ok" and r.trusted]
+    runs: dict[str, TrialOutcome] = {}
+    for name, config in configs.items():
+        record = next((r for r in alone if r.config == config), None)
+        if record is not None and (outcome := record.outcome()) is not None:
+            runs[name] = outcome
+    return runs
+
+
+def _out_of_reach_already(
+    configs: Mapping[str, LoaderConfig],
+    searched: Mapping[str, TrialOutcome],
+    ceilings: dict[int, float],
+    objective: str | None,
+) -> set[str]:
+    """The configurations out of reach of the best by the search's own runs alone: a
+    rule-of-thumb baseline 14 times below the tuned loader on a bucket took a third of
+    that search's verification to be measured once more."""
+    if not objective or not searched:
+        return set()
+    runs = {name: [searched[name]] for name in configs if name in searched}
+    far = out_of_reach(_candidates({n: configs[n] for n in runs}, runs, ceilings), objective)
+    if far:
+        log.info("not measured, the search's own run %gx or more below its best: %s",
+                 OUT_OF_REACH, ", ".join(sorted(far)))  # fmt: skip
+    return far
 
 
 def _candidates(
