@@ -46,6 +46,23 @@ def test_slow_data_shows_as_waiting_trivial_data_does_not() -> None:
 
 
 @pytest.mark.alone
+def test_a_window_far_below_the_ceiling_ends_once_its_halves_can_be_compared() -> None:
+    """A configuration under a tenth of the ceiling (a rule-of-thumb baseline on a bucket)
+    ends its window at ten times what its steps take at the ceiling, once it holds the
+    16 batches its halves need: measured on fewer samples, at the rate the whole window
+    would have said, still judged steady. One within a tenth runs every step."""
+    from raytune_loader.measuring.steady import HALF_BATCHES
+
+    config, spec = LoaderConfig(batch_size=4), replace(SPEC, steps=32, report_every=32)
+    dataset = TensorImages(64, delay_s=0.02)  # 50 samples/s
+    cut = train_segment(dataset, _trainer(), config, spec, ceiling=10_000.0)
+    whole = train_segment(dataset, _trainer(), config, spec, ceiling=200.0)
+    assert cut.samples == 2 * HALF_BATCHES * 4 and cut.steady is not None
+    assert whole.samples == 32 * 4
+    assert cut.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
+
+
+@pytest.mark.alone
 def test_workers_hide_the_data_cost() -> None:
     dataset = TensorImages(64, delay_s=0.005)
     alone = train_segment(dataset, _trainer(), LoaderConfig(batch_size=8), SPEC)

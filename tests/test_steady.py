@@ -8,8 +8,10 @@ from raytune_loader.measuring.steady import (
     Consumed,
     above_bound,
     above_ceiling,
+    over_budget,
     rate,
     steadiness,
+    window_budget_s,
 )
 
 
@@ -75,3 +77,13 @@ def test_ranks_are_steady_together_and_report_the_worst_ratio() -> None:
     node = merge_ranks([rank(100, 1.1, True), rank(100, 0.8, False)])  # 1.25x, either way
     assert node.steady is False and node.steady_ratio == 0.8
     assert merge_ranks([rank(1, None, None), rank(1, None, None)]).steady is None
+
+
+def test_a_window_may_end_past_its_budget_only_once_its_halves_can_be_compared() -> None:
+    budget = window_budget_s(1536, 1000.0)  # 48 steps of 32 at a ceiling of 1000/s
+    assert budget == pytest.approx(15.36)
+    slow = _batches([None] * 16, step_s=1.0)  # 32 samples/s: 16 s for 16 batches
+    assert over_budget(slow, 0.0, budget)
+    assert not over_budget(slow[:15], 0.0, budget)  # past it, but halves of 7 and 8
+    assert not over_budget(slow, 0.0, 16.5)  # the halves, not yet the budget
+    assert not over_budget(slow, 0.0, window_budget_s(1536, None))  # no ceiling: every step

@@ -307,6 +307,7 @@ def train_segment(
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
             makers = batches.engine.producers()
             window = _Window(trainer.device, makers, spec.compute_threads, ceiling)
+            budget_s = steady.window_budget_s(spec.steps * config.batch_size, ceiling)
             for step in range(1, spec.steps + 1):
                 _check_deadline(deadline, spec, f"{step - 1} of {spec.steps} measured steps")
                 fetch_start = time.monotonic()
@@ -326,6 +327,12 @@ def train_segment(
                 if step == spec.steps // 2:
                     trainer.sync()  # the halves split where the device is, not the host
                 window.batches.append(steady.Consumed.of(stamped, batch_samples(on_device)))
+                if steady.over_budget(window.batches, window.start, budget_s):
+                    log.info(
+                        "%s: window ended after %d of %d steps, at %gx its time at the ceiling",
+                        config.label(), step, spec.steps, steady.WINDOW_BUDGET,
+                    )  # fmt: skip
+                    break
                 if report is not None and step % spec.report_every == 0 and step < spec.steps:
                     trainer.sync()
                     report({**window.metrics(), "final": False})

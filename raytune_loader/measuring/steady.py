@@ -24,6 +24,10 @@ queue, the "faster" the loader. Three rules keep the stock out of every figure:
 3. **The halves agree.** The window's first half and second half, each measured the
    same way, must be within :data:`STEADY_TOLERANCE` of each other; a window whose
    rate moved is marked not steady, and is not ranked as if it were.
+4. **No window is long for nothing.** A window ends before its steps once it holds
+   the batches its halves need and has lasted :data:`WINDOW_BUDGET` times what its
+   steps take at the ceiling (:func:`over_budget`): a configuration that slow is
+   measured on fewer samples, not on minutes of them.
 
 Nothing trains faster than the model on a resident batch (the ceiling) or than its input
 pipeline alone: :func:`above_bound` says when a figure beats either beyond
@@ -43,6 +47,27 @@ if TYPE_CHECKING:  # the stamps' type only: this module stays free of torch
 STEADY_TOLERANCE = 0.20  # the halves' rates may differ by this share and still be steady
 HALF_BATCHES = 8  # the fewest batches a half needs for its rate to say anything
 BOUND_TOLERANCE = 0.05  # a figure this far above its bound is a defect, not noise
+# A window ends once it has lasted this many times what its steps take at the ceiling,
+# and holds the batches its halves need: a configuration under a tenth of the ceiling
+# (a rule-of-thumb baseline reading a bucket at 19 samples/s, 40 s of a search's 176)
+# is measured on fewer samples, still steady or marked, and no window takes longer
+WINDOW_BUDGET = 10.0
+
+
+def window_budget_s(samples: int, ceiling: float | None) -> float | None:
+    """The longest a window of ``samples`` runs (:data:`WINDOW_BUDGET`), once it holds
+    ``2 * HALF_BATCHES`` batches; None without a ceiling (nothing to be held to)."""
+    return WINDOW_BUDGET * samples / ceiling if ceiling else None
+
+
+def over_budget(batches: Sequence[Consumed], start: float, budget_s: float | None) -> bool:
+    """Whether a window of ``batches`` from ``start`` may end before its steps: it ran
+    past its budget and its halves can be compared."""
+    return (
+        budget_s is not None
+        and len(batches) >= 2 * HALF_BATCHES
+        and batches[-1].ended - start >= budget_s
+    )
 
 
 @dataclass(frozen=True)
