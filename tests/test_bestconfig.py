@@ -99,6 +99,28 @@ def test_the_limit_is_the_input_when_it_alone_barely_outruns_training(
     assert _limit(candidate, None) == {}
 
 
+def test_a_loop_that_waits_for_data_is_not_model_bound_however_fast_its_input_alone() -> None:
+    """Shards from a bucket on two cores: 249 samples/s trained, waiting 53% of the time
+    for data, where the input alone gave 776. Not model-bound: beside the step the
+    workers do less. The same figures waiting 10% of the time are model-bound."""
+    from dataclasses import replace
+
+    config = LoaderConfig(batch_size=16)
+
+    def waiting(share: float) -> Candidate:
+        runs = tuple(replace(r, metrics=replace(r.metrics, data_wait_frac=share))
+                     for r in (_run(config, 241), _run(config, 257)))  # fmt: skip
+        return Candidate("tuned", config, runs)
+
+    limit = _limit(waiting(0.53), InputRate(776.0, 78.0))["limit"]
+    assert limit["bound"] == "shared" and limit["data_wait_frac"] == pytest.approx(0.53)
+    assert limit_line(limit).startswith(
+        "input-bound beside the step: training took 249 samples/s and waited for data 53%"
+    )
+    assert _limit(waiting(0.1), InputRate(776.0, 78.0))["limit"]["bound"] == "model"
+    assert _limit(waiting(0.53), InputRate(260.0, 78.0))["limit"]["bound"] == "input"
+
+
 def _raydata_candidates() -> list[Candidate]:
     """A tuned DataLoader, Ray's documented pipeline and a tuned Ray Data pipeline,
     verified: the tuned Ray Data one the fastest, or the DataLoader."""

@@ -89,6 +89,13 @@ def limit_line(limit: dict[str, Any] | None) -> str | None:
             f"input-bound: the input pipeline delivers at most {alone:.0f} samples/s "
             f"(training took {trained:.0f}; {core})"
         )
+    if limit["bound"] == "shared":
+        return (
+            f"input-bound beside the step: training took {trained:.0f} samples/s and waited "
+            f"for data {limit['data_wait_frac']:.0%} of the time, where the input pipeline "
+            f"alone delivers {alone:.0f}: beside the step its workers do less (on a CPU "
+            f"they share its cores; {core})"
+        )
     return (
         f"model-bound: the loader has {limit['headroom']:.0%} headroom (the input pipeline "
         f"alone delivers {alone:.0f} samples/s, training took {trained:.0f}; {core})"
