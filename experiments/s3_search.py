@@ -10,8 +10,9 @@ search runs on the local folder, then on the objects and on the shards through e
 proxy, one after another in one run; each search measures its winner beside the
 baselines in rotated verification rounds, and the ratios are those medians'
 (``best_config.json``'s ``speedup``). Also recorded: the winner's requests in flight,
-its limit (the least of the step on a resident batch, its input pipeline alone and
-the store's top rate the profile measured, in samples/s) and the winner against it,
+its limit (the least of the step on a resident batch, its input pipeline alone,
+the store's top rate the profile measured, and what the two cores allow the step and
+the workers sharing them, in samples/s) and the winner against it,
 the cost model's median error, the time to an answer against the search on local
 files, and the objects' small-objects finding (the rate its profile projects for
 shards) beside the shards' measured rate. Writes results/benchmarks/s3_search.json.
@@ -135,6 +136,7 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
         "step": best["metrics"].get("ceiling_samples_per_s"),
         "input": limit.get("input_samples_per_s"),
         "store": store_samples or None,
+        "cores": _cores_bound(best),
     }
     known = {k: v for k, v in bounds.items() if v}
     small = next((f for f in best.get("findings", []) if f["kind"] == "small_objects"), None)
@@ -162,6 +164,23 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
     }
     print(out.name, figures, flush=True)
     return figures
+
+
+def _cores_bound(best: dict[str, Any]) -> float | None:
+    """What the cores allow where the step and the workers share them (no GPU): the usable
+    cores over the CPU-seconds a sample needs at the least, the step's (one thread, busy
+    throughout the ceiling's windows: 1 / the ceiling) plus the cheapest worker side the
+    profile timed (the most samples/s one core made of any structure, from the store or
+    a warm cache). Collating, handing over and the test server's requests only add to
+    them, so no loader beats it; the step and the input alone, each with every core,
+    are looser bounds here. None on a GPU or with several compute threads (threads that
+    wait would count as busy)."""
+    job, profile = best["job"], best["search"].get("model", {}).get("profile", {})
+    ceiling = best["metrics"].get("ceiling_samples_per_s")
+    rates = [*profile.get("per_core", {}).values(), *profile.get("cached_per_core", {}).values()]
+    if job["device"] != "cpu" or job["compute_threads"] != 1 or not ceiling or not rates:
+        return None
+    return float(profile["cores"] / (1 / ceiling + 1 / max(rates)))
 
 
 def _upload(folder: Path, endpoint: str) -> None:
@@ -206,6 +225,11 @@ class _server:  # noqa: N801 - a context manager, used as one
     def __exit__(self, *exc: object) -> None:
         self.process.stdin.close()  # type: ignore[union-attr]
         self.process.wait(30)
+
+    def cpu_s(self) -> float:
+        """The CPU seconds the server (moto and its proxies, one process) has used."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
