@@ -77,9 +77,10 @@ def main() -> None:
 
 
 def _windows() -> dict[str, list[str]]:
-    """The searches' flags: s3_search.py's short windows (12 steps, 256 samples a trial,
-    16 batches, the fewest whose halves can be compared), and the windows the product's
-    defaults measure (48 steps after 5 of warm-up), as a user's search runs them."""
+    """The searches' flags: s3_search.py's short windows (12 steps after 2 of warm-up,
+    256 samples a trial: too few for the halves to be compared), and the windows the
+    product's defaults measure (48 steps after 5 of warm-up), as a user's search runs
+    them."""
     common = ["--num-samples", "8", "--dataset", "imagenet"]
     window = {"--steps", "--warmup-steps", "--report-every", "--samples-per-trial"}
     pairs = list(zip(SEARCH[::2], SEARCH[1::2], strict=True))

@@ -62,6 +62,19 @@ def test_a_window_far_below_the_ceiling_ends_once_its_halves_can_be_compared() -
     assert cut.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
 
 
+def test_a_rank_of_several_runs_every_step_of_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks step together (DDP all-reduces every step's gradients): one ending its window
+    on its own clock would leave the others waiting in their next step, so with several
+    ranks no window is cut, however far below the ceiling."""
+    from raytune_loader.measuring import segment
+
+    monkeypatch.setattr(segment, "process_group", lambda: (0, 2))
+    spec = replace(SPEC, steps=20, report_every=20)
+    dataset = TensorImages(64, delay_s=0.01)
+    ranked = train_segment(dataset, _trainer(), LoaderConfig(batch_size=4), spec, ceiling=1e5)
+    assert ranked.samples == 20 * 4
+
+
 @pytest.mark.alone
 def test_workers_hide_the_data_cost() -> None:
     dataset = TensorImages(64, delay_s=0.005)

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import Searched, ray_processes, run_cli
 from raytune_loader import load_best_config
+from raytune_loader.outputs.console import limit_line
 from raytune_loader.search import main
 
 
@@ -104,7 +105,7 @@ def test_the_output_names_the_job_and_ends_with_the_table_and_the_limit(
     out, best = searched.result.stdout, _best(searched)
     assert "small-cnn, tf32 on synthetic-imagenet, batch 8 on cpu" in out
     assert re.search(r"^tuned\s+\d", out, re.M) and re.search(r"^pytorch-default\s+0", out, re.M)
-    assert f"{best['limit']['bound']}-bound: " in out
+    assert limit_line(best["limit"]) in out  # the limit, in the words of its bound
 
 
 def test_best_config_json_has_the_contract_s_keys_at_schema_version_1(

@@ -224,6 +224,12 @@ def test_a_configuration_the_search_already_measured_out_of_reach_is_not_measure
     shaky = [replace(alone[0], metrics=replace(alone[0].metrics, steady=False)), *alone[1:]]
     assert "none" not in searched_runs(shaky, configs)
     assert searched_runs([replace(alone[0], finished_at=None), *alone[1:]], configs) == {}
+    # a trial that raised may have run on past its last report: beside it none is alone;
+    # one that never started (Ctrl-C while it waited) ran beside nothing
+    raised = record("t9", "error", config=LoaderConfig(8, 1, 4), samples_per_s=300.0,
+                    finished_at=5.0, time_total_s=1.0)  # fmt: skip
+    assert searched_runs([*alone, raised], configs) == {}
+    assert searched_runs([*alone, record("t10", "interrupted")], configs) == searched
     # within reach (2.5x): measured every round as before
     near = Scripted({0: [210, 212], 1: [201, 203], 2: [529, 517]})
     within = [trial("none", 210.0, 0.0), *alone[1:]]

@@ -208,9 +208,12 @@ SPAN_SLACK_S = 1.0
 def ran_alone(records: list[TrialRecord]) -> list[TrialRecord]:
     """The trials no other trial of ``records`` ran beside (by their :attr:`~TrialRecord.span`),
     as one verification run is measured: a search one trial at a time (one CPU machine's),
-    or a trial that happened to have the machine to itself. A trial whose span is not
-    known is not one of them."""
-    spans = [(r, r.span) for r in records]
+    or a trial that happened to have the machine to itself. A span is known only for a
+    trial that ended with its last report (``ok``, ``failed``, ``stopped_early``): one that
+    raised or was interrupted may have run on after it, so beside it no trial is alone.
+    A trial that never started (no figures, no node) ran beside nothing."""
+    started = [r for r in records if r.metrics is not None or r.node.node_id is not None]
+    spans = [(r, r.span if r.status in (*MEASURED, "failed") else None) for r in started]
 
     def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
         return min(a[1], b[1]) - max(a[0], b[0]) > SPAN_SLACK_S

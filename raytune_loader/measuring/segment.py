@@ -261,7 +261,9 @@ def train_segment(
     ceiling: float | None = None,
 ) -> SegmentMetrics:
     """Warm up and drain (:func:`warmup_batches`), then train ``spec.steps`` measured
-    steps; report every ``report_every``. The figures are the window's steady ones
+    steps, fewer where the window ran past its budget (:func:`steady.over_budget`: a
+    configuration far below the ceiling; never with several ranks); report every
+    ``report_every``. The figures are the window's steady ones
     (:mod:`raytune_loader.measuring.steady`)."""
     size = None if isinstance(dataset, IterableDataset) else len(dataset)  # type: ignore[arg-type]
     if size is not None and size < config.batch_size:
@@ -307,7 +309,11 @@ def train_segment(
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
             makers = batches.engine.producers()
             window = _Window(trainer.device, makers, spec.compute_threads, ceiling)
-            budget_s = steady.window_budget_s(spec.steps * config.batch_size, ceiling)
+            # several ranks step together (DDP's all-reduce in every step): one ending its
+            # window on its own clock would leave the others waiting in the next step
+            alone = process_group()[1] == 1
+            window_samples = spec.steps * config.batch_size
+            budget_s = steady.window_budget_s(window_samples, ceiling) if alone else None
             for step in range(1, spec.steps + 1):
                 _check_deadline(deadline, spec, f"{step - 1} of {spec.steps} measured steps")
                 fetch_start = time.monotonic()

@@ -143,11 +143,11 @@ def _limit(winner: Candidate, rate: InputRate | None) -> dict[str, Any]:
         trained.median, rate.samples_per_s, "the input pipeline alone (no model)"
     )
     waited = winner.stats("data_wait_frac")
-    waiting = waited.median if waited is not None else 0.0
+    waiting = waited.median if waited is not None else None
     if headroom < INPUT_BOUND_MARGIN:
         bound = "input"
     else:
-        bound = "shared" if waiting >= WAITING_SHARE else "model"
+        bound = "shared" if waiting is not None and waiting >= WAITING_SHARE else "model"
     return {
         "limit": {
             "bound": "defect" if defect else bound,

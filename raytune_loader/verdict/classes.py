@@ -125,7 +125,8 @@ def verify_class(
         on_measured=lambda done, total, *_: progress.count(what, done, total),
         slot_base=opts.num_samples,
         objective=opts.objective,
-        searched=searched_runs(class_records, configs),
+        # a resumed search's trials may have run beside an attempt its records lost
+        searched=None if opts.resume else searched_runs(class_records, configs),
         on_start=lambda total: progress.count(what, 0, total),
     )
     if verified.rounds < opts.verify_repeats:
