@@ -149,6 +149,7 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
         "fetch_threads": best["pipeline"]["fetch_threads"],
         "input_alone_samples_per_s": limit.get("input_samples_per_s"),
         "limit_bound": limit.get("bound"),
+        "data_wait_frac": best["metrics"]["data_wait_frac"]["median"],
         "model_median_error": model.get("model_median_error"),
         "fetch_s": profile.get("fetch_s"),
         "requests_per_sample": profile.get("requests_per_sample"),
