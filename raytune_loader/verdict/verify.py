@@ -113,9 +113,10 @@ def verify(
     outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in configs}
     ceilings = dict(job.ceilings)
     # out of reach of the best: measured no more
-    left_out = _out_of_reach_already(configs, searched or {}, ceilings, objective)
+    searched = searched or {}
+    left_out = _out_of_reach_already(configs, searched, ceilings, objective)
     for name in left_out:
-        outcomes[name].append(searched[name])  # type: ignore[index]
+        outcomes[name].append(searched[name])
     total = (len(configs) - len(left_out)) * repeats
     done = 0
     if on_start is not None:
