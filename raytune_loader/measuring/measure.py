@@ -129,7 +129,7 @@ def run_trial(
     except TrialRefusedError as exc:
         return TrialOutcome(config, cpus, held.host, failure=exc.reason, detail=str(exc))
     try:
-        with cold_pass(job, config, subset) as cold:
+        with cold_pass(job, config, subset, slot) as cold:
             return _trained(job, config, subset, report, cpus, host, cold)
     except DataPipelineError as exc:  # the cold pass's
         return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
@@ -180,21 +180,34 @@ def _trained(
 
 @contextlib.contextmanager
 def cold_pass(
-    job: TrialJob, config: LoaderConfig, dataset: Dataset[Any]
+    job: TrialJob, config: LoaderConfig, dataset: Dataset[Any], slot: int = 0
 ) -> Iterator[dict[str, Any]]:
-    """For a candidate that keeps a bucket's objects in a local cache: a cache of its own,
-    in a fresh folder (no earlier measurement warmed it), filled by one pass over
-    ``dataset`` with the candidate's loader, as a first epoch fills it; the rate and
-    requests of that cold pass are yielded (``cold_*`` figures), and what is measured
-    inside the block reads the warm cache, as every later epoch does. The folder is
-    removed at the end. Nothing for any other candidate."""
+    """For a candidate that keeps a bucket's objects in a local cache: the cache filled by
+    one pass over ``dataset`` with the candidate's loader, as a first epoch fills it
+    (that pass's rate and requests are yielded, as ``cold_*`` figures); what is measured
+    inside the block reads the warm cache, as every later epoch does. Nothing for any
+    other candidate.
+
+    The cache is a fresh folder of the measurement's own, which no earlier measurement
+    warmed, removed at the end. A search's trials share one (``job.trials_cache``, where
+    this node sees it): the first cache trial of slot ``slot`` keeps its filled folder
+    there, and the later ones read it warm, with no pass and no ``cold_*`` figures of
+    their own. Their windows measure the state their own pass would have left: the same
+    objects, on the same disk, under the same budget."""
     if not config.cache:
         yield {}
         return
+    shared = _trials_cache(job, slot)
+    if shared is not None and shared.is_dir():  # an earlier trial's pass filled it
+        set_cached(dataset, True, _cache(job, shared))
+        try:
+            yield {}
+        finally:
+            set_cached(dataset, False)
+        return
     folder = _measurement_cache()
     try:
-        budget = job.cache_bytes if job.cache_bytes is not None else default_budget(folder)
-        set_cached(dataset, True, ObjectCache(folder, budget))
+        set_cached(dataset, True, _cache(job, folder))
         counts = count_requests(dataset)
         before = counts.totals()["requests"] if counts else 0
         started = time.perf_counter()
@@ -208,10 +221,19 @@ def cold_pass(
         requests = counts.totals()["requests"] - before if counts else None
         log.info("cold pass of %s: %d samples in %.2f s, %s GETs", config.label(), read,
                  seconds, requests)  # fmt: skip
+        if shared is not None and _kept(folder, shared):  # filled: the later trials' too
+            folder = shared
+            set_cached(dataset, True, _cache(job, shared))
         yield {"cold_samples_per_s": read / seconds, "cold_store_requests": requests}
     finally:  # the dataset may be this process's for the next measurement too
         set_cached(dataset, False)
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder != shared:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cache(job: TrialJob, folder: Path) -> ObjectCache:
+    budget = job.cache_bytes if job.cache_bytes is not None else default_budget(folder)
+    return ObjectCache(folder, budget)
 
 
 MEASURING = "measuring"  # beside training's cache folder: its disk, not a tmpfs
@@ -220,14 +242,48 @@ MEASURING = "measuring"  # beside training's cache folder: its disk, not a tmpfs
 def _measurement_cache() -> Path:
     """A fresh folder for one measurement's cache, on the disk training's cache is on
     (``/tmp`` is often memory), named by this process; the folders of processes that
-    are gone (a trial killed mid-measurement) are removed first."""
-    root = default_folder().parent / MEASURING
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob("cache-*-*"):
+    are gone (a trial killed mid-measurement, a search ended by a signal) are removed
+    first."""
+    root = _measuring_root()
+    for stale in root.glob("*-*-*"):
         pid = stale.name.split("-")[1]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"cache-{os.getpid()}-", dir=root))
+
+
+def _measuring_root() -> Path:
+    root = default_folder().parent / MEASURING
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextlib.contextmanager
+def trials_cache() -> Iterator[Path]:
+    """A folder the search's cache trials share (``TrialJob.trials_cache``), named by
+    this process, removed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix=f"trials-{os.getpid()}-", dir=_measuring_root()))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _trials_cache(job: TrialJob, slot: int) -> Path | None:
+    """Slot ``slot``'s shared folder, where ``job`` has one this node sees."""
+    if job.trials_cache is None or not Path(job.trials_cache).is_dir():
+        return None  # another node's (or none): each trial fills its own
+    return Path(job.trials_cache, f"slot-{slot}")
+
+
+def _kept(folder: Path, shared: Path) -> bool:
+    """Whether ``folder`` became ``shared`` (not where a trial beside this one kept its
+    own there first)."""
+    try:
+        folder.rename(shared)
+    except OSError:
+        return False
+    return True
 
 
 def _check_memory(job: TrialJob, label: str, held: Held) -> int:
@@ -276,7 +332,7 @@ def measure_input(
     the worker-side stages of a few samples on one core. A cache candidate's reads its
     warm cache, as its trials do (:func:`cold_pass`)."""
     subset, _ = prepare(job, slot, config)
-    with cold_pass(job, config, subset):
+    with cold_pass(job, config, subset, slot):
         return _input_rate(job, config, subset, windows)
 
 
