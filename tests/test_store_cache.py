@@ -306,8 +306,9 @@ def test_the_profile_times_a_store_s_cpu_not_its_wait_and_a_warm_cache_as_local_
     server: S3Server, tiny_imagenet: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """150 ms away a sample spends 150 ms on its GET and a few ms of CPU: the profile's
-    per-core rate from the store is the reading thread's CPU (the request's signing and
-    parsing included), past the old floor of a tenth of the wall time; and what a cache
+    per-core rate from the store is its reading threads' CPU (the requests' signing and
+    parsing included; their waits overlapping), past the old floor of a tenth of the wall
+    time; and what a cache
     candidate's model reads, a warm cache's rate, is a local folder's, in a cache of its
     own that is gone after."""
     from raytune_loader.measuring import profile
@@ -318,8 +319,10 @@ def test_the_profile_times_a_store_s_cpu_not_its_wait_and_a_warm_cache_as_local_
     local = build_dataset(DatasetSpec("imagenet", str(tiny_imagenet)), "uint8", "tensor")
     # the best of three: a local read's rate is tens of ms of timing, easily disturbed
     local_rate, local_request_s, _ = max(profile._worker_side(local) for _ in range(3))
+    server.proxy.peak_in_flight = 0
     remote_rate, request_s, per_sample = profile._worker_side(remote)
     assert request_s >= 0.15 and per_sample == 1.0 and local_request_s == 0.0
+    assert server.proxy.peak_in_flight == profile.READERS  # their waits overlap
     assert 10 / (request_s + 1 / local_rate) < remote_rate < 1.5 * local_rate
     segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
     job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment)

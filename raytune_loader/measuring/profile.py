@@ -31,16 +31,25 @@ from raytune_loader.engines import engine_of
 from raytune_loader.engines.raydata import RayDataEngine
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.measuring.job import TrialJob
-from raytune_loader.measuring.measure import cold_pass, job_trainer, prepare, worker_side_rate
+from raytune_loader.measuring.measure import (
+    WARM_SAMPLES,
+    cold_pass,
+    job_trainer,
+    prepare,
+    worker_side_rate,
+)
 from raytune_loader.measuring.shards import opened
 from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
 from raytune_loader.sources import datasets
 from raytune_loader.sources.remote_folder import keys_of
-from raytune_loader.stores.store import count_requests, latency, store_of, top_rate
+from raytune_loader.stores.store import Counts, count_requests, latency, store_of, top_rate
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
+# threads that read a store's single objects for the worker side, each on its own CPU
+# clock: one at a time, 30 ms away, each variant's 40 samples took 1.8 s of the profile
+READERS = 4
 BATCHES = 6  # batches a receive or a device-side finish is timed on
 ROUNDS = 3  # rounds of timed finishes, the quickest taken
 
@@ -157,14 +166,16 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     """One core's samples/s on the worker side, the mean seconds of an object store's
     request (0 for local data), and the requests a sample takes (a GET an object, a
     shard's GET over its samples), over the timed samples (after the warm-up, which
-    fills a stream's shuffle buffer). The samples are read one at a time, so each
-    request's wait is time its sample spent off the CPU: from a store the rate is the
-    reading thread's CPU time alone (its requests' signing and parsing included; a
-    stream's shards ahead are fetched by other threads, a GET for many samples), and
-    the cost model adds the wait back as the candidate's requests in flight allow.
-    (Wall time less the requests' time is a difference of two near-equal figures:
-    30 ms away a sample's 2 ms of decoding drowns in its 32 ms.)"""
+    fills a stream's shuffle buffer). From a store the rate is the reading threads' CPU
+    time alone (their requests' signing and parsing included; a stream's shards ahead
+    are fetched by other threads, a GET for many samples), and the cost model adds the
+    wait back as the candidate's requests in flight allow. (Wall time less the
+    requests' time is a difference of two near-equal figures: 30 ms away a sample's
+    2 ms of decoding drowns in its 32 ms.) A stream is read in order, one sample at a
+    time; single objects by :data:`READERS` threads (:func:`_objects_side`)."""
     counts = count_requests(dataset)
+    if counts is not None and not isinstance(dataset, IterableDataset):
+        return _objects_side(dataset, counts)
     before: list[tuple[dict[str, int], float]] = []
     rate = worker_side_rate(
         dataset,
@@ -178,11 +189,39 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     requests = after["requests"] - totals["requests"]
     if not requests:
         return rate, 0.0, 1.0
-    # the timed samples: fewer where the data has fewer (a stream's batch may overshoot)
-    samples = SAMPLES if isinstance(dataset, IterableDataset) else min(SAMPLES, len(dataset))  # type: ignore[arg-type]
     busy_s = (after["busy_us"] - totals["busy_us"]) / 1e6
-    cpu_rate = samples / max(cpu_s - cpu_started, 1e-6)  # samples a CPU-second
-    return cpu_rate, busy_s / requests, min(1.0, requests / samples)
+    return SAMPLES / max(cpu_s - cpu_started, 1e-6), busy_s / requests, min(1.0, requests / SAMPLES)
+
+
+def _objects_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, float]:
+    """:func:`_worker_side` of a store's single objects: the timed samples read by
+    :data:`READERS` threads, each timing its own CPU, so that their waits overlap. (Read
+    one at a time, a variant's CPU rate came out within the run-to-run noise of this,
+    1-7% apart, and its requests 5% quicker on the test server, which shares two cores
+    with the profile.)"""
+    samples = min(SAMPLES, len(dataset))  # type: ignore[arg-type]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker's
+    try:
+        for i in range(min(WARM_SAMPLES, samples)):  # warm the code paths
+            dataset[i]
+        before = counts.totals()
+
+        def read(first: int) -> float:
+            started = time.thread_time()
+            for i in range(first, samples, READERS):
+                dataset[i]
+            return time.thread_time() - started
+
+        with ThreadPoolExecutor(READERS, "raytune-profile") as pool:
+            cpu_s = sum(pool.map(read, range(READERS)))
+    finally:
+        torch.set_num_threads(threads)
+    after = counts.totals()
+    requests = after["requests"] - before["requests"]
+    busy_s = (after["busy_us"] - before["busy_us"]) / 1e6
+    request_s = busy_s / requests if requests else 0.0
+    return samples / max(cpu_s, 1e-6), request_s, min(1.0, requests / samples) or 1.0
 
 
 def _warm_side(job: TrialJob, dataset: Dataset[Any], config: LoaderConfig) -> float | None:
