@@ -185,13 +185,14 @@ def test_a_cache_trial_measures_its_cold_pass_apart_and_its_window_warm(
 def test_the_search_s_cache_trials_share_the_objects_the_first_one_s_cold_pass_fetched(
     server: S3Server,
 ) -> None:
-    """The search's trials share a folder (its driver's): the first cache trial fills it
-    with its cold pass (48 GETs) and keeps it there; a later one of another candidate
-    reads it warm, with no GET and no cold figures; a ``--cold`` trial of another slot,
-    and a trial on a node that does not see the folder, fill a cache of their own."""
+    """The search's measurements share a folder (its driver's): the first cache trial
+    fills it with its cold pass (48 GETs) and keeps it there; a later one of another
+    candidate reads it warm, with no GET and no cold figures; a ``--cold`` trial of
+    another subset, and a trial on a node that does not see the folder, fill a cache of
+    their own."""
     from dataclasses import replace
 
-    from raytune_loader.measuring.measure import trials_cache
+    from raytune_loader.measuring.measure import search_cache
 
     server.proxy.ttfb_s = 0.01
     segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
@@ -201,11 +202,12 @@ def test_the_search_s_cache_trials_share_the_objects_the_first_one_s_cold_pass_f
     later = _config(num_workers=1, fetch_threads=2, cache=True, workers="thread")
     measuring = default_folder().parent / "measuring"
     left_before = set(measuring.glob("cache-*"))
-    with trials_cache() as shared:
-        trials = replace(job, trials_cache=str(shared))
-        elsewhere = replace(job, trials_cache=str(shared / "elsewhere"))  # not seen here
+    with search_cache() as shared:
+        trials = replace(job, shared_cache=str(shared))
+        elsewhere = replace(job, shared_cache=str(shared / "elsewhere"))  # not seen here
         cold = replace(trials, cold=True, samples_per_trial=16)
-        outcomes = [run_trial(trials, first), run_trial(trials, later),
+        # a later slot without --cold (a probe's) reads the same subset, warm
+        outcomes = [run_trial(trials, first), run_trial(trials, later, slot=7),
                     run_trial(cold, later, slot=1), run_trial(elsewhere, later)]  # fmt: skip
         kept = sorted(p.name for p in shared.iterdir())
         for outcome in outcomes:
@@ -213,7 +215,7 @@ def test_the_search_s_cache_trials_share_the_objects_the_first_one_s_cold_pass_f
             assert outcome.metrics is not None and outcome.metrics.store_requests == 0
     assert [o.metrics.cold_store_requests for o in outcomes] == [48, None, 16, 48]  # type: ignore[union-attr]
     assert outcomes[1].metrics.cold_samples_per_s is None  # type: ignore[union-attr]
-    assert kept == ["slot-0", "slot-1"]  # each slot's first pass kept; the other node's not
+    assert kept == ["subset-0", "subset-1"]  # each subset's first pass kept; not the other node's
     assert not shared.exists()  # the search's folder is gone with it
     assert set(measuring.glob("cache-*")) == left_before
 

@@ -284,3 +284,42 @@ def test_a_class_whose_nodes_are_gone_is_said_and_left_unverified() -> None:
     assert _live_classes(by_class, {"elsewhere"}, quiet) == by_class  # type: ignore[arg-type]
     one = {"epyc-2": by_class["epyc-2"]}
     assert _live_classes(one, {"here"}, quiet) == one  # type: ignore[arg-type]
+
+
+def test_verification_runs_fill_their_own_caches_and_the_input_alone_and_probes_share_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cache winner's first epoch is its verification runs' own cold passes
+    (``first_epoch``): verification measures without the search's shared cache, and the
+    input pipeline alone and the probes, which read the cache warm only, with it."""
+    from types import SimpleNamespace
+
+    from raytune_loader.tuning import tuner
+    from raytune_loader.tuning.options import SearchOptions
+    from raytune_loader.verdict.classes import verify_class
+
+    seen: dict[str, set[str | None]] = {"verification": set(), "probes": set(), "input": set()}
+
+    class Recording(Scripted):
+        def __init__(self, *_: Any) -> None:
+            super().__init__({0: [21.0] * 9, 2: [500.0] * 9})
+
+        def measure(self, job: TrialJob, config: LoaderConfig, slot: int = 0) -> TrialOutcome:
+            seen["probes" if slot >= 10**6 else "verification"].add(job.shared_cache)
+            return super().measure(job, config, slot)
+
+        def input_rate(self, job: TrialJob, config: LoaderConfig) -> Any:
+            seen["input"].add(job.shared_cache)
+            raise RuntimeError("not measured here")  # the result stands without it
+
+    monkeypatch.setattr(tuner, "RayMeasurer", Recording)
+    space = SearchSpace(max_workers=2, batch_sizes=(8,), cuda=False, usable_cpus=2)
+    tuned = LoaderConfig(8, 2, 2, False, False)  # process workers: a persistent_workers probe
+    trials = [record("t1", "ok", config=tuned, samples_per_s=500.0, steady=True)]
+    job = replace(JOB, shared_cache="/the/search/cache", ceilings={8: 1000.0})
+    opts = SearchOptions(verify_top=1, verify_repeats=2)
+    verified = verify_class(job, space, trials, opts, SimpleNamespace(max_node_gpus=0.0), 0.0,
+                            _Quiet(), classes=1)  # fmt: skip
+    assert verified.probes, "the tuned loader was not probed"
+    assert seen == {"verification": {None}, "probes": {"/the/search/cache"},
+                    "input": {"/the/search/cache"}}  # fmt: skip

@@ -189,15 +189,16 @@ def cold_pass(
     other candidate.
 
     The cache is a fresh folder of the measurement's own, which no earlier measurement
-    warmed, removed at the end. A search's trials share one (``job.trials_cache``, where
-    this node sees it): the first cache trial of slot ``slot`` keeps its filled folder
-    there, and the later ones read it warm, with no pass and no ``cold_*`` figures of
-    their own. Their windows measure the state their own pass would have left: the same
-    objects, on the same disk, under the same budget."""
+    warmed, removed at the end. Where ``job.shared_cache`` names a folder this node
+    sees (a search's trials, its input pipeline alone and its probes), the first cache
+    measurement of a subset keeps its filled folder there, and the later ones read it
+    warm, with no pass and no ``cold_*`` figures of their own. Their windows measure
+    the state their own pass would have left: the same objects, on the same disk, under
+    the same budget."""
     if not config.cache:
         yield {}
         return
-    shared = _trials_cache(job, slot)
+    shared = _shared_cache(job, slot)
     if shared is not None and shared.is_dir():  # an earlier trial's pass filled it
         set_cached(dataset, True, _cache(job, shared))
         try:
@@ -221,7 +222,7 @@ def cold_pass(
         requests = counts.totals()["requests"] - before if counts else None
         log.info("cold pass of %s: %d samples in %.2f s, %s GETs", config.label(), read,
                  seconds, requests)  # fmt: skip
-        if shared is not None and _kept(folder, shared):  # filled: the later trials' too
+        if shared is not None and _kept(folder, shared):  # filled: the later ones' too
             folder = shared
             set_cached(dataset, True, _cache(job, shared))
         yield {"cold_samples_per_s": read / seconds, "cold_store_requests": requests}
@@ -259,21 +260,21 @@ def _measuring_root() -> Path:
 
 
 @contextlib.contextmanager
-def trials_cache() -> Iterator[Path]:
-    """A folder the search's cache trials share (``TrialJob.trials_cache``), named by
-    this process, removed at the end."""
-    folder = Path(tempfile.mkdtemp(prefix=f"trials-{os.getpid()}-", dir=_measuring_root()))
+def search_cache() -> Iterator[Path]:
+    """A folder for ``TrialJob.shared_cache``, named by this process, removed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix=f"search-{os.getpid()}-", dir=_measuring_root()))
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _trials_cache(job: TrialJob, slot: int) -> Path | None:
-    """Slot ``slot``'s shared folder, where ``job`` has one this node sees."""
-    if job.trials_cache is None or not Path(job.trials_cache).is_dir():
-        return None  # another node's (or none): each trial fills its own
-    return Path(job.trials_cache, f"slot-{slot}")
+def _shared_cache(job: TrialJob, slot: int) -> Path | None:
+    """The shared folder of the subset slot ``slot`` reads, where ``job`` has one this
+    node sees (without ``--cold`` every slot reads the same subset)."""
+    if job.shared_cache is None or not Path(job.shared_cache).is_dir():
+        return None  # another node's (or none): each measurement fills its own
+    return Path(job.shared_cache, f"subset-{slot if job.cold else 0}")
 
 
 def _kept(folder: Path, shared: Path) -> bool:

@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from raytune_loader.candidates.config import CONFIG_KEYS, LoaderConfig
 from raytune_loader.engines import engine_of
 from raytune_loader.errors import ConfigError, DataPipelineError, RaytuneLoaderError, last_line
 from raytune_loader.measuring.job import TrialJob
-from raytune_loader.measuring.measure import CEILING_WINDOWS, trials_cache
+from raytune_loader.measuring.measure import CEILING_WINDOWS
 from raytune_loader.measuring.measurer import Measurer
 from raytune_loader.measuring.outcomes import InputRate, TrialOutcome
 from raytune_loader.measuring.profile import Profile, receiver
@@ -342,22 +342,20 @@ def run_tune(
         # is silent at 0 and our own progress display takes its place.
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # a cache candidate's trials on this node share the objects the first one fetched
-    with trials_cache() as shared:
-        fn = trainable(replace(job, trials_cache=str(shared)), settings.gpus_per_trial, cluster)
-        searcher = None  # a resumed search's searcher is Tune's restored copy
-        if settings.resume:
-            experiment = _experiment_path(settings.storage, settings.name)
-            tuner = tune.Tuner.restore(experiment, trainable=fn, resume_errored=False)
-            deadline = None
-        else:
-            deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
-            searcher = LoaderSearcher(
-                space, settings.objective, settings.seed, deadline=deadline, cold=job.cold,
-                method=settings.method, model=settings.model,
-            )  # fmt: skip
-            tuner = _new_tuner(fn, job, searcher, settings, on_event)
-        grid, interrupted = _fit(tuner)
+    fn = trainable(job, settings.gpus_per_trial, cluster)
+    searcher = None  # a resumed search's searcher is Tune's restored copy
+    if settings.resume:
+        experiment = _experiment_path(settings.storage, settings.name)
+        tuner = tune.Tuner.restore(experiment, trainable=fn, resume_errored=False)
+        deadline = None
+    else:
+        deadline = time.time() + settings.time_budget_s if settings.time_budget_s else None
+        searcher = LoaderSearcher(
+            space, settings.objective, settings.seed, deadline=deadline, cold=job.cold,
+            method=settings.method, model=settings.model,
+        )  # fmt: skip
+        tuner = _new_tuner(fn, job, searcher, settings, on_event)
+    grid, interrupted = _fit(tuner)
     records = [_record(result, space) for result in grid]
     records.sort(key=lambda record: record.finished_at or 0)
     summary = searcher.summary() if searcher is not None else {"method": settings.method}
