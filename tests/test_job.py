@@ -31,8 +31,9 @@ OPTION_OF = {"name": "dataset", "time_limit_s": "trial_timeout_s", "ranks": "ran
 # TrialJob fields that are not options: job_from_options' arguments, measured later, fixed
 NOT_OPTIONS = {"model", "device", "node_cpus", "gpu_memory_share", "ceilings",
                "loader_timeout_s", "stream_shards", "stream_workers", "stream_note",
-               "watch", "listing"}  # fmt: skip  # watch: off only in the benchmark of its
-# cost; listing: an object store's listing, made by data preparation
+               "watch", "listing", "shared_cache"}  # fmt: skip  # watch: off only in the
+# benchmark of its cost; listing: an object store's listing, made by data preparation;
+# shared_cache: the search's folder, made as it runs
 
 
 def _unlike_the_default(option: Field[Any]) -> Any:
