@@ -187,9 +187,9 @@ def test_the_search_s_cache_trials_share_the_objects_the_first_one_s_cold_pass_f
 ) -> None:
     """The search's measurements share a folder (its driver's): the first cache trial
     fills it with its cold pass (48 GETs) and keeps it there; a later one of another
-    candidate reads it warm, with no GET and no cold figures; a ``--cold`` trial of
-    another subset, and a trial on a node that does not see the folder, fill a cache of
-    their own."""
+    candidate reads it warm, with no GET and no cold figures; a ``--cold`` trial, which
+    reads a subset of its own, and a trial on a node that does not see the folder, fill
+    a cache of their own, removed after."""
     from dataclasses import replace
 
     from raytune_loader.measuring.measure import search_cache
@@ -210,12 +210,14 @@ def test_the_search_s_cache_trials_share_the_objects_the_first_one_s_cold_pass_f
         outcomes = [run_trial(trials, first), run_trial(trials, later, slot=7),
                     run_trial(cold, later, slot=1), run_trial(elsewhere, later)]  # fmt: skip
         kept = sorted(p.name for p in shared.iterdir())
+        held = [p for p in (shared / "objects").rglob("*") if p.is_file() and p.name != ".used"]
+        assert len(held) == 48  # the trial's samples' objects, each once
         for outcome in outcomes:
             assert outcome.failure is None, outcome.detail
             assert outcome.metrics is not None and outcome.metrics.store_requests == 0
     assert [o.metrics.cold_store_requests for o in outcomes] == [48, None, 16, 48]  # type: ignore[union-attr]
     assert outcomes[1].metrics.cold_samples_per_s is None  # type: ignore[union-attr]
-    assert kept == ["subset-0", "subset-1"]  # each subset's first pass kept; not the other node's
+    assert kept == ["objects"]  # the first pass's; not the --cold one's, nor the other node's
     assert not shared.exists()  # the search's folder is gone with it
     assert set(measuring.glob("cache-*")) == left_before
 

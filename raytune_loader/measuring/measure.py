@@ -129,7 +129,7 @@ def run_trial(
     except TrialRefusedError as exc:
         return TrialOutcome(config, cpus, held.host, failure=exc.reason, detail=str(exc))
     try:
-        with cold_pass(job, config, subset, slot) as cold:
+        with cold_pass(job, config, subset) as cold:
             return _trained(job, config, subset, report, cpus, host, cold)
     except DataPipelineError as exc:  # the cold pass's
         return TrialOutcome(config, cpus, host, failure=exc.reason, detail=str(exc))
@@ -180,7 +180,7 @@ def _trained(
 
 @contextlib.contextmanager
 def cold_pass(
-    job: TrialJob, config: LoaderConfig, dataset: Dataset[Any], slot: int = 0
+    job: TrialJob, config: LoaderConfig, dataset: Dataset[Any]
 ) -> Iterator[dict[str, Any]]:
     """For a candidate that keeps a bucket's objects in a local cache: the cache filled by
     one pass over ``dataset`` with the candidate's loader, as a first epoch fills it
@@ -190,15 +190,15 @@ def cold_pass(
 
     The cache is a fresh folder of the measurement's own, which no earlier measurement
     warmed, removed at the end. Where ``job.shared_cache`` names a folder this node
-    sees (a search's trials, its input pipeline alone and its probes), the first cache
-    measurement of a subset keeps its filled folder there, and the later ones read it
-    warm, with no pass and no ``cold_*`` figures of their own. Their windows measure
-    the state their own pass would have left: the same objects, on the same disk, under
-    the same budget."""
+    sees (a search's trials, its input pipeline alone and its probes, without
+    ``--cold``), the first cache measurement keeps its filled folder there, and the
+    later ones read it warm, with no pass and no ``cold_*`` figures of their own. Their
+    windows measure the state their own pass would have left: the same objects, on the
+    same disk, under the same budget."""
     if not config.cache:
         yield {}
         return
-    shared = _shared_cache(job, slot)
+    shared = _shared_cache(job)
     if shared is not None and shared.is_dir():  # an earlier trial's pass filled it
         set_cached(dataset, True, _cache(job, shared))
         try:
@@ -269,12 +269,12 @@ def search_cache() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _shared_cache(job: TrialJob, slot: int) -> Path | None:
-    """The shared folder of the subset slot ``slot`` reads, where ``job`` has one this
-    node sees (without ``--cold`` every slot reads the same subset)."""
-    if job.shared_cache is None or not Path(job.shared_cache).is_dir():
+def _shared_cache(job: TrialJob) -> Path | None:
+    """The shared cache's folder, where ``job`` has one this node sees; none with
+    ``--cold``, whose measurements each read a subset of their own."""
+    if job.shared_cache is None or job.cold or not Path(job.shared_cache).is_dir():
         return None  # another node's (or none): each measurement fills its own
-    return Path(job.shared_cache, f"subset-{slot if job.cold else 0}")
+    return Path(job.shared_cache, "objects")
 
 
 def _kept(folder: Path, shared: Path) -> bool:
@@ -333,7 +333,7 @@ def measure_input(
     the worker-side stages of a few samples on one core. A cache candidate's reads its
     warm cache, as its trials do (:func:`cold_pass`)."""
     subset, _ = prepare(job, slot, config)
-    with cold_pass(job, config, subset, slot):
+    with cold_pass(job, config, subset):
         return _input_rate(job, config, subset, windows)
 
 
