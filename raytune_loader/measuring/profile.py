@@ -16,6 +16,7 @@ actor on another node (:func:`raytune_loader.raydata.receive_cost.receive_second
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -194,20 +195,27 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
 
 
 def _objects_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, float]:
-    """:func:`_worker_side` of a store's single objects: the timed samples read by
-    :data:`READERS` threads, each timing its own CPU, so that their waits overlap. (Read
-    one at a time, a variant's CPU rate came out within the run-to-run noise of this,
-    1-7% apart, and its requests 5% quicker on the test server, which shares two cores
-    with the profile.)"""
+    """:func:`_worker_side` of a store's single objects. A request's seconds are timed
+    one at a time, as before the threads, over the warm-up's GETs after its first
+    (which opens the connection); the CPU rate over the timed samples, read by
+    :data:`READERS` threads that each open a connection with one GET first and then time
+    their own CPU, so that their waits overlap. (Read one at a time, a variant's CPU rate
+    came out within the run-to-run noise of this, 1-7% apart.)"""
     samples = min(SAMPLES, len(dataset))  # type: ignore[arg-type]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker's
     try:
-        for i in range(min(WARM_SAMPLES, samples)):  # warm the code paths
-            dataset[i]
+        dataset[0]  # warm the code paths and a connection
         before = counts.totals()
+        warm = range(1, min(WARM_SAMPLES, samples))
+        for i in warm:
+            dataset[i]
+        after = counts.totals()
+        ready = threading.Barrier(READERS)
 
         def read(first: int) -> float:
+            dataset[first % samples]  # this thread's connection
+            ready.wait()
             started = time.thread_time()
             for i in range(first, samples, READERS):
                 dataset[i]
@@ -215,13 +223,13 @@ def _objects_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, 
 
         with ThreadPoolExecutor(READERS, "raytune-profile") as pool:
             cpu_s = sum(pool.map(read, range(READERS)))
+        timed = counts.totals()
     finally:
         torch.set_num_threads(threads)
-    after = counts.totals()
     requests = after["requests"] - before["requests"]
-    busy_s = (after["busy_us"] - before["busy_us"]) / 1e6
-    request_s = busy_s / requests if requests else 0.0
-    return samples / max(cpu_s, 1e-6), request_s, min(1.0, requests / samples) or 1.0
+    request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests if requests else 0.0
+    fetched = timed["requests"] - after["requests"] - READERS  # the timed samples' GETs
+    return samples / max(cpu_s, 1e-6), request_s, min(1.0, max(fetched, 0) / samples) or 1.0
 
 
 def _warm_side(job: TrialJob, dataset: Dataset[Any], config: LoaderConfig) -> float | None:
@@ -236,7 +244,7 @@ def _warm_side(job: TrialJob, dataset: Dataset[Any], config: LoaderConfig) -> fl
          "decode": config.decode}, batch_size=config.batch_size,
     )  # fmt: skip
     timed = Subset(dataset, range(min(SAMPLES, len(dataset))))  # type: ignore[arg-type]
-    with cold_pass(job, filling, timed):
+    with cold_pass(replace(job, shared_cache=None), filling, timed):  # its own, these samples'
         counts = count_requests(dataset)
         rate = worker_side_rate(dataset, SAMPLES)
     return rate if counts is None or counts.totals()["requests"] == 0 else None
