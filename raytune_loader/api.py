@@ -69,21 +69,21 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     )  # fmt: skip
     try:
         plan = setup.plan(replace(search, job=job), cluster, progress)
-        # the trials, the input pipeline alone and the probes read one warm cache
-        with search_cache() as shared:
-            job = replace(plan.job, shared_cache=str(shared))
-            run = tuner.run_tune(job, plan.space, plan.settings, cluster, progress.trial)
-            # the previous search's trials.csv stays beside its best_config.json until
-            # this search has a result of its own
-            records.write_trials_csv(out_dir / "trials.partial.csv", run.records)
-            if run.interrupted:
-                finished = sum(record.status != "interrupted" for record in run.records)
-                raise SearchInterruptedError(
-                    f"search interrupted after {finished} finished trials, kept in {out_dir}; "
-                    "continue it with the same command and --resume"
-                )
-            verified = verify_classes(job, plan.space, run.records, plan.opts, cluster,
-                                      search.gpus_per_trial, progress)  # fmt: skip
+        # the cache trials read the objects the first one fetched
+        with search_cache(True in plan.space.caches and not plan.job.cold) as shared:
+            trials = replace(plan.job, shared_cache=shared and str(shared))
+            run = tuner.run_tune(trials, plan.space, plan.settings, cluster, progress.trial)
+        # the previous search's trials.csv stays beside its best_config.json until
+        # this search has a result of its own
+        records.write_trials_csv(out_dir / "trials.partial.csv", run.records)
+        if run.interrupted:
+            finished = sum(record.status != "interrupted" for record in run.records)
+            raise SearchInterruptedError(
+                f"search interrupted after {finished} finished trials, kept in {out_dir}; "
+                "continue it with the same command and --resume"
+            )
+        verified = verify_classes(plan.job, plan.space, run.records, plan.opts, cluster,
+                                  search.gpus_per_trial, progress)  # fmt: skip
     finally:
         tuner.stop_ray()
     context = SearchContext(

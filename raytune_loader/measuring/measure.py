@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -55,7 +56,7 @@ from raytune_loader.measuring.segment import (
 )
 from raytune_loader.measuring.step import Trainer, batch_samples, set_matmul_precision, user_trainer
 from raytune_loader.sources import datasets
-from raytune_loader.stores.cache import ObjectCache, default_budget, default_folder
+from raytune_loader.stores.cache import USED, ObjectCache, default_budget, default_folder
 from raytune_loader.stores.store import count_requests
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ def _trained(
         if report is not None:  # interim reports too: ASHA may stop the trial after one
 
             def at_size(metrics: dict[str, Any]) -> None:
-                report({**metrics, "effective_batch_size": batch_size, "oom_backoffs": backoffs})
+                report({**metrics, **cold, "effective_batch_size": batch_size,
+                        "oom_backoffs": backoffs})  # fmt: skip
 
         return train_segment(
             subset, trainer, config_at, job.segment, report=at_size, seed=job.seed, ceiling=ceiling
@@ -222,7 +224,7 @@ def cold_pass(
         requests = counts.totals()["requests"] - before if counts else None
         log.info("cold pass of %s: %d samples in %.2f s, %s GETs", config.label(), read,
                  seconds, requests)  # fmt: skip
-        if shared is not None and _kept(folder, shared):  # filled: the later ones' too
+        if shared is not None and _kept(folder, shared, read):  # filled: the later ones' too
             folder = shared
             set_cached(dataset, True, _cache(job, shared))
         yield {"cold_samples_per_s": read / seconds, "cold_store_requests": requests}
@@ -238,48 +240,75 @@ def _cache(job: TrialJob, folder: Path) -> ObjectCache:
 
 
 MEASURING = "measuring"  # beside training's cache folder: its disk, not a tmpfs
+HOST = ".host"  # a search's shared folder: the host it was made on
 
 
 def _measurement_cache() -> Path:
     """A fresh folder for one measurement's cache, on the disk training's cache is on
-    (``/tmp`` is often memory), named by this process; the folders of processes that
-    are gone (a trial killed mid-measurement, a search ended by a signal) are removed
-    first."""
-    root = _measuring_root()
-    for stale in root.glob("*-*-*"):
-        pid = stale.name.split("-")[1]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"cache-{os.getpid()}-", dir=root))
+    (``/tmp`` is often memory), named by this host and process."""
+    return Path(tempfile.mkdtemp(prefix=_prefix("cache"), dir=_measuring_root()))
+
+
+def _prefix(kind: str) -> str:
+    return f"{kind}-{os.getpid()}-{socket.gethostname()}-"
 
 
 def _measuring_root() -> Path:
+    """The measurements' folder; what processes of this host that are gone left there (a
+    trial killed mid-measurement, a search ended by a signal) removed first. (A home on a
+    network disk is shared by hosts: another host's process is not looked for here.)"""
     root = default_folder().parent / MEASURING
     root.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    for stale in [*root.glob("cache-*-*"), *root.glob("search-*-*")]:
+        _, pid, rest = stale.name.split("-", 2)
+        here = rest.startswith(f"{host}-") or "-" not in rest  # or named before hosts were
+        if pid.isdigit() and here and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
     return root
 
 
 @contextlib.contextmanager
-def search_cache() -> Iterator[Path]:
-    """A folder for ``TrialJob.shared_cache``, named by this process, removed at the end."""
-    folder = Path(tempfile.mkdtemp(prefix=f"search-{os.getpid()}-", dir=_measuring_root()))
+def search_cache(wanted: bool = True) -> Iterator[Path | None]:
+    """A folder for ``TrialJob.shared_cache`` (where ``wanted``: the space offers the
+    cache), named by this host and process, removed at the end; None where it cannot be
+    made: each measurement then fills a cache of its own."""
+    folder = None
+    try:
+        if wanted:
+            folder = Path(tempfile.mkdtemp(prefix=_prefix("search"), dir=_measuring_root()))
+            (folder / HOST).write_text(socket.gethostname())
+    except OSError:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        folder = None
     try:
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _shared_cache(job: TrialJob) -> Path | None:
-    """The shared cache's folder, where ``job`` has one this node sees; none with
-    ``--cold``, whose measurements each read a subset of their own."""
-    if job.shared_cache is None or job.cold or not Path(job.shared_cache).is_dir():
-        return None  # another node's (or none): each measurement fills its own
-    return Path(job.shared_cache, "objects")
+    """The shared cache's folder, where ``job`` has one made on this host; none with
+    ``--cold`` (each measurement reads a subset of its own) or several ranks (each
+    reads its own share of the subset)."""
+    if job.shared_cache is None or job.cold or job.ranks > 1:
+        return None
+    try:
+        made_on = Path(job.shared_cache, HOST).read_text()
+    except OSError:  # another node's: each measurement fills its own
+        return None
+    return Path(job.shared_cache, "objects") if made_on == socket.gethostname() else None
 
 
-def _kept(folder: Path, shared: Path) -> bool:
-    """Whether ``folder`` became ``shared`` (not where a trial beside this one kept its
-    own there first)."""
+def _kept(folder: Path, shared: Path, objects: int) -> bool:
+    """Whether ``folder`` became ``shared``: where its pass kept all ``objects`` (not a
+    budget spent, or a write that failed, part of the way), and no measurement beside
+    this one kept its own there first."""
+    held = sum(1 for p in folder.rglob("*") if p.is_file() and p.name != USED)
+    if held < objects:
+        return False
     try:
         folder.rename(shared)
     except OSError:

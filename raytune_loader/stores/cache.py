@@ -18,8 +18,8 @@ until the folder is deleted to free the space.
 
 Where an epoch fits, every epoch after the first reads the node's disk (and, while it
 holds them, its page cache) and sends no request: the search measures such a candidate
-warm, after a cold pass over its samples, in a folder of its own
-(``docs/object_storage.md``).
+warm, after a cold pass over its samples (its own, or the search's first cache
+trial's: ``docs/object_storage.md``).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def verify_class(
         job = replace(job, ceilings=measure_ceilings(job, space.batch_sizes, measurer, progress))
     what = "verifying (each configuration alone, repeated)"
     verified = verify(
-        replace(job, shared_cache=None),  # each run's own cold pass: the first epoch's figures
+        job,
         configs,
         opts.verify_repeats,
         measurer,
