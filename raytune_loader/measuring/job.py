@@ -84,8 +84,9 @@ class TrialJob:
     # measurement so that no trial, rank or worker lists the store again
     listing: Any = field(default=None, compare=False, repr=False)
     cache_bytes: int | None = None  # a cache candidate's budget (None: half the disk's free)
-    # a folder the search's cache measurements share, the first one's cold pass filling
-    # it (measure.cold_pass); None (verification's): each fills a cache of its own
+    # a folder the search's cache trials share, the first one's cold pass filling it
+    # (measure.cold_pass); None (verification, the input alone, the probes): each
+    # measurement fills a cache of its own
     shared_cache: str | None = None
 
     def cpus_for(self, num_workers: int) -> float:

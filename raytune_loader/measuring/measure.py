@@ -191,12 +191,12 @@ def cold_pass(
     other candidate.
 
     The cache is a fresh folder of the measurement's own, which no earlier measurement
-    warmed, removed at the end. Where ``job.shared_cache`` names a folder this node
-    sees (a search's trials, its input pipeline alone and its probes, without
-    ``--cold``), the first cache measurement keeps its filled folder there, and the
-    later ones read it warm, with no pass and no ``cold_*`` figures of their own. Their
-    windows measure the state their own pass would have left: the same objects, on the
-    same disk, under the same budget."""
+    warmed, removed at the end. Where ``job.shared_cache`` names a folder made on this
+    host (a search's trials, without ``--cold``, of one rank), the first cache trial
+    keeps its filled folder there where its pass kept every object, and the later ones
+    read it warm, with no pass and no ``cold_*`` figures of their own. Their windows
+    measure the state their own pass would have left: the same objects, in files on the
+    same disk."""
     if not config.cache:
         yield {}
         return
