@@ -135,11 +135,15 @@ class SlowProxy:
             out.write(payload)
             await out.drain()
             return
+        # each piece is due when the cap allows it since the first: a wake-up that comes
+        # late (a busy host) is made up by the next, not added to every piece after it
+        clock = asyncio.get_running_loop().time
+        began = clock()
         for start in range(0, len(payload), CHUNK):
-            piece = payload[start : start + CHUNK]
-            out.write(piece)
+            out.write(payload[start : start + CHUNK])
             await out.drain()
-            await asyncio.sleep(len(piece) / self.bytes_per_s)
+            due = began + min(len(payload), start + CHUNK) / self.bytes_per_s
+            await asyncio.sleep(max(0.0, due - clock()))
 
 
 async def _closed(server: asyncio.Server) -> None:
