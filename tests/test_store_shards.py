@@ -119,6 +119,16 @@ def test_read_ahead_puts_a_worker_s_shards_in_flight_together(server: S3Server) 
         assert len(torch.cat([labels for _, labels in loader])) == 96
         peaks[ahead] = server.proxy.peak_in_flight
     assert peaks == {1: 1, 4: 4}
+    # read-ahead is per worker, thread workers' too: each of two threads of one process
+    # keeps its own 2 shards in flight, not 2 between them
+    stream = _stream(PATTERN)
+    server.proxy.peak_in_flight = 0
+    config = LoaderConfig.from_dict(
+        {"num_workers": 2, "workers": "thread", "fetch_threads": 2, "access": "stream"},
+        batch_size=8,
+    )
+    assert len(torch.cat([y for _, y in build_dataloader(stream, config, seed=0)])) == 96
+    assert server.proxy.peak_in_flight == 4
     # a trial's stream (repeating 2 shards): the read-ahead runs on across its epochs
     spec = _spec()
     shards = spec.source.shards(spec)[:2]

@@ -178,6 +178,14 @@ def test_fetch_threads_put_a_batch_s_requests_in_flight_together(server: S3Serve
         next(iter(loader))
         peaks[threads] = server.proxy.peak_in_flight
     assert peaks == {1: 1, 8: 8}
+    # fetch_threads are per worker, thread workers' too: two threads of one process
+    # reading the same dataset keep 2 x 4 requests in flight, not 4 between them
+    server.proxy.peak_in_flight = 0
+    config = LoaderConfig.from_dict(
+        {"num_workers": 2, "workers": "thread", "fetch_threads": 4}, batch_size=8
+    )
+    assert len(torch.cat([y for _, y in build_dataloader(dataset, config, seed=0)])) == len(dataset)
+    assert server.proxy.peak_in_flight == 8
 
 
 def test_a_ray_data_actor_fetches_its_map_call_s_objects_together(server: S3Server) -> None:

@@ -12,8 +12,6 @@ the rate against a store's latency, where cores set it against a disk.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -26,6 +24,7 @@ from torch.utils.data import Dataset
 from raytune_loader.errors import CorruptSampleError, DatasetError
 from raytune_loader.pipeline.transforms import worker_image
 from raytune_loader.stores.cache import ObjectCache, default_budget, default_folder
+from raytune_loader.stores.pools import FetchPools
 from raytune_loader.stores.store import Store, StoreOptions
 from raytune_loader.stores.url import StoreUrl, is_remote, parse
 from raytune_loader.wrapped import wrapped
@@ -112,18 +111,7 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
         self.transfer, self.decode = transfer, decode
         self.fetch_threads = fetch_threads
         self.cache: ObjectCache | None = None  # set by the loader for a cache candidate
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-        self._pool_pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_pool"], state["_pool_lock"] = None, None  # each process its own
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._pool_lock = threading.Lock()
+        self._pools = FetchPools("raytune-fetch")  # each worker's own, threads' too
 
     def __len__(self) -> int:
         return len(self.listing.samples)
@@ -138,7 +126,7 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
         if self.fetch_threads <= 1 or len(keys) == 1:
             blobs = [self._get(i) for i in indices]
         else:
-            blobs = list(self._threads().map(self._get, indices))
+            blobs = list(self._pools.get(self.fetch_threads).map(self._get, indices))
         return [(self._made(key, blob), self.listing.samples[i][1])
                 for i, key, blob in zip(indices, keys, blobs, strict=True)]  # fmt: skip
 
@@ -158,17 +146,6 @@ class RemoteImageFolder(Dataset):  # type: ignore[type-arg]
         if self.cache is None:
             return self.store.get(key)
         return self.cache.get(self.store, key, self.listing.version(index))
-
-    def _threads(self) -> ThreadPoolExecutor:
-        if self._pool_pid != os.getpid():  # a forked worker: the parent's threads (and a
-            # lock one of them held) did not come with it, and a task given them never ran
-            self._pool, self._pool_lock, self._pool_pid = None, threading.Lock(), os.getpid()
-        with self._pool_lock:
-            if self._pool is None or self._pool._max_workers != self.fetch_threads:  # type: ignore[attr-defined]
-                if self._pool is not None:
-                    self._pool.shutdown(wait=False)
-                self._pool = ThreadPoolExecutor(self.fetch_threads, "raytune-fetch")
-            return self._pool
 
     def _made(self, key: str, blob: bytes) -> Any:
         try:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raytune_loader.errors import CorruptSampleError, DatasetError
+from raytune_loader.stores.pools import FetchPools
 from raytune_loader.stores.store import Store, StoreOptions
 from raytune_loader.stores.url import StoreUrl, is_remote, parse
 
@@ -167,24 +166,10 @@ def read_ahead(
         yield from read(path, start, stop, got)
 
 
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (pid, threads): this process's
-_POOLS_LOCK = threading.Lock()
-
-
-def _forked() -> None:
-    """A forked child: the parent's fetch threads did not come with it, nor may its lock."""
-    global _POOLS_LOCK
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forked)
+_POOLS = FetchPools("raytune-shards")  # each reading thread's: ``ahead`` per worker
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
-    """This process's pool of ``threads`` fetch threads (a forked worker makes its own)."""
-    with _POOLS_LOCK:
-        key = (os.getpid(), threads)
-        if key not in _POOLS:
-            _POOLS[key] = ThreadPoolExecutor(threads, "raytune-shards")
-        return _POOLS[key]
+    """The calling worker's pool of ``threads`` fetch threads (a worker process's, or a
+    thread worker's own: thread workers of one process do not share theirs)."""
+    return _POOLS.get(threads)
