@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.throttle:
         return _throttled(args)
-    with tempfile.TemporaryDirectory() as tmp, _server(TTFBS) as (moto, *proxies):
+    server = _server(TTFBS)
+    with tempfile.TemporaryDirectory() as tmp, server as (moto, *proxies):
         root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
         env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1"}  # fmt: skip
@@ -66,6 +68,10 @@ def main() -> None:
         files, labels, _ = images_of(root / "train")
         shards = write_webdataset(files, labels, Path(tmp) / "shards", args.shards)
         _upload_shards(shards, moto)
+        serving = {  # CPU-seconds a sample read from the server, as objects and as shards
+            "objects": server_cost(server, proxies[0], "imagenet/", 1),
+            "shards": server_cost(server, proxies[0], "shards/", args.images / args.shards),
+        }
         pattern = f"s3://{BUCKET}/shards/shard-{{0000..{args.shards - 1:04d}}}.tar"
         common = [*SEARCH, "--num-samples", str(args.num_samples)]
         flags = [*common, "--dataset", "imagenet"]
@@ -74,9 +80,9 @@ def main() -> None:
             remote = {**env, "AWS_ENDPOINT_URL": proxy}
             where = [*flags, "--data-root", f"s3://{BUCKET}/imagenet"]
             name = f"{int(ttfb * 1000)}ms"
-            found[name] = _search(where, Path(tmp) / f"s3-{ttfb}", remote)
+            found[name] = _search(where, Path(tmp) / f"s3-{ttfb}", remote, serving["objects"])
             sharded = [*common, "--dataset", "webdataset", "--data-root", pattern]
-            on_shards = _search(sharded, Path(tmp) / f"shards-{ttfb}", remote)
+            on_shards = _search(sharded, Path(tmp) / f"shards-{ttfb}", remote, serving["shards"])
             on_shards["vs_objects"] = round(
                 on_shards["tuned_samples_per_s"] / found[name]["tuned_samples_per_s"], 3
             )
@@ -86,7 +92,29 @@ def main() -> None:
         figures["time_vs_local"] = round(figures["wall_time_s"] / local_s, 3)
     save("s3_search", {"images": args.images, "ttfb_s": list(TTFBS), "shards": args.shards,
                        "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
+                       "cpu_s_per_sample_read": serving,
                        "flags": flags, "searches": found})  # fmt: skip
+
+
+def server_cost(server: _server, proxy: str, prefix: str, samples_per_object: float) -> dict:
+    """CPU-seconds a sample read from the test server, while 8 threads GET every object
+    under ``prefix`` twice through ``proxy`` with the product's client: the server's
+    (moto and its proxy, its process's clock: what it takes of the two cores it shares
+    with the trials; a real store's would be on its own machines) and the client's
+    (this process's clock, where nothing else runs)."""
+    from raytune_loader.stores.store import Store, StoreOptions
+    from raytune_loader.stores.url import StoreUrl
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(name, "testing")
+    store = Store(StoreUrl("s3", BUCKET), StoreOptions(region="us-east-1", endpoint_url=proxy))
+    keys = [key for key, _, _ in store.list() if key.startswith(prefix)] * 2
+    samples = len(keys) * samples_per_object
+    served, used = server.cpu_s(), time.process_time()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(store.get, keys))
+    return {"server": (server.cpu_s() - served) / samples,
+            "client": (time.process_time() - used) / samples}  # fmt: skip
 
 
 def _throttled(args: argparse.Namespace) -> None:
@@ -117,8 +145,11 @@ def _throttled(args: argparse.Namespace) -> None:
     })  # fmt: skip
 
 
-def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One search's figures, from its best_config.json and trials.csv."""
+def _search(
+    flags: list[str], out: Path, env: dict[str, str], serving: dict | None = None
+) -> dict[str, Any]:
+    """One search's figures, from its best_config.json and trials.csv; ``serving`` is what
+    a sample read from the test server costs its cores (:func:`server_cost`)."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "raytune_loader.search", *flags, "--out",
                            str(out)], env=env, capture_output=True, text=True)  # fmt: skip
@@ -136,7 +167,7 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
         "step": best["metrics"].get("ceiling_samples_per_s"),
         "input": limit.get("input_samples_per_s"),
         "store": store_samples or None,
-        "cores": _cores_bound(best),
+        "cores": _cores_bound(best, serving or {}),
     }
     known = {k: v for k, v in bounds.items() if v}
     small = next((f for f in best.get("findings", []) if f["kind"] == "small_objects"), None)
@@ -167,21 +198,37 @@ def _search(flags: list[str], out: Path, env: dict[str, str]) -> dict[str, Any]:
     return figures
 
 
-def _cores_bound(best: dict[str, Any]) -> float | None:
-    """What the cores allow where the step and the workers share them (no GPU): the usable
-    cores over the CPU-seconds a sample needs at the least, the step's (one thread, busy
-    throughout the ceiling's windows: 1 / the ceiling) plus the cheapest worker side the
-    profile timed (the most samples/s one core made of any structure, from the store or
-    a warm cache). Collating, handing over and the test server's requests only add to
-    them, so no loader beats it; the step and the input alone, each with every core,
-    are looser bounds here. None on a GPU or with several compute threads (threads that
-    wait would count as busy)."""
+def _cores_bound(best: dict[str, Any], serving: dict[str, float]) -> float | None:
+    """What the cores allow where the step, the workers and the test server share them
+    (no GPU): the usable cores over the CPU-seconds a sample needs at the least. The
+    step's (one thread, busy throughout the ceiling's windows: 1 / the ceiling), plus
+    the cheapest structure the profile timed: its worker side (1 / the samples/s one
+    core made) with its collate and its finish, per sample, and for one that reads the
+    store (not a warm cache) the test server's CPU-seconds a sample read from it
+    (``serving``, none for local files), and a stream's client's, which the profile's
+    worker side leaves to its fetch threads (an object's it counts). Handing batches
+    over only adds to them, so no loader beats it; the step and the input alone, each
+    with every core, are looser bounds here. None on a GPU or with several compute
+    threads (threads that wait would count as busy)."""
     job, profile = best["job"], best["search"].get("model", {}).get("profile", {})
     ceiling = best["metrics"].get("ceiling_samples_per_s")
-    rates = [*profile.get("per_core", {}).values(), *profile.get("cached_per_core", {}).values()]
-    if job["device"] != "cpu" or job["compute_threads"] != 1 or not ceiling or not rates:
+    read = profile.get("per_core", {})  # from the store: the server's share added
+    warm = profile.get("cached_per_core", {})  # from a warm cache: none of the server's
+    if job["device"] != "cpu" or job["compute_threads"] != 1 or not ceiling or not read:
         return None
-    return float(profile["cores"] / (1 / ceiling + 1 / max(rates)))
+
+    def cost(side: str, rate: float) -> float:
+        collate, finish = (
+            profile.get(part, {}).get(side, 0.0) for part in ("collate_s", "finish_s")
+        )
+        return 1 / rate + (collate + finish) / profile["batch_size"]
+
+    reading = serving.get("server", 0.0)
+    if profile.get("requests_per_sample", 1) < 1:  # a stream's GETs: made by fetch threads
+        reading += serving.get("client", 0.0)
+    worker = min([cost(side, rate) + reading for side, rate in read.items()]
+                 + [cost(side, rate) for side, rate in warm.items()])  # fmt: skip
+    return float(profile["cores"] / (1 / ceiling + worker))
 
 
 def _upload(folder: Path, endpoint: str) -> None:
