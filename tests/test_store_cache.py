@@ -182,6 +182,29 @@ def test_a_cache_trial_measures_its_cold_pass_apart_and_its_window_warm(
     assert plain.metrics.store_requests  # without the cache, the window reads the store
 
 
+def test_a_rank_s_cold_pass_counts_the_samples_of_its_own_share(
+    server: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With two ranks, a rank's cold pass reads its half of the subset (24 GETs of 48),
+    and its rate counts those 24 samples, not the subset's 48 (twice its true rate)."""
+    import logging
+
+    from raytune_loader.loaders import sharding
+    from raytune_loader.measuring.measure import cold_pass
+
+    server.proxy.ttfb_s = 0.0
+    monkeypatch.setattr(sharding, "process_group", lambda: (0, 2))  # the loader's seam
+    segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
+    job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment,
+                   samples_per_trial=48, node_cpus=2, ranks=2)  # fmt: skip
+    dataset = build_dataset(job.dataset, "uint8", "tensor")
+    with caplog.at_level(logging.INFO, "raytune_loader.measuring.measure"):
+        with cold_pass(job, _config(num_workers=0, fetch_threads=4, cache=True), dataset) as cold:
+            pass
+    assert cold["cold_store_requests"] == len(dataset) // 2
+    assert f": {len(dataset) // 2} samples in" in caplog.text
+
+
 def test_the_search_s_cache_trials_share_the_objects_the_first_one_s_cold_pass_fetched(
     server: S3Server,
 ) -> None:

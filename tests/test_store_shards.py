@@ -155,6 +155,20 @@ def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Serv
     assert keys_of(stream) == [f"wds/shard-{i:04d}.tar" for i in range(4)]
 
 
+def test_a_batched_stream_s_profile_divides_by_the_samples_it_read(server: S3Server) -> None:
+    """Batches of 24 made in the stream: the profile asks for 32 samples and reads 48
+    (two batches, two whole shards after a warm-up of 8 batches), so its requests a
+    sample are 2 / 48, not 2 / 32, and its rate counts the 48."""
+    from raytune_loader.measuring.profile import SAMPLES, _worker_side
+
+    spec = _spec()
+    variant = StreamVariant("uint8", "tensor", batch_size=24, repeat=True)
+    stream = spec.source.build_stream(spec, spec.source.shards(spec), variant)
+    assert SAMPLES % 24, "the test needs a batch that does not divide the timed samples"
+    _, _, per_sample = _worker_side(stream)
+    assert per_sample == pytest.approx(2 / 48)
+
+
 def test_the_profile_s_untimed_samples_of_a_stream_skip_its_shuffle_buffer(
     server: S3Server,
 ) -> None:

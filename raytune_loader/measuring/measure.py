@@ -216,9 +216,8 @@ def cold_pass(
         started = time.perf_counter()
         with pipeline_failures():
             loader = build_dataloader(dataset, config, drop_last=False, seed=job.seed)
-            for _ in loader:  # every sample of the subset once
-                pass
-        read = len(dataset)  # type: ignore[arg-type]
+            # every sample of the subset once: of this rank's share, with several ranks
+            read = sum(batch_samples(batch) for batch in loader)
         seconds = time.perf_counter() - started
         del loader
         requests = counts.totals()["requests"] - before if counts else None
@@ -401,8 +400,18 @@ WARM_SAMPLES = 8  # read before a worker side is timed, to warm its code paths
 def worker_side_rate(
     dataset: Dataset[Any], samples: int = 64, timing: Callable[[], None] | None = None
 ) -> float:
-    """Samples per second one core reads, decodes and augments (what a worker does); a
-    stream is read in order, a batch made in its pipeline counting as its samples.
+    """Samples per second one core reads, decodes and augments (what a worker does): of
+    :func:`worker_side_read`."""
+    count, seconds = worker_side_read(dataset, samples, timing)
+    return count / seconds
+
+
+def worker_side_read(
+    dataset: Dataset[Any], samples: int = 64, timing: Callable[[], None] | None = None
+) -> tuple[int, float]:
+    """The samples one core read, decoded and augmented as a worker does, at least
+    ``samples`` (a stream's batches made in its pipeline count as their samples, and
+    its last may go past them), and the seconds they took. A stream is read in order.
     ``timing`` is called when the timed samples start, after the warm-up (a stream's
     shuffle buffer filled then)."""
     threads = torch.get_num_threads()
@@ -418,7 +427,7 @@ def worker_side_rate(
             while count < samples:
                 item = next(items)
                 count += batch_samples(item) if _batched(dataset) else 1
-            return count / (time.perf_counter() - started)
+            return count, time.perf_counter() - started
         count = min(samples, len(dataset))  # type: ignore[arg-type]
         for i in range(min(WARM_SAMPLES, count)):  # warm the code paths
             dataset[i]
@@ -427,7 +436,7 @@ def worker_side_rate(
         started = time.perf_counter()
         for i in range(count):
             dataset[i]
-        return count / (time.perf_counter() - started)
+        return count, time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)
 

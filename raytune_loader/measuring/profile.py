@@ -38,6 +38,7 @@ from raytune_loader.measuring.measure import (
     job_trainer,
     prepare,
     worker_side_rate,
+    worker_side_read,
 )
 from raytune_loader.measuring.shards import opened
 from raytune_loader.measuring.step import Trainer
@@ -178,20 +179,20 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     if counts is not None and not isinstance(dataset, IterableDataset):
         return _objects_side(dataset, counts)
     before: list[tuple[dict[str, int], float]] = []
-    rate = worker_side_rate(
+    read, seconds = worker_side_read(
         dataset,
         SAMPLES,
         timing=(lambda: before.append((counts.totals(), time.thread_time()))) if counts else None,
     )
     cpu_s = time.thread_time()
     if counts is None or not before:
-        return rate, 0.0, 1.0
+        return read / seconds, 0.0, 1.0
     (totals, cpu_started), after = before[0], counts.totals()
     requests = after["requests"] - totals["requests"]
     if not requests:
-        return rate, 0.0, 1.0
-    busy_s = (after["busy_us"] - totals["busy_us"]) / 1e6
-    return SAMPLES / max(cpu_s - cpu_started, 1e-6), busy_s / requests, min(1.0, requests / SAMPLES)
+        return read / seconds, 0.0, 1.0
+    busy_s = (after["busy_us"] - totals["busy_us"]) / 1e6  # of the samples read, not asked
+    return read / max(cpu_s - cpu_started, 1e-6), busy_s / requests, min(1.0, requests / read)
 
 
 def _objects_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, float]:
