@@ -85,14 +85,20 @@ def test_a_store_s_latency_is_paid_per_wave_of_requests_in_flight_and_takes_no_c
 
 
 def test_a_shard_s_get_is_shared_by_its_samples_and_read_ahead_hides_it() -> None:
-    """A stream of shards of 64 samples, 100 ms a shard's GET: a batch of 32 waits half a
-    GET with one shard at a time, a quarter with two fetched ahead; the store's cap counts
-    requests (a GET for 64 samples), not samples."""
-    local = _model(per_core=1000.0, cores=2, ceiling=4000.0)
-    shards = replace(local, profile=replace(local.profile, fetch_s=0.1, requests_per_sample=1 / 64))
-    one, two = (shards.predict(_with(2, fetch_threads=f)) for f in (1, 2))
-    assert one.samples_per_s == pytest.approx(2 * 32 / (32 / 1000 + 0.002 + 0.05))  # type: ignore[union-attr]
-    assert two.samples_per_s == pytest.approx(2 * 32 / (32 / 1000 + 0.002 + 0.025))  # type: ignore[union-attr]
+    """A stream of shards of 64 samples, a batch of 32 that one core makes in 34 ms. One
+    shard at a time, the worker waits for half a GET, then decodes; with two fetched
+    ahead by threads of their own, a quarter GET a batch arrives while it decodes: it
+    waits only for what decoding does not cover (none at 100 ms a GET, 16 ms at 200 ms).
+    The store's cap counts requests (a GET for 64 samples), not samples."""
+    local = _model(per_core=1000.0, cores=4, ceiling=4000.0)  # cores to spare
+    made = 32 / 1000 + 0.002
+    for fetch_s, waited in ((0.1, 0.0), (0.2, 0.05 - made)):
+        shards = replace(local, profile=replace(local.profile, fetch_s=fetch_s,
+                                                requests_per_sample=1 / 64))  # fmt: skip
+        one, two = (shards.predict(_with(2, fetch_threads=f)) for f in (1, 2))
+        assert one.samples_per_s == pytest.approx(2 * 32 / (made + fetch_s / 2))  # type: ignore[union-attr]
+        assert two.samples_per_s == pytest.approx(2 * 32 / (made + waited))  # type: ignore[union-attr]
+        assert two.bound == "workers"  # type: ignore[union-attr]
     capped = replace(shards, profile=replace(shards.profile, store_rate=10.0))  # 10 GETs/s
     top = capped.predict(_with(2, fetch_threads=2))
     assert (top.samples_per_s, top.bound) == (pytest.approx(640.0), "store")  # type: ignore[union-attr]

@@ -15,8 +15,10 @@ the pace of its slowest part:
 
 Data on an object store adds, to whoever makes a batch, the wait for its objects: the
 profile's mean request time for each wave of ``fetch_threads`` requests in flight
-(a batch of B objects in ceil(B / fetch_threads) waves; a stream's batch its share of
-a shard's GET, ``fetch_threads`` shards fetched ahead); the wait takes no core. The
+(a batch of B objects in ceil(B / fetch_threads) waves, waited for before they are
+decoded; a stream's batch its share of a shard's GET, ``fetch_threads`` shards fetched
+ahead by threads of their own while the worker decodes, so that with more than one
+ahead only what the decoding does not cover is waited for); the wait takes no core. The
 store itself is a part too: no candidate reads faster than the most GETs a second it
 answered the profile's ramp of requests in flight (``store_rate``), shared by the ranks.
 A candidate that keeps the objects in a local cache is modelled warm, as the epochs
@@ -156,7 +158,12 @@ class CostModel:
         if config.num_workers:  # what a worker of this kind pays to hand a batch over
             collate = max(collate, self.profile.hand_over_s.get(receiving, 0.0))
         fetch = 0.0 if config.cache else self._fetch(batch, config.fetch_threads)
-        worker = batch / per_core + collate * scale + fetch
+        made = batch / per_core + collate * scale  # a core's part of making the batch
+        # a stream's shards fetched ahead arrive while the reading thread decodes the
+        # ones before them: it waits only for what its decoding does not cover (an
+        # object's batch waits for its own GETs first, then decodes them)
+        ahead = self.profile.requests_per_sample < 1 and config.fetch_threads > 1
+        worker = max(made, fetch) if ahead else made + fetch
         rank_cores = (cores or self.profile.cores) / self.ranks
         if built.remote:
             making = batch / per_core + self._actor_fetch(config, fetch)
@@ -164,12 +171,12 @@ class CostModel:
         if config.num_workers == 0:
             main = step + worker + finish
             parts = {"step": main}
-            cpu_seconds = main - fetch  # waiting for a request takes no core
+            cpu_seconds = step + made + finish  # waiting for a request takes no core
         else:
             receive = self.profile.receive_s.get(receiving, 0.0) * scale
             main = step + receive + finish
             parts = {"step": main, "workers": worker / config.num_workers}
-            cpu_seconds = main + worker - fetch
+            cpu_seconds = main + made
         if not self.cuda:  # the step and the workers share the cores
             parts["cores"] = cpu_seconds / max(1.0, rank_cores)
         parts.update({} if config.cache else self._store(batch))
