@@ -47,6 +47,7 @@ from raytune_loader.raydata.receive_cost import in_placement_group, receive_seco
 from raytune_loader.sources import datasets
 from raytune_loader.sources.remote_folder import keys_of
 from raytune_loader.stores.store import Counts, count_requests, latency, store_of, top_rate
+from raytune_loader.wrapped import wrapped
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
 # threads that read a store's single objects for the worker side, each on its own CPU
@@ -192,7 +193,20 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     if not requests:
         return read / seconds, 0.0, 1.0
     busy_s = (after["busy_us"] - totals["busy_us"]) / 1e6  # of the samples read, not asked
-    return read / max(cpu_s - cpu_started, 1e-6), busy_s / requests, min(1.0, requests / read)
+    per_sample = _shard_requests(dataset) or min(1.0, requests / read)
+    return read / max(cpu_s - cpu_started, 1e-6), busy_s / requests, per_sample
+
+
+def _shard_requests(dataset: Dataset[Any]) -> float | None:
+    """A stream's GETs a sample over an epoch, exactly: its shards over their samples
+    (a shard's whole GET serves them all). The timed samples alone would say 1 or 2
+    GETs over 32 samples, as they start inside a shard or at its first: twice the
+    truth for shards of 64. None for a dataset of single objects."""
+    for layer in wrapped(dataset):
+        sizes = getattr(layer, "sizes", None)
+        if isinstance(sizes, tuple) and sizes and sum(sizes):
+            return len(sizes) / sum(sizes)
+    return None
 
 
 def _objects_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, float]:
