@@ -141,6 +141,21 @@ def test_read_ahead_puts_a_worker_s_shards_in_flight_together(server: S3Server) 
     assert server.proxy.peak_in_flight == 4
 
 
+def test_two_streams_read_in_turn_in_one_thread_keep_their_own_read_ahead(
+    server: S3Server,
+) -> None:
+    """A training stream and a validation stream read in turn in one thread (no workers),
+    with 2 and 4 shards ahead: each keeps its pool (asking for another size does not
+    close the first), and each reads its every sample."""
+    train, check = _stream(PATTERN), _stream(PATTERN)
+    train.fetch_threads, check.fetch_threads = 2, 4
+    read = {"train": 0, "check": 0}
+    for first, second in zip(iter(train), iter(check), strict=True):
+        read["train"] += first is not None
+        read["check"] += second is not None
+    assert read == {"train": 96, "check": 96}
+
+
 def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Server) -> None:
     """The cost model's latency term for a stream: one GET for a shard's 24 samples."""
     from raytune_loader.measuring.profile import _worker_side
@@ -159,12 +174,14 @@ def test_a_stream_s_profile_counts_a_shard_s_get_over_its_samples(server: S3Serv
 def test_a_batched_stream_s_profile_divides_by_the_samples_it_read(server: S3Server) -> None:
     """Batches of 24 made in the stream: the profile asks for 32 samples and reads 48
     (two batches), and its figures are of the 48: a GET a shard of 24."""
+    from raytune_loader.measuring.measure import worker_side_read
     from raytune_loader.measuring.profile import SAMPLES, _worker_side
 
     spec = _spec()
     variant = StreamVariant("uint8", "tensor", batch_size=24, repeat=True)
     stream = spec.source.build_stream(spec, spec.source.shards(spec), variant)
     assert SAMPLES % 24, "the test needs a batch that does not divide the timed samples"
+    assert worker_side_read(stream, SAMPLES)[0] == 48
     _, _, per_sample = _worker_side(stream)
     assert per_sample == pytest.approx(2 / 48)
 

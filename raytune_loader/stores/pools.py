@@ -29,15 +29,16 @@ class FetchPools:
         self._pid = os.getpid()
 
     def get(self, threads: int) -> ThreadPoolExecutor:
-        """The calling thread's pool of ``threads`` fetch threads."""
+        """The calling thread's pool of ``threads`` fetch threads. A thread asking for
+        another size gets another pool beside the first, which stays open: a reader
+        still holding it (a stream read in turn with another) may submit to it again."""
         if self._pid != os.getpid():
             self._local, self._pid = threading.local(), os.getpid()
-        pool: ThreadPoolExecutor | None = getattr(self._local, "pool", None)
-        if pool is None or pool._max_workers != threads:  # type: ignore[attr-defined]
-            if pool is not None:
-                pool.shutdown(wait=False)
-            pool = self._local.pool = ThreadPoolExecutor(threads, self.name)
-        return pool
+        pools: dict[int, ThreadPoolExecutor] = getattr(self._local, "pools", None) or {}
+        self._local.pools = pools
+        if threads not in pools:
+            pools[threads] = ThreadPoolExecutor(threads, self.name)
+        return pools[threads]
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name}
