@@ -99,6 +99,10 @@ def test_a_shard_s_get_is_shared_by_its_samples_and_read_ahead_hides_it() -> Non
         assert one.samples_per_s == pytest.approx(2 * 32 / (made + fetch_s / 2))  # type: ignore[union-attr]
         assert two.samples_per_s == pytest.approx(2 * 32 / (made + waited))  # type: ignore[union-attr]
         assert two.bound == "workers"  # type: ignore[union-attr]
+    # without workers the shards ahead arrive during the step as well: 8 ms of step and
+    # 34 of making a batch cover all but 8 ms of its 50 ms share of GETs at two ahead
+    alone = shards.predict(_with(0, fetch_threads=2))
+    assert alone.samples_per_s == pytest.approx(32 / max(0.008 + made, 0.05))  # type: ignore[union-attr]
     capped = replace(shards, profile=replace(shards.profile, store_rate=10.0))  # 10 GETs/s
     top = capped.predict(_with(2, fetch_threads=2))
     assert (top.samples_per_s, top.bound) == (pytest.approx(640.0), "store")  # type: ignore[union-attr]

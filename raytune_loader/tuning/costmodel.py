@@ -168,8 +168,8 @@ class CostModel:
         if built.remote:
             making = batch / per_core + self._actor_fetch(config, fetch)
             return self._raydata(config, receiving, step + finish, making, rank_cores)
-        if config.num_workers == 0:
-            main = step + worker + finish
+        if config.num_workers == 0:  # shards ahead arrive during the step and finish too
+            main = max(step + made + finish, fetch) if ahead else step + worker + finish
             parts = {"step": main}
             cpu_seconds = step + made + finish  # waiting for a request takes no core
         else:
