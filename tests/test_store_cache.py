@@ -198,9 +198,12 @@ def test_a_rank_s_cold_pass_counts_the_samples_of_its_own_share(
     job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment,
                    samples_per_trial=48, node_cpus=2, ranks=2)  # fmt: skip
     dataset = build_dataset(job.dataset, "uint8", "tensor")
-    with caplog.at_level(logging.INFO, "raytune_loader.measuring.measure"):
-        with cold_pass(job, _config(num_workers=0, fetch_threads=4, cache=True), dataset) as cold:
-            pass
+    config = _config(num_workers=0, fetch_threads=4, cache=True)
+    with (
+        caplog.at_level(logging.INFO, "raytune_loader.measuring.measure"),
+        cold_pass(job, config, dataset) as cold,
+    ):
+        pass
     assert cold["cold_store_requests"] == len(dataset) // 2
     assert f": {len(dataset) // 2} samples in" in caplog.text
 

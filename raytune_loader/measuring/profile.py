@@ -31,6 +31,7 @@ from raytune_loader.candidates.structure import structure
 from raytune_loader.engines import engine_of
 from raytune_loader.engines.raydata import RayDataEngine
 from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.loaders.shard_stream import ShardStream
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.measure import (
     WARM_SAMPLES,
@@ -167,12 +168,14 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
 
 def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     """One core's samples/s on the worker side, the mean seconds of an object store's
-    request (0 for local data), and the requests a sample takes (a GET an object, a
-    shard's GET over its samples), over the timed samples (after the warm-up, which
-    fills a stream's shuffle buffer). From a store the rate is the reading threads' CPU
-    time alone (their requests' signing and parsing included; a stream's shards ahead
-    are fetched by other threads, a GET for many samples), and the cost model adds the
-    wait back as the candidate's requests in flight allow. (Wall time less the
+    request (0 for local data), and the requests a sample takes (a GET an object; a
+    stream's shards over their samples, :func:`_shard_requests`), over the samples read
+    after the warm-up (which fills a stream's shuffle buffer). From a store the rate is
+    the reading threads' CPU time alone: their requests' signing and parsing included
+    where they make them (an object's; a shard's fetched one at a time, a webdataset's
+    at one ahead), not where fetch threads do (shards read ahead; a Parquet file's
+    always). The cost model adds the wait back as the candidate's requests in flight
+    allow. (Wall time less the
     requests' time is a difference of two near-equal figures: 30 ms away a sample's
     2 ms of decoding drowns in its 32 ms.) A stream is read in order, one sample at a
     time; single objects by :data:`READERS` threads (:func:`_objects_side`)."""
@@ -198,14 +201,15 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
 
 
 def _shard_requests(dataset: Dataset[Any]) -> float | None:
-    """A stream's GETs a sample over an epoch, exactly: its shards over their samples
-    (a shard's whole GET serves them all). The timed samples alone would say 1 or 2
-    GETs over 32 samples, as they start inside a shard or at its first: twice the
-    truth for shards of 64. None for a dataset of single objects."""
+    """A stream's GETs a sample over an epoch: its shards over their samples (a shard's
+    whole GET serves them all), at the least: a worker's or a rank's run of samples that
+    starts or ends inside a shard fetches that shard too, at most two more GETs a reader
+    an epoch. The timed samples alone would say 1 or 2 GETs over 32 samples, as they
+    start inside a shard or at its first: twice the truth for shards of 64. None for a
+    dataset of single objects."""
     for layer in wrapped(dataset):
-        sizes = getattr(layer, "sizes", None)
-        if isinstance(sizes, tuple) and sizes and sum(sizes):
-            return len(sizes) / sum(sizes)
+        if isinstance(layer, ShardStream) and sum(layer.sizes):
+            return len(layer.sizes) / sum(layer.sizes)
     return None
 
 
