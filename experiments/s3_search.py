@@ -11,8 +11,9 @@ proxy, one after another in one run; each search measures its winner beside the
 baselines in rotated verification rounds, and the ratios are those medians'
 (``best_config.json``'s ``speedup``). Also recorded: the winner's requests in flight,
 its limit (the least of the step on a resident batch, its input pipeline alone,
-the store's top rate the profile measured, and what the two cores allow the step and
-the workers sharing them, in samples/s) and the winner against it,
+the store's top rate the profile measured, and what the two cores allow the step, the
+workers and the test server sharing them, in samples/s, with the server's CPU a sample
+measured in the run) and the winner against it,
 the cost model's median error, the time to an answer against the search on local
 files, and the objects' small-objects finding (the rate its profile projects for
 shards) beside the shards' measured rate. Writes results/benchmarks/s3_search.json.
@@ -33,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +70,7 @@ def main() -> None:
         files, labels, _ = images_of(root / "train")
         shards = write_webdataset(files, labels, Path(tmp) / "shards", args.shards)
         _upload_shards(shards, moto)
-        serving = {  # CPU-seconds a sample read from the server, as objects and as shards
+        serving = {  # the server's CPU-seconds a sample read, as objects and as shards
             "objects": server_cost(server, proxies[0], "imagenet/", 1),
             "shards": server_cost(server, proxies[0], "shards/", args.images / args.shards),
         }
@@ -92,29 +94,35 @@ def main() -> None:
         figures["time_vs_local"] = round(figures["wall_time_s"] / local_s, 3)
     save("s3_search", {"images": args.images, "ttfb_s": list(TTFBS), "shards": args.shards,
                        "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
-                       "cpu_s_per_sample_read": serving,
+                       "server_cpu_s_per_sample": serving,
                        "flags": flags, "searches": found})  # fmt: skip
 
 
-def server_cost(server: _server, proxy: str, prefix: str, samples_per_object: float) -> dict:
-    """CPU-seconds a sample read from the test server, while 8 threads GET every object
-    under ``prefix`` twice through ``proxy`` with the product's client: the server's
-    (moto and its proxy, its process's clock: what it takes of the two cores it shares
-    with the trials; a real store's would be on its own machines) and the client's
-    (this process's clock, where nothing else runs)."""
+def server_cost(server: _server, proxy: str, prefix: str, samples_per_object: float) -> float:
+    """The test server's CPU-seconds a sample read from it (moto and its proxy, its
+    process's clock): what it takes of the two cores it shares with the trials (a real
+    store's would be on its own machines). 8 threads each open a connection with one
+    GET first, then GET every object under ``prefix`` through ``proxy``, read at least
+    32 GETs, with the product's client."""
     from raytune_loader.stores.store import Store, StoreOptions
     from raytune_loader.stores.url import StoreUrl
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "testing")
     store = Store(StoreUrl("s3", BUCKET), StoreOptions(region="us-east-1", endpoint_url=proxy))
-    keys = [key for key, _, _ in store.list() if key.startswith(prefix)] * 2
-    samples = len(keys) * samples_per_object
-    served, used = server.cpu_s(), time.process_time()
+    keys = [key for key, _, _ in store.list() if key.startswith(prefix)]
+    timed = keys * max(2, -(-32 // len(keys)))
+    ready = threading.Barrier(8)
+
+    def opened(key: str) -> None:  # one GET a thread: its connection, before the clock
+        store.get(key)
+        ready.wait()
+
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(store.get, keys))
-    return {"server": (server.cpu_s() - served) / samples,
-            "client": (time.process_time() - used) / samples}  # fmt: skip
+        list(pool.map(opened, keys[:1] * 8))
+        served = server.cpu_s()
+        list(pool.map(store.get, timed))
+        return (server.cpu_s() - served) / (len(timed) * samples_per_object)
 
 
 def _throttled(args: argparse.Namespace) -> None:
@@ -146,10 +154,10 @@ def _throttled(args: argparse.Namespace) -> None:
 
 
 def _search(
-    flags: list[str], out: Path, env: dict[str, str], serving: dict | None = None
+    flags: list[str], out: Path, env: dict[str, str], serving: float = 0.0
 ) -> dict[str, Any]:
-    """One search's figures, from its best_config.json and trials.csv; ``serving`` is what
-    a sample read from the test server costs its cores (:func:`server_cost`)."""
+    """One search's figures, from its best_config.json and trials.csv; ``serving`` is the
+    test server's CPU-seconds a sample read from it (:func:`server_cost`)."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "raytune_loader.search", *flags, "--out",
                            str(out)], env=env, capture_output=True, text=True)  # fmt: skip
@@ -167,7 +175,7 @@ def _search(
         "step": best["metrics"].get("ceiling_samples_per_s"),
         "input": limit.get("input_samples_per_s"),
         "store": store_samples or None,
-        "cores": _cores_bound(best, serving or {}),
+        "cores": _cores_bound(best, serving),
     }
     known = {k: v for k, v in bounds.items() if v}
     small = next((f for f in best.get("findings", []) if f["kind"] == "small_objects"), None)
@@ -198,18 +206,19 @@ def _search(
     return figures
 
 
-def _cores_bound(best: dict[str, Any], serving: dict[str, float]) -> float | None:
+def _cores_bound(best: dict[str, Any], serving: float = 0.0) -> float | None:
     """What the cores allow where the step, the workers and the test server share them
     (no GPU): the usable cores over the CPU-seconds a sample needs at the least. The
     step's (one thread, busy throughout the ceiling's windows: 1 / the ceiling), plus
     the cheapest structure the profile timed: its worker side (1 / the samples/s one
-    core made) with its collate and its finish, per sample, and for one that reads the
-    store (not a warm cache) the test server's CPU-seconds a sample read from it
-    (``serving``, none for local files), and a stream's client's, which the profile's
-    worker side leaves to its fetch threads (an object's it counts). Handing batches
-    over only adds to them, so no loader beats it; the step and the input alone, each
-    with every core, are looser bounds here. None on a GPU or with several compute
-    threads (threads that wait would count as busy)."""
+    core made) with its collate (where the timed side did not collate already: a stream
+    batched in its workers did) and its finish, per sample, and for one that reads the
+    store, not a warm cache, ``serving``: the test server's CPU-seconds a sample read
+    from it (:func:`server_cost`; 0 for local files). Handing batches over, and a
+    client's GETs where the profile's reading thread did not make them, only add to
+    them, so no loader beats it; the step and the input alone, each with every core,
+    are looser bounds here. None on a GPU or with several compute threads (threads
+    that wait would count as busy)."""
     job, profile = best["job"], best["search"].get("model", {}).get("profile", {})
     ceiling = best["metrics"].get("ceiling_samples_per_s")
     read = profile.get("per_core", {})  # from the store: the server's share added
@@ -218,15 +227,12 @@ def _cores_bound(best: dict[str, Any], serving: dict[str, float]) -> float | Non
         return None
 
     def cost(side: str, rate: float) -> float:
-        collate, finish = (
-            profile.get(part, {}).get(side, 0.0) for part in ("collate_s", "finish_s")
-        )
+        collated = side.endswith("/stream/workers")  # inside the timed side already
+        collate = 0.0 if collated else profile.get("collate_s", {}).get(side, 0.0)
+        finish = profile.get("finish_s", {}).get(side, 0.0)
         return 1 / rate + (collate + finish) / profile["batch_size"]
 
-    reading = serving.get("server", 0.0)
-    if profile.get("requests_per_sample", 1) < 1:  # a stream's GETs: made by fetch threads
-        reading += serving.get("client", 0.0)
-    worker = min([cost(side, rate) + reading for side, rate in read.items()]
+    worker = min([cost(side, rate) + serving for side, rate in read.items()]
                  + [cost(side, rate) for side, rate in warm.items()])  # fmt: skip
     return float(profile["cores"] / (1 / ceiling + worker))
 
