@@ -175,10 +175,10 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     where they make them (an object's; a shard's fetched one at a time, a webdataset's
     at one ahead), not where fetch threads do (shards read ahead; a Parquet file's
     always). The cost model adds the wait back as the candidate's requests in flight
-    allow. (Wall time less the
-    requests' time is a difference of two near-equal figures: 30 ms away a sample's
-    2 ms of decoding drowns in its 32 ms.) A stream is read in order, one sample at a
-    time; single objects by :data:`READERS` threads (:func:`_objects_side`)."""
+    allow. (Wall time less the requests' time is a difference of two near-equal
+    figures: 30 ms away a sample's 2 ms of decoding drowns in its 32 ms.) A stream is
+    read in order, one sample at a time; single objects by :data:`READERS` threads
+    (:func:`_objects_side`)."""
     counts = count_requests(dataset)
     if counts is not None and not isinstance(dataset, IterableDataset):
         return _objects_side(dataset, counts)

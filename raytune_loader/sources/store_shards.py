@@ -153,7 +153,7 @@ def read_ahead(
     """The samples of the ``wanted`` spans (shard, start, stop; a list, or a run without
     end) in order, read by ``read(path, start, stop, blob)``, ``ahead`` shards fetched at
     once while the first of them is read."""
-    pool = _pool(ahead)
+    pool = _POOLS.get(ahead)  # the calling worker's own, a thread worker's too
     spans = iter(wanted)
     waiting: collections.deque[Any] = collections.deque()
     for span in itertools.islice(spans, ahead):
@@ -167,9 +167,3 @@ def read_ahead(
 
 
 _POOLS = FetchPools("raytune-shards")  # each reading thread's: ``ahead`` per worker
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """The calling worker's pool of ``threads`` fetch threads (a worker process's, or a
-    thread worker's own: thread workers of one process do not share theirs)."""
-    return _POOLS.get(threads)

@@ -16,10 +16,11 @@ from typing import Any
 
 
 class FetchPools:
-    """A pool of fetch threads for each thread that reads, made when it first asks.
+    """A pool of fetch threads for each thread that reads and each size it asks for,
+    made when it first asks.
 
-    A thread's pool goes with it (thread-local: when a thread worker ends, its pool is
-    collected and its idle threads exit); a forked worker process makes its own (the
+    A thread's pools go with it (thread-local: when a thread worker ends, its pools are
+    collected and their idle threads exit); a forked worker process makes its own (the
     parent's threads did not come with it); a pickled copy (a spawned worker's) starts
     with none."""
 
