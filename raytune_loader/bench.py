@@ -35,7 +35,6 @@ from raytune_loader.files import write_json
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
-from raytune_loader.measuring.models import validate_step
 from raytune_loader.measuring.outcomes import TrialOutcome
 from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.outputs.bestconfig import metrics_of
@@ -88,7 +87,6 @@ def plan_from_config(
     """What to measure, from a validated ``best_config.json``, on this machine."""
     opts = recorded_options(best.data, str(best.path), steps, data_root)
     assert opts.train_step or opts.model
-    model = validate_step(opts.train_step, opts.model or "")
     device, note = _device(str(best.data["search"]["device"]))
     configs = {TUNED: best.loader, **recorded_baselines(best.data, str(best.path))}
     largest = max(config.batch_size for config in configs.values())
@@ -97,7 +95,7 @@ def plan_from_config(
             f"{best.path}: search.samples_per_trial ({opts.samples_per_trial}) is smaller than "
             f"a batch ({largest})"
         )
-    job = job_from_options(opts, model, device=device, node_cpus=hardware.usable_cpus())
+    job = job_from_options(opts, opts.model or "", device=device, node_cpus=hardware.usable_cpus())
     if not isinstance(best.data.get("job"), dict):
         job = replace(job, precision=None)  # an older file: PyTorch's own settings
     return BenchPlan(job, configs, (note,) if note else ())

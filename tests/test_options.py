@@ -41,3 +41,19 @@ def test_ray_data_flags_reach_the_options_and_need_one_rank() -> None:
         SearchOptions(ray_data=True, ranks_per_node=2).validate()
     with pytest.raises(ConfigError, match="--remote-cpus must be 0 or more"):
         SearchOptions(remote_cpus=-1).validate()
+
+
+def test_the_job_s_one_constructor_refuses_a_step_no_trial_could_build() -> None:
+    """The search and the bench both build their job with job_from_options: a model or
+    --train-step that no trial could build is refused there, before any data is read."""
+    from raytune_loader.errors import ModelError
+    from raytune_loader.tuning.options import job_from_options
+
+    with pytest.raises(ModelError, match="unknown model 'resnet9000'"):
+        job_from_options(SearchOptions(), "resnet9000", device="cpu", node_cpus=2)
+    with pytest.raises(ModelError, match="no_such_module"):
+        job_from_options(SearchOptions(train_step="no_such_module:make"), "small-cnn",
+                         device="cpu", node_cpus=2)  # fmt: skip
+    assert job_from_options(SearchOptions(), "small-cnn", device="cpu", node_cpus=2).model == (
+        "small-cnn"
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 from raytune_loader.errors import ConfigError
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
+from raytune_loader.measuring.models import validate_step
 from raytune_loader.measuring.step import default_precision
 from raytune_loader.sources import datasets, synthetic
 from raytune_loader.sources.datasets import SYNTHETIC
@@ -231,14 +232,16 @@ def job_from_options(
     node_cpus: float,
     gpu_memory_share: float = 1.0,
 ) -> TrialJob:
-    """The one constructor of a :class:`TrialJob` (search, bench and experiments); what
-    the options leave open (precision, memory format) takes the device's default for
-    the built-in step, and stays the user's own for a ``--train-step``."""
+    """The one constructor of a :class:`TrialJob` (search, bench and experiments): the
+    step checked first (the ``--train-step``, or else ``model``: a ``ModelError`` for one
+    no trial could build); what the options leave open (precision, memory format) takes
+    the device's default for the built-in step, and stays the user's own for a
+    ``--train-step``."""
     cuda = device.startswith("cuda")
     own_step = opts.train_step is not None
     return TrialJob(
         dataset=dataset_spec(opts),
-        model=model,
+        model=validate_step(opts.train_step, model),
         segment=SegmentSpec(
             opts.warmup_steps,
             opts.steps,

@@ -24,7 +24,7 @@ from raytune_loader.files import ensure_writable, write_json
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.measurer import Measurer, measure_ceilings
-from raytune_loader.measuring.models import default_model, validate_step
+from raytune_loader.measuring.models import default_model
 from raytune_loader.measuring.shards import prepare_stream
 from raytune_loader.progress import Progress
 from raytune_loader.tuning.bounds import (
@@ -36,7 +36,7 @@ from raytune_loader.tuning.bounds import (
     worker_bound,
 )
 from raytune_loader.tuning.costmodel import CostModel
-from raytune_loader.tuning.options import SearchOptions, dataset_spec, is_loopback, job_from_options
+from raytune_loader.tuning.options import SearchOptions, is_loopback, job_from_options
 from raytune_loader.tuning.space import SearchSpace
 
 if TYPE_CHECKING:
@@ -87,7 +87,6 @@ def checked(opts: SearchOptions, progress: Progress) -> Checked:
     if opts.ranks_per_node == 0:  # auto: one rank per GPU of this node
         opts = replace(opts, ranks_per_node=max(1, hardware.gpu_info()["gpu_count"]))
     gpus_per_trial = trial_gpus(opts, cuda)
-    model = validate_step(opts.train_step, opts.model or default_model(cuda))
     if not opts.address:  # on a cluster the bounds follow its nodes, known once joined
         worker_bound(opts, hardware.usable_cpus(), progress)
     if not is_loopback(opts.dashboard_host):
@@ -95,15 +94,15 @@ def checked(opts: SearchOptions, progress: Progress) -> Checked:
             f"the Ray dashboard listens on {opts.dashboard_host}: anyone who can reach it and "
             "has the token in ~/.ray/auth_token can run code on this machine"
         )
-    out_dir = Path(opts.out) / dataset_spec(opts).slug
-    ensure_writable(out_dir)
     job = job_from_options(
         opts,
-        model,
+        opts.model or default_model(cuda),
         device="cuda" if cuda and gpus_per_trial > 0 else "cpu",
         node_cpus=hardware.usable_cpus(),
         gpu_memory_share=min(1.0, gpus_per_trial / opts.ranks_per_node) if gpus_per_trial else 1.0,
     )
+    out_dir = Path(opts.out) / job.dataset.slug
+    ensure_writable(out_dir)
     half = job.precision if job.precision in hardware.HALF_PRECISION_FLAGS else None
     # this machine's flags; on a cluster (--address) the trials run on other nodes' CPUs
     local = not opts.address
