@@ -27,7 +27,7 @@ SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
-CHUNK = 16 * 1024  # the body's pacing unit
+CHUNK = 256 * 1024  # the body's pacing unit
 
 
 @dataclass
@@ -135,15 +135,16 @@ class SlowProxy:
             out.write(payload)
             await out.drain()
             return
-        # each piece is due when the cap allows it since the first: a wake-up that comes
-        # late (a busy host) is made up by the next, not added to every piece after it
+        # each piece goes out when the cap has let its last byte through since the first
+        # byte was due: a wake-up that comes late (a busy host) is made up by the next,
+        # not added to every piece after it
         clock = asyncio.get_running_loop().time
         began = clock()
         for start in range(0, len(payload), CHUNK):
-            out.write(payload[start : start + CHUNK])
-            await out.drain()
             due = began + min(len(payload), start + CHUNK) / self.bytes_per_s
             await asyncio.sleep(max(0.0, due - clock()))
+            out.write(payload[start : start + CHUNK])
+            await out.drain()
 
 
 async def _closed(server: asyncio.Server) -> None:
