@@ -251,3 +251,26 @@ def test_receiving_as_the_profile_timed_it_on_the_trials_node_replaces_the_one_n
         1 / (1 / 420.0 + 1e-3)
     )
     assert base.predict(_actors(4)).samples_per_s > slow.samples_per_s  # type: ignore[union-attr]
+
+
+def test_a_store_served_from_this_node_s_cores_costs_them_its_cpu() -> None:
+    """Two workers, each making a batch of 32 in 34 ms, and a 4000 samples/s step on 2
+    cores: the cores bound the pace at 2 / (8 ms of step + receive + 34 ms) a batch. A
+    store whose server runs on this node adds its 3 ms a GET for each of the batch's 32
+    objects to the cores' part; a warm cache asks it nothing, and on a GPU the cores are
+    no part."""
+    base = _model(per_core=1000.0, cores=2, ceiling=4000.0)
+    served = {"server_cpu_s_per_request": 0.003}
+    store = replace(base, profile=replace(base.profile, fetch_s=0.001, store_latency=served))
+    elsewhere = replace(base, profile=replace(base.profile, fetch_s=0.001))
+    cpu = 32 / 4000 + 0.004 + 32 / 1000 + 0.002  # the step, receive, a core's making
+    far = elsewhere.predict(_with(2, fetch_threads=8))
+    near = store.predict(_with(2, fetch_threads=8))
+    assert (far.bound, near.bound) == ("cores", "cores")  # type: ignore[union-attr]
+    assert far.samples_per_s == pytest.approx(2 * 32 / cpu)  # type: ignore[union-attr]
+    assert near.samples_per_s == pytest.approx(2 * 32 / (cpu + 32 * 0.003))  # type: ignore[union-attr]
+    assert store.predict(_with(2, cache=True)) == elsewhere.predict(_with(2, cache=True))
+    gpu = replace(store, cuda=True)
+    assert gpu.predict(_with(2, fetch_threads=8)) == replace(elsewhere, cuda=True).predict(
+        _with(2, fetch_threads=8)
+    )

@@ -449,6 +449,55 @@ def test_the_latency_probe_times_the_first_byte_and_a_request_s_bandwidth(
     assert measured is not None and measured.requests == 12
     assert 0.03 <= measured.ttfb_p50_s <= measured.ttfb_p99_s < 0.3
     assert measured.mbit_per_s is not None and 16 / 2 < measured.mbit_per_s <= 16 * 1.1
+    # the tests' server runs in this process, on this node: its CPU a request is counted
+    assert measured.server_cpu_s is not None and 0 < measured.server_cpu_s < 0.5
+    assert measured.as_dict()["server_cpu_s_per_request"] == round(measured.server_cpu_s, 6)
+
+
+def test_a_store_s_server_is_found_on_this_node_by_its_endpoint(server: S3Server) -> None:
+    """The process listening on a loopback endpoint's port (here, this one: the tests'
+    server runs in it); none for a host that is not this node's, or a port no process
+    listens on, or S3 itself (no endpoint)."""
+    import os
+
+    from env_for_tests import free_port
+
+    from raytune_loader.stores.colocated import server_on_this_node
+
+    found = server_on_this_node(server.endpoint)
+    assert found is not None and found.pid == os.getpid()
+    assert server_on_this_node(server.endpoint.replace("127.0.0.1", "localhost")) is not None
+    assert server_on_this_node("http://198.51.100.7:9000") is None  # TEST-NET-2: elsewhere
+    assert server_on_this_node(f"http://127.0.0.1:{free_port()}") is None
+    assert server_on_this_node(None) is None
+
+
+def test_a_server_s_clock_counts_its_threads_not_the_caller_s_own_requests() -> None:
+    """In the tests the server shares the measuring process: the CPU the calling thread
+    spends (its own requests) is not the server's; another thread's is."""
+    import threading
+    import time
+
+    import psutil
+
+    from raytune_loader.stores.colocated import ServerClock
+
+    def spin(seconds: float) -> None:
+        until = time.thread_time() + seconds
+        while time.thread_time() < until:
+            pass
+
+    clock = ServerClock(psutil.Process())
+    clock.start()
+    spin(0.3)  # the caller's
+    own = clock.seconds()
+    clock.start()
+    worker = threading.Thread(target=spin, args=(0.3,))
+    worker.start()
+    worker.join()
+    served = clock.seconds()
+    assert own is not None and own < 0.1
+    assert served is not None and served >= 0.25
 
 
 # -- a search over a store -----------------------------------------------------------------
@@ -494,6 +543,7 @@ def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
     assert (store["scheme"], store["bucket"], store["region"]) == ("s3", BUCKET, "us-east-1")
     assert store["endpoint_host"] == server.endpoint.split("//")[1] and store["request_s"] >= 0.03
     assert store["ttfb_p99_s"] >= store["ttfb_p50_s"] >= 0.03 and store["top_requests_per_s"] > 0
+    assert store["server_cpu_s_per_request"] > 0  # the tests' server shares this node's cores
     # listed once: the prefix's check, its class folders, each class (8); the rest GETs
     assert (server.proxy.requests - requests) - (server.proxy.gets - gets) == 2 + 8
     assert ray_processes() <= before

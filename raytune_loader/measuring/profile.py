@@ -82,6 +82,13 @@ class Profile:
     store_latency: dict[str, Any] = field(default_factory=dict)  # stores.Latency's figures
     seconds: float = 0.0  # how long the profile took
 
+    @property
+    def server_cpu_s(self) -> float:
+        """A store's CPU-seconds a request where its server runs on this node, on the
+        cores the trials use (:mod:`raytune_loader.stores.colocated`); 0 for a store
+        elsewhere, or local data."""
+        return float(self.store_latency.get("server_cpu_s_per_request") or 0.0)
+
     def as_dict(self) -> dict[str, Any]:
         """Every cost, as ``best_config.json`` records it."""
         return asdict(self)

@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
+from raytune_loader.stores.colocated import ServerClock, server_on_this_node
 from raytune_loader.stores.url import StoreUrl
 from raytune_loader.wrapped import wrapped
 
@@ -466,36 +467,48 @@ class Latency:
     ttfb_p99_s: float
     mbit_per_s: float | None  # None: the objects were too small to tell
     requests: int
+    # a server on this node: its CPU-seconds a request (None: the store is elsewhere)
+    server_cpu_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Its figures, rounded for a JSON file."""
         bandwidth = round(self.mbit_per_s, 1) if self.mbit_per_s is not None else None
+        served = round(self.server_cpu_s, 6) if self.server_cpu_s is not None else None
         return {"ttfb_p50_s": round(self.ttfb_p50_s, 4), "ttfb_p99_s": round(self.ttfb_p99_s, 4),
-                "mbit_per_s_per_request": bandwidth, "latency_requests": self.requests}  # fmt: skip
+                "mbit_per_s_per_request": bandwidth, "latency_requests": self.requests,
+                "server_cpu_s_per_request": served}  # fmt: skip
 
 
 def latency(store: Store, keys: Sequence[str], requests: int = LATENCY_REQUESTS) -> Latency | None:
     """The store's :class:`Latency` from ``requests`` GETs of ``keys`` (cycled), one at a
     time so that none waits behind another, fewer (at least :data:`LATENCY_LEAST`) where
-    large objects take more than :data:`LATENCY_BUDGET_S`; None where none was answered."""
-    firsts, bodies, bytes_read = [], 0.0, 0
+    large objects take more than :data:`LATENCY_BUDGET_S`; None where none was answered.
+    Where the store's server runs on this node, its CPU-seconds a request too."""
+    firsts, bodies, bytes_read, sent = [], 0.0, 0, 0
     transport = store._transport()
+    server = server_on_this_node(transport.options.endpoint_url)
+    clock = ServerClock(server) if server is not None else None
+    if clock is not None:
+        clock.start()
     started = time.perf_counter()
     for index in range(requests):
         if index >= LATENCY_LEAST and time.perf_counter() - started > LATENCY_BUDGET_S:
             break
+        sent += 1
         status, first, total, size = transport.timed(store.url.bucket, keys[index % len(keys)])
         if status != 200:
             continue
         firsts.append(first)
         bodies, bytes_read = bodies + (total - first), bytes_read + size
+    served = clock.seconds() if clock is not None else None
     if not firsts:
         return None
     firsts.sort()
     p99 = firsts[min(len(firsts) - 1, math.ceil(0.99 * len(firsts)) - 1)]
     # a body that came in one read takes no measurable time: no bandwidth to tell
     bandwidth = bytes_read * 8 / 1e6 / bodies if bodies > 1e-3 * len(firsts) else None
-    return Latency(statistics.median(firsts), p99, bandwidth, len(firsts))
+    per_request = served / sent if served is not None else None
+    return Latency(statistics.median(firsts), p99, bandwidth, len(firsts), per_request)
 
 
 class StoreWatch:

@@ -24,7 +24,9 @@ answered the profile's ramp of requests in flight (``store_rate``), shared by th
 A candidate that keeps the objects in a local cache is modelled warm, as the epochs
 after the first read it: no wait, no store part, and the profile's per-core rate on a
 warm cache (a file read, no request to sign and parse); its first, cold epoch is
-measured apart.
+measured apart. A store whose server runs on this node (a MinIO beside the trainer, the
+tests' server) spends its CPU-seconds a request (:attr:`Profile.server_cpu_s`) on the
+cores the step and the workers share, so on a CPU they join the cores' part.
 
 Thread workers are modelled as processes with a thread's cheaper receive; what
 they lose to the GIL shows in the model's measured error, which the search uses
@@ -159,6 +161,8 @@ class CostModel:
             collate = max(collate, self.profile.hand_over_s.get(receiving, 0.0))
         fetch = 0.0 if config.cache else self._fetch(batch, config.fetch_threads)
         made = batch / per_core + collate * scale  # a core's part of making the batch
+        # a store served from this node's cores: its CPU for the batch's requests
+        serving = 0.0 if config.cache else self._serving(batch)
         # a stream's shards fetched ahead arrive while the reading thread decodes the
         # ones before them: it waits only for what its decoding does not cover (an
         # object's batch waits for its own GETs first, then decodes them)
@@ -167,16 +171,16 @@ class CostModel:
         rank_cores = (cores or self.profile.cores) / self.ranks
         if built.remote:
             making = batch / per_core + self._actor_fetch(config, fetch)
-            return self._raydata(config, receiving, step + finish, making, rank_cores)
+            return self._raydata(config, receiving, step + finish, making, rank_cores, serving)
         if config.num_workers == 0:  # shards ahead arrive during the step and finish too
             main = max(step + made + finish, fetch) if ahead else step + worker + finish
             parts = {"step": main}
-            cpu_seconds = step + made + finish  # waiting for a request takes no core
+            cpu_seconds = step + made + finish + serving  # a request's wait takes no core
         else:
             receive = self.profile.receive_s.get(receiving, 0.0) * scale
             main = step + receive + finish
             parts = {"step": main, "workers": worker / config.num_workers}
-            cpu_seconds = main + made
+            cpu_seconds = main + made + serving
         if not self.cuda:  # the step and the workers share the cores
             parts["cores"] = cpu_seconds / max(1.0, rank_cores)
         parts.update({} if config.cache else self._store(batch))
@@ -188,13 +192,20 @@ class CostModel:
         )
 
     def _raydata(
-        self, config: LoaderConfig, receiving: str, main: float, making: float, cores: float
+        self,
+        config: LoaderConfig,
+        receiving: str,
+        main: float,
+        making: float,
+        cores: float,
+        serving: float = 0.0,
     ) -> Prediction:
         """A Ray Data candidate: the training process (``main``: step and finish, plus
         taking the batch out of the object store: the profile's time where it measured
         it on the trials' node, else :data:`OBJECT_STORE`'s), its actors together (each
         ``making`` a batch plus putting it in the store, at its share of a core), and on
-        a CPU the trial's cores (the actors' too where they run there)."""
+        a CPU the trial's cores (the actors' too where they run there, and ``serving``:
+        a store's server on this node, whoever reads from it)."""
         batch, crossing = config.batch_size, crossing_bytes(config)
         measured = self.profile.receive_s.get(receiving)
         if measured is not None:  # timed where the trials run, from a remote actor
@@ -205,7 +216,7 @@ class CostModel:
         pace = config.pool_size * min(1.0, config.actor_cpus_each)
         parts = {"step": main, "actors": actor / pace}
         if not self.cuda:
-            busy = main if self.remote_actors else main + actor
+            busy = (main if self.remote_actors else main + actor) + serving
             parts["cores"] = busy / max(1.0, cores)
         parts.update({} if config.cache else self._store(batch))
         bound = max(parts, key=lambda k: parts[k])
@@ -219,6 +230,11 @@ class CostModel:
         if requests >= 1:
             return math.ceil(requests / in_flight) * self.profile.fetch_s
         return requests * self.profile.fetch_s / in_flight
+
+    def _serving(self, batch: int) -> float:
+        """The CPU-seconds a store whose server runs on this node spends on a batch's
+        requests (:attr:`Profile.server_cpu_s`); 0 for a store elsewhere, or local data."""
+        return batch * self.profile.requests_per_sample * self.profile.server_cpu_s
 
     def _actor_fetch(self, config: LoaderConfig, worker_fetch: float) -> float:
         """A Ray Data actor's wait for a training batch's objects: its map call's rows
