@@ -144,3 +144,32 @@ def test_where_ray_data_is_offered_its_predicted_best_runs_first_even_when_ruled
     assert tuned.engine == "raydata" and tuned != space.ray_docs_default
     best = max(first, key=lambda c: c["predicted_samples_per_s"])
     assert best["predicted_samples_per_s"] > 2 * first[baselines]["predicted_samples_per_s"]
+
+
+def test_of_read_aheads_the_model_cannot_tell_apart_it_proposes_one_that_keeps_up() -> None:
+    """Shards of 64 samples, a GET 380 ms, two workers on two cores: two shards ahead and
+    four are both held to 640 samples/s by the cores, but two keep up only just (their
+    wait 95% of the pace's), so a GET a little slower than the profile's would set the
+    pace. The structure's first proposal is four ahead; the fewest that keep up with the
+    model's margin, not the fewest that tie."""
+    from raytune_loader.measuring.profile import Profile
+    from raytune_loader.tuning.costmodel import CostModel
+
+    space = SearchSpace(max_workers=2, batch_sizes=(32,), cuda=False, usable_cpus=2,
+                        accesses=("stream",), fetch_threads=(1, 2, 4))  # fmt: skip
+    side = "pil/float32/stream/loader"
+    profile = Profile(32, 2, per_core={side: 500.0}, receive_s={"process/float32": 0.004},
+                      fetch_s=0.38, requests_per_sample=1 / 64)  # fmt: skip
+    model = CostModel(profile, {32: 1000.0})
+    two, four = (LoaderConfig.from_dict({"num_workers": 2, "fetch_threads": f, "access": "stream"},
+                                        batch_size=32) for f in (2, 4))  # fmt: skip
+    assert model.predict(two).samples_per_s == pytest.approx(640.0)  # type: ignore[union-attr]
+    assert model.predict(four).samples_per_s == pytest.approx(640.0)  # type: ignore[union-attr]
+    assert model.predict(two).waiting == pytest.approx(0.95)  # type: ignore[union-attr]
+    assert model.predict(four).waiting == pytest.approx(0.475)  # type: ignore[union-attr]
+    searcher = LoaderSearcher(space, "samples_per_s", seed=0, method="model", model=model)
+    first = [
+        LoaderConfig.from_trial_config(searcher.suggest(f"t{i}")) for i in range(searcher._first)
+    ]  # noqa: SLF001 - the enqueued proposals
+    tuned = first[len(space.baselines()) :]
+    assert [(c.num_workers, c.fetch_threads) for c in tuned] == [(2, 4)]

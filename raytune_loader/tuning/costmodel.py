@@ -125,6 +125,10 @@ class Prediction:
     samples_per_s: float
     bound: str  # what sets the pace: "step", "workers", "actors", "cores" or "store"
     cpus: float  # CPUs busy: the training process and its workers (or actors), per rank
+    # the wait for the store's requests a batch (the workers' together), over the pace's
+    # time a batch: near 1, requests in flight only just keep up (a GET a little slower
+    # than the profile's, and the pace falls to them); 0 for local data or a warm cache
+    waiting: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,7 @@ class CostModel:
             samples_per_s=self.ranks * batch / parts[bound],
             bound=bound,
             cpus=1.0 + config.num_workers,
+            waiting=fetch / max(1, config.num_workers) / parts[bound],
         )
 
     def _raydata(

@@ -36,7 +36,7 @@ from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.candidates.structure import structure
 from raytune_loader.measuring.job import DATA_SLOT
 from raytune_loader.measuring.records import PREDICTED
-from raytune_loader.tuning.costmodel import CostModel, median_error
+from raytune_loader.tuning.costmodel import CostModel, Prediction, median_error
 from raytune_loader.tuning.space import SearchSpace
 
 N_STARTUP_TRIALS = 4  # random trials before TPE models the space
@@ -95,7 +95,9 @@ class LoaderSearcher(Searcher):
         )
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
         self._pairs: list[tuple[float, float]] = []  # (predicted, measured) samples/s
-        self._predictions: dict[tuple[Any, ...], float | None] = {}
+        # by what the model reads of a configuration (a searcher pickled by 0.1 kept
+        # floats under another name: --resume leaves them aside)
+        self._forecasts: dict[tuple[Any, ...], Prediction | None] = {}
         first = list(space.baselines().values()) if enqueue_baselines else []
         self._best = 0.0  # the model's best predicted objective over the space
         if self._model is not None:
@@ -116,13 +118,19 @@ class LoaderSearcher(Searcher):
         remembered by what the model reads of it, as the space has many alike."""
         if self._model is None:
             return None
-        key = (structure(config), config.num_workers, config.batch_size,
-               config.pool_size, config.actor_cpus_each, config.fetch_threads,
-               config.cache)  # fmt: skip
-        if key not in self._predictions:
-            found = self._model.predict(config)
-            self._predictions[key] = found.samples_per_s if found else None
-        return self._predictions[key]
+        key = _read_by_the_model(config)
+        if key not in self._forecasts:
+            self._forecasts[key] = self._model.predict(config)
+        found = self._forecasts[key]
+        return found.samples_per_s if found else None
+
+    def _kept_up(self, config: LoaderConfig) -> bool:
+        """Its requests in flight keep up with its pace with the model's margin to spare:
+        their wait a batch is at most (1 - margin) of the pace's (read after
+        :meth:`_predicted`). One that only just keeps up falls to the store's pace at a
+        GET a little slower than the profile's."""
+        found = self._forecasts.get(_read_by_the_model(config))
+        return found is None or found.waiting <= 1 - self.margin
 
     def _objective(self, config: LoaderConfig, samples_per_s: float) -> float:
         """The objective a prediction stands for: util is samples/s over the ceiling."""
@@ -148,17 +156,19 @@ class LoaderSearcher(Searcher):
         return self._objective(config, predicted) < self._best * (1 - self.margin)
 
     def _structure_bests(self, already: list[LoaderConfig]) -> list[LoaderConfig]:
-        """Each structure's predicted best, best first, leaving out the structures the
-        model rules out and configurations already enqueued; where Ray Data is offered,
+        """Each structure's predicted best (of those the model cannot tell apart, one
+        whose requests in flight keep up with a margin: :meth:`_kept_up`), best first,
+        leaving out the structures the model rules out and configurations already
+        enqueued; where Ray Data is offered,
         its predicted best first in any case (its object store's cost was measured
         elsewhere: its trial measures the model's error on it early)."""
         bests, raydata = [], []
         for kind, configs in self._space.structures().items():
-            scored = [(self._objective(c, p), _preference(c), c) for c in configs
-                      if (p := self._predicted(c)) is not None]  # fmt: skip
+            scored = [(self._objective(c, p), self._kept_up(c), _preference(c), c)
+                      for c in configs if (p := self._predicted(c)) is not None]  # fmt: skip
             if not scored:
                 continue
-            value, _, config = max(scored, key=lambda item: item[:2])
+            value, _, _, config = max(scored, key=lambda item: item[:3])
             if config in already:
                 continue
             if kind.remote:  # Ray Data's best is tried whether or not it is ruled out
@@ -256,6 +266,12 @@ class LoaderSearcher(Searcher):
         # a resumed search does not know how long the interruption lasted: the rest of
         # the asked trials run whatever the original budget
         self._deadline = None
+
+
+def _read_by_the_model(config: LoaderConfig) -> tuple[Any, ...]:
+    """What the cost model reads of ``config``: the space has many alike."""
+    return (structure(config), config.num_workers, config.batch_size, config.pool_size,
+            config.actor_cpus_each, config.fetch_threads, config.cache)  # fmt: skip
 
 
 def _preference(config: LoaderConfig) -> tuple[Any, ...]:
