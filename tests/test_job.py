@@ -63,14 +63,17 @@ def test_the_job_takes_every_knob_from_the_options() -> None:
     """Every field of the job (its dataset and segment too) is its option's value,
     however many fields there are: a new field of TrialJob without its line in
     job_from_options fails here."""
-    opts = SearchOptions(**{f.name: _unlike_the_default(f) for f in fields(SearchOptions)})
+    unlike = {f.name: _unlike_the_default(f) for f in fields(SearchOptions)}
+    # the job's constructor checks the step it trains: one that imports
+    opts = SearchOptions(**{**unlike, "train_step": "datasets_for_tests:make_step"})
     job = job_from_options(opts, "resnet18", device="cuda", node_cpus=16, gpu_memory_share=0.5)
     taken = {
         name: value for name, value in _leaves(job).items() if name not in NOT_OPTIONS
     }  # fmt: skip
     assert taken == {name: getattr(opts, OPTION_OF.get(name, name)) for name in taken}
+    # what the job trains is the user's step, where there is one, not the model
     assert (job.model, job.device, job.node_cpus, job.gpu_memory_share, job.ceilings) == (
-        "resnet18", "cuda", 16, 0.5, {})  # fmt: skip
+        "datasets_for_tests:make_step", "cuda", 16, 0.5, {})  # fmt: skip
 
 
 def test_the_step_s_defaults_follow_the_device() -> None:
@@ -86,12 +89,12 @@ def test_the_step_s_defaults_follow_the_device() -> None:
 
 def test_a_user_step_keeps_its_own_settings_unless_asked() -> None:
     """No precision and no memory format is forced on the user's own step."""
-    own = SearchOptions(train_step="mypkg.train:make_step")
-    job = job_from_options(own, "mypkg.train:make_step", device="cuda", node_cpus=16)
-    assert (job.train_step, job.precision, job.channels_last) == (
-        "mypkg.train:make_step", None, False)  # fmt: skip
-    asked = SearchOptions(train_step="m:f", precision="tf32", channels_last=True)
-    job = job_from_options(asked, "m:f", device="cuda", node_cpus=16)
+    step = "datasets_for_tests:make_step"
+    own = SearchOptions(train_step=step)
+    job = job_from_options(own, step, device="cuda", node_cpus=16)
+    assert (job.train_step, job.precision, job.channels_last) == (step, None, False)
+    asked = SearchOptions(train_step=step, precision="tf32", channels_last=True)
+    job = job_from_options(asked, step, device="cuda", node_cpus=16)
     assert (job.precision, job.channels_last) == ("tf32", True)
 
 

@@ -87,7 +87,9 @@ class Profile:
         """A store's CPU-seconds a request where its server runs on this node, on the
         cores the trials use (:mod:`raytune_loader.stores.colocated`); 0 for a store
         elsewhere, or local data."""
-        return float(self.store_latency.get("server_cpu_s_per_request") or 0.0)
+        # (a profile pickled by 0.1, resumed, has no store_latency)
+        latency = getattr(self, "store_latency", None) or {}
+        return float(latency.get("server_cpu_s_per_request") or 0.0)
 
     def as_dict(self) -> dict[str, Any]:
         """Every cost, as ``best_config.json`` records it."""
