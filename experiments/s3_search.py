@@ -21,7 +21,8 @@ shards) beside the shards' measured rate. Writes results/benchmarks/s3_search.js
 
     python experiments/s3_search.py --throttle 0.01
 
-runs the 30 ms search alone with that share of GETs answered 503 SlowDown, and writes
+runs the 30 ms search alone, with the short windows the other S3 experiments use
+(``SEARCH``), with that share of GETs answered 503 SlowDown, and writes
 whether it completed, the 503s its trials counted and its findings to
 results/benchmarks/s3_search_throttled.json.
 """

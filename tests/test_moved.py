@@ -109,6 +109,28 @@ def test_the_searcher_tune_saved_in_0_1_unpickles_into_today_s_classes() -> None
     assert state["_model"].predict(LoaderConfig(8, 2, 2)) is not None  # a working model
 
 
+def test_a_searcher_0_1_saved_predicts_again_however_tune_brings_it_back() -> None:
+    """On --resume Tune unpickles the searcher whole (0.1's attributes: its predictions
+    as floats, no Prediction cache) and restores the state it saved: either way, the
+    search goes on proposing with the model's predictions."""
+    from raytune_loader.tuning.searcher import LoaderSearcher
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        state = pickle.loads(_searcher_state().read_bytes())
+        restored = LoaderSearcher(state["_space"], "samples_per_s", method="model",
+                                  model=state["_model"])  # fmt: skip
+        restored.restore(str(_searcher_state()))
+        as_0_1 = LoaderSearcher.__new__(LoaderSearcher)
+        as_0_1.__dict__.update(state)  # what tuner.pkl holds: 0.1's instance
+        whole = pickle.loads(pickle.dumps(as_0_1))
+    for searcher in (restored, whole):
+        assert "_predictions" not in searcher.__dict__
+        assert searcher._predicted(LoaderConfig(8, 2, 2)) is not None  # noqa: SLF001
+        config = searcher.suggest("after-resume")
+        assert isinstance(config, dict) and config["predicted_samples_per_s"] > 0
+
+
 def test_without_the_old_paths_the_saved_searcher_does_not_unpickle() -> None:
     """The aliases are what the unpickling above rests on: taken away, it fails."""
     code = (

@@ -140,7 +140,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 store = store_of(dataset)
                 if store is not None and not store_rate and (keys := keys_of(dataset)):
                     store_rate = top_rate(store, keys)
-                    measured = latency(store, keys)
+                    measured = latency(store, keys, served=True)
                     store_latency = measured.as_dict() if measured else {}
                 samples = _samples(untimed, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))

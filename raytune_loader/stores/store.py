@@ -479,17 +479,20 @@ class Latency:
                 "server_cpu_s_per_request": served}  # fmt: skip
 
 
-def latency(store: Store, keys: Sequence[str], requests: int = LATENCY_REQUESTS) -> Latency | None:
+def latency(
+    store: Store, keys: Sequence[str], requests: int = LATENCY_REQUESTS, *, served: bool = False
+) -> Latency | None:
     """The store's :class:`Latency` from ``requests`` GETs of ``keys`` (cycled), one at a
     time so that none waits behind another, fewer (at least :data:`LATENCY_LEAST`) where
     large objects take more than :data:`LATENCY_BUDGET_S`; None where none was answered.
-    Where the store's server runs on this node, its CPU-seconds a request too."""
+    With ``served`` (the profile's), where the store's server runs on this node, its
+    CPU-seconds a request too."""
     firsts, bodies, bytes_read, sent = [], 0.0, 0, 0
     transport = store._transport()
-    server = server_on_this_node(transport.options.endpoint_url)
-    clock = ServerClock(server) if server is not None else None
-    if clock is not None:
-        clock.start()
+    servers = server_on_this_node(transport.options.endpoint_url) if served else []
+    clock = ServerClock(servers) if servers else None
+    if clock is not None and not clock.start():
+        clock = None
     started = time.perf_counter()
     for index in range(requests):
         if index >= LATENCY_LEAST and time.perf_counter() - started > LATENCY_BUDGET_S:

@@ -126,8 +126,10 @@ class Prediction:
     bound: str  # what sets the pace: "step", "workers", "actors", "cores" or "store"
     cpus: float  # CPUs busy: the training process and its workers (or actors), per rank
     # the wait for the store's requests a batch (the workers' together), over the pace's
-    # time a batch: near 1, requests in flight only just keep up (a GET a little slower
-    # than the profile's, and the pace falls to them); 0 for local data or a warm cache
+    # time a batch; 0 for local data, a warm cache or Ray Data. For shards read ahead,
+    # whose GETs overlap decoding: near 1, they only just keep up (a GET a little slower
+    # than the profile's, and the pace falls to them). For objects, waited for before
+    # decoding, it is the wait's share of the pace
     waiting: float = 0.0
 
 

@@ -95,8 +95,7 @@ class LoaderSearcher(Searcher):
         )
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
         self._pairs: list[tuple[float, float]] = []  # (predicted, measured) samples/s
-        # by what the model reads of a configuration (a searcher pickled by 0.1 kept
-        # floats under another name: --resume leaves them aside)
+        # by what the model reads of a configuration (see _current for older searchers)
         self._forecasts: dict[tuple[Any, ...], Prediction | None] = {}
         first = list(space.baselines().values()) if enqueue_baselines else []
         self._best = 0.0  # the model's best predicted objective over the space
@@ -110,6 +109,10 @@ class LoaderSearcher(Searcher):
         self._measured: dict[Key, float] = {}
         self._asked: dict[str, tuple[optuna.trial.Trial, Key, float | None]] = {}
         self.skipped = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled whole (Tune's ``tuner.pkl`` on ``--resume``), as this release keeps it."""
+        self.__dict__.update(_current(state))
 
     # -- the cost model's part ------------------------------------------------------
 
@@ -262,10 +265,18 @@ class LoaderSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         """The searcher :meth:`save` pickled."""
         with open(checkpoint_path, "rb") as handle:
-            self.__dict__.update(pickle.load(handle))
+            self.__dict__.update(_current(pickle.load(handle)))
         # a resumed search does not know how long the interruption lasted: the rest of
         # the asked trials run whatever the original budget
         self._deadline = None
+
+
+def _current(state: dict[str, Any]) -> dict[str, Any]:
+    """A pickled searcher's state as this release keeps it: one that 0.1 pickled kept its
+    predictions as floats under ``_predictions``; they are predicted again."""
+    state = {k: v for k, v in state.items() if k != "_predictions"}
+    state.setdefault("_forecasts", {})
+    return state
 
 
 def _read_by_the_model(config: LoaderConfig) -> tuple[Any, ...]:
