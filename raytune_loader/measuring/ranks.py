@@ -23,7 +23,9 @@ import datetime as dt
 import multiprocessing
 import os
 import queue as queue_module
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -223,14 +225,18 @@ def _run_ranks(
     # measurement process, not once per rank
     context.set_forkserver_preload([__name__, "torch.nn.parallel", "torch._dynamo"])
     results: Any = context.Queue()
-    port = _free_port()
+    # the ranks meet in a file of a folder of this measurement's own: a free port chosen
+    # here could be taken by another process before rank 0 bound it (seen with tests
+    # side by side: "Gloo connectFullMesh failed ... Connection closed by peer")
+    meeting = tempfile.mkdtemp(prefix="raytune-ranks-")
+    rendezvous = f"file://{os.path.join(meeting, 'store')}"
     # the GPUs Ray gave this measurement: the forkserver's children would otherwise have
     # the environment of the measurement that started it (a Ray worker runs many)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     processes = [
         context.Process(
             target=_rank_main,
-            args=(rank, job.ranks, port, job, task, args, results, os.getpid(), visible),
+            args=(rank, job.ranks, rendezvous, job, task, args, results, os.getpid(), visible),
             name=f"raytune-rank-{rank}",
         )
         for rank in range(job.ranks)
@@ -261,6 +267,7 @@ def _run_ranks(
         completed = True
     finally:
         _stop(processes, at_once=not completed)
+        shutil.rmtree(meeting, ignore_errors=True)
         results.close()
     return [runs[rank] for rank in range(job.ranks)]
 
@@ -323,16 +330,10 @@ def _stop(processes: list[Any], at_once: bool = False) -> None:
             process.join()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _rank_main(
     rank: int,
     world: int,
-    port: int,
+    rendezvous: str,
     job: TrialJob,
     task: Task,
     args: tuple[Any, ...],
@@ -355,7 +356,7 @@ def _rank_main(
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
             "nccl" if own_gpus else "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=rendezvous,
             rank=rank,
             world_size=world,
             timeout=dt.timedelta(seconds=job.segment.give_up_s),
