@@ -503,14 +503,14 @@ def latency(
             continue
         firsts.append(first)
         bodies, bytes_read = bodies + (total - first), bytes_read + size
-    served = clock.seconds() if clock is not None else None
+    server_s = clock.seconds() if clock is not None else None
     if not firsts:
         return None
     firsts.sort()
     p99 = firsts[min(len(firsts) - 1, math.ceil(0.99 * len(firsts)) - 1)]
     # a body that came in one read takes no measurable time: no bandwidth to tell
     bandwidth = bytes_read * 8 / 1e6 / bodies if bodies > 1e-3 * len(firsts) else None
-    per_request = served / sent if served is not None else None
+    per_request = server_s / sent if server_s is not None else None
     return Latency(statistics.median(firsts), p99, bandwidth, len(firsts), per_request)
 
 

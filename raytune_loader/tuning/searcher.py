@@ -116,23 +116,26 @@ class LoaderSearcher(Searcher):
 
     # -- the cost model's part ------------------------------------------------------
 
-    def _predicted(self, config: LoaderConfig) -> float | None:
-        """The model's samples/s for ``config`` (None without a model or a prediction);
+    def _forecast(self, config: LoaderConfig) -> Prediction | None:
+        """The model's prediction for ``config`` (None without a model or a prediction);
         remembered by what the model reads of it, as the space has many alike."""
         if self._model is None:
             return None
         key = _read_by_the_model(config)
         if key not in self._forecasts:
             self._forecasts[key] = self._model.predict(config)
-        found = self._forecasts[key]
+        return self._forecasts[key]
+
+    def _predicted(self, config: LoaderConfig) -> float | None:
+        """The model's samples/s for ``config`` (None without a model or a prediction)."""
+        found = self._forecast(config)
         return found.samples_per_s if found else None
 
     def _kept_up(self, config: LoaderConfig) -> bool:
         """Its requests in flight keep up with its pace with the model's margin to spare:
-        their wait a batch is at most (1 - margin) of the pace's (read after
-        :meth:`_predicted`). One that only just keeps up falls to the store's pace at a
-        GET a little slower than the profile's."""
-        found = self._forecasts.get(_read_by_the_model(config))
+        their wait a batch is at most (1 - margin) of the pace's. One that only just
+        keeps up falls to the store's pace at a GET a little slower than the profile's."""
+        found = self._forecast(config)
         return found is None or found.waiting <= 1 - self.margin
 
     def _objective(self, config: LoaderConfig, samples_per_s: float) -> float:
