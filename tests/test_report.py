@@ -251,3 +251,19 @@ def test_a_ray_data_winner_s_report_shows_its_pipeline_its_baseline_and_bigger_p
     assert "What if the pool of actors were bigger" in text and "| 4 | 4 | 390 | step |" in text
     plain = report.write_report(_write(tmp_path / "p", _best(), TRIALS)).read_text()
     assert "| actors |" not in plain  # a DataLoader search's tables as they were
+
+
+@pytest.mark.parametrize("calibration", [0.85, 1.0, None], ids=["biased", "unbiased", "0.1"])
+def test_the_report_says_how_the_model_was_calibrated(tmp_path: Path, calibration) -> None:
+    """A model search's report gives the model's error and, where the trials measured
+    other than what the profile predicted alike for every candidate, that factor; a
+    folder from before the calibration (no key) reads as before."""
+    best = _best()
+    best["search"].update(method="model", model={
+        "model_median_error": 0.04, "predictions": 5, "skipped": 2, "margin": 0.05,
+        "skip_rule": "below its best", "profile": {"seconds": 12.0},
+        **({} if calibration is None else {"calibration": calibration}),
+    })  # fmt: skip
+    text = report.write_report(_write(tmp_path / "results" / "tiny", best, TRIALS)).read_text()
+    assert "median error over 5 finished trials: 4% (" in text
+    assert ("the predictions scaled by 0.85" in text) == (calibration == 0.85)

@@ -173,3 +173,45 @@ def test_of_read_aheads_the_model_cannot_tell_apart_it_proposes_one_that_keeps_u
     ]  # noqa: SLF001 - the enqueued proposals
     tuned = first[len(space.baselines()) :]
     assert [(c.num_workers, c.fetch_threads) for c in tuned] == [(2, 4)]
+
+
+def test_a_bias_alike_for_every_candidate_is_calibrated_out_not_taken_for_error() -> None:
+    """Every trial measures 80% of what the profile predicts (the cores all busy at once,
+    a store's server beside them): after the first, the predictions are scaled by it, so
+    the error and the skipping margin are what the model gets wrong between candidates
+    (nothing here), not the bias (25% of every measurement)."""
+    searcher = _model_searcher(100.0)
+    recorded, profiled = [], []
+    for i in range(5):
+        config = searcher.suggest(f"t{i}")
+        raw = searcher._predicted(LoaderConfig.from_trial_config(config))  # noqa: SLF001
+        recorded.append(config["predicted_samples_per_s"])
+        profiled.append(raw)
+        searcher.on_trial_complete(f"t{i}", {"samples_per_s": 0.8 * raw, "final": True})
+    assert recorded[0] == pytest.approx(profiled[0])  # nothing measured yet: the profile's
+    assert recorded[1:] == pytest.approx([0.8 * p for p in profiled[1:]])
+    summary = searcher.summary()
+    assert summary["calibration"] == pytest.approx(0.8)
+    assert summary["model_median_error"] == pytest.approx(0.0, abs=1e-9)
+    assert searcher.margin == pytest.approx(0.05)  # MIN_MARGIN, where the bias said 25%
+
+
+def test_a_searcher_saved_before_the_calibration_completes_its_asked_trials(tmp_path: Path) -> None:
+    """A search folder saved before the calibration existed: no ratios, and its asked
+    trials hold their prediction alone. Resumed, the trial it had asked completes, and
+    calibrates it."""
+    import pickle
+
+    searcher = _model_searcher(100.0)
+    config = searcher.suggest("t0")
+    state = dict(searcher.__dict__)
+    del state["_ratios"]
+    state["_asked"] = {k: v[:3] for k, v in state["_asked"].items()}
+    saved = tmp_path / "searcher.pkl"
+    saved.write_bytes(pickle.dumps(state))
+    resumed = _model_searcher(100.0)
+    resumed.restore(str(saved))
+    measured = 0.5 * config["predicted_samples_per_s"]
+    resumed.on_trial_complete("t0", {"samples_per_s": measured, "final": True})
+    assert resumed.calibration == pytest.approx(0.5)
+    assert resumed.summary()["predictions"] == 1

@@ -267,6 +267,14 @@ def _limit(best: dict[str, Any]) -> list[str]:
     return lines + [f"{limit_line(limit)}.", "", *_table(["", "samples/s"], rows)]
 
 
+def _calibrated(calibration: float | None) -> str:
+    """What the trials measured over the profile's predictions, where it was not 1."""
+    if calibration is None or calibration == 1.0:
+        return ""
+    return (f", the predictions scaled by {calibration:.2f}: the trials measured that much "
+            "of what the profile alone predicted, alike for every candidate")  # fmt: skip
+
+
 def _how_proposed(best: dict[str, Any]) -> list[str]:
     """How the search proposed trials; for the model-guided search, how well the model
     predicted them, what it skipped, and its estimates for bigger nodes."""
@@ -285,7 +293,7 @@ def _how_proposed(best: dict[str, Any]) -> list[str]:
         "",
         f"- The model's median error over {model.get('predictions', 0)} finished trials: "
         f"{_cell(error, 'pct') if error is not None else 'unknown'} (predicted beside measured "
-        "in the plot above and in `trials.csv`).",
+        "in the plot above and in `trials.csv`)" + _calibrated(model.get("calibration")) + ".",
         f"- {model.get('skipped', 0)} proposals were not run: {model.get('skip_rule', '')} "
         f"(the margin was {_cell(model.get('margin'), 'pct')}).",
     ]

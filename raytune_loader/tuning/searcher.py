@@ -11,7 +11,11 @@ Optuna's public ``ask``/``tell``/``enqueue_trial``, with the define-by-run space
   predicted best of each structure (decoder x transfer x worker kind) the model
   does not rule out, then TPE proposes around them; a proposal the model puts
   below its best by more than its measured error is not run (its prediction is
-  told to TPE instead) and counted.
+  told to TPE instead) and counted. Each finished trial also calibrates the model: the
+  median of what the trials measured over what the profile alone predicted is the
+  model's bias on this node (every candidate alike: the cores all busy at once, a
+  store's server beside the trials), so the next predictions are scaled by it, and
+  the error, the margin, are what the model gets wrong between candidates.
 - ``tpe``: TPE alone, after the baselines.
 - ``random``: random proposals, after the baselines.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import statistics
 import time
 import warnings
 from collections.abc import Iterator
@@ -95,6 +100,7 @@ class LoaderSearcher(Searcher):
         )
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
         self._pairs: list[tuple[float, float]] = []  # (predicted, measured) samples/s
+        self._ratios: list[float] = []  # measured over the profile's own prediction
         # by what the model reads of a configuration (see _current for older searchers)
         self._forecasts: dict[tuple[Any, ...], Prediction | None] = {}
         first = list(space.baselines().values()) if enqueue_baselines else []
@@ -127,9 +133,17 @@ class LoaderSearcher(Searcher):
         return self._forecasts[key]
 
     def _predicted(self, config: LoaderConfig) -> float | None:
-        """The model's samples/s for ``config`` (None without a model or a prediction)."""
+        """The profile's samples/s for ``config`` (None without a model or a prediction),
+        uncalibrated: the space's best and the rule that skips are in its terms."""
         found = self._forecast(config)
         return found.samples_per_s if found else None
+
+    @property
+    def calibration(self) -> float:
+        """The median of what the finished trials measured over what the profile alone
+        predicted for them (1 before any): the model's bias on this node, alike for every
+        candidate, so it scales the predictions and leaves their order as it was."""
+        return statistics.median(self._ratios) if self._ratios else 1.0
 
     def _kept_up(self, config: LoaderConfig) -> bool:
         """Its requests in flight keep up with its pace with the model's margin to spare:
@@ -209,14 +223,16 @@ class LoaderSearcher(Searcher):
             ):
                 self.skipped += 1  # not run: TPE learns the prediction instead
                 self._study.tell(trial, self._objective(
-                    LoaderConfig.from_trial_config(config), predicted or 0.0))  # fmt: skip
+                    LoaderConfig.from_trial_config(config),
+                    (predicted or 0.0) * self.calibration))  # fmt: skip
             else:
                 break
             trial, config, key = self._ask()
             predicted = self._predicted(LoaderConfig.from_trial_config(config))
-        self._asked[trial_id] = (trial, key, predicted)
-        if predicted is not None:
-            config[PREDICTED] = predicted
+        calibrated = None if predicted is None else predicted * self.calibration
+        self._asked[trial_id] = (trial, key, calibrated, predicted)
+        if calibrated is not None:
+            config[PREDICTED] = calibrated
         if self._cold:
             config[DATA_SLOT] = self._slots  # a subset no earlier trial read
             self._slots += 1
@@ -234,7 +250,8 @@ class LoaderSearcher(Searcher):
         asked = self._asked.pop(trial_id, None)
         if asked is None:
             return
-        trial, key, predicted = asked
+        # (one asked by a searcher saved before the calibration holds its prediction alone)
+        trial, key, predicted, *profiled = asked
         if error or not result or result.get(self.metric) is None:
             self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
@@ -244,6 +261,7 @@ class LoaderSearcher(Searcher):
         measured = result.get("samples_per_s")
         if predicted and measured and result.get("final", True) and not result.get("failure"):
             self._pairs.append((predicted, float(measured)))
+            self._ratios.append(float(measured) / (profiled[0] if profiled else predicted))
 
     def summary(self) -> dict[str, Any]:
         """How the search proposed, for best_config.json and the report."""
@@ -255,6 +273,7 @@ class LoaderSearcher(Searcher):
                 "median error on the trials so far is not run",
                 margin=self.margin,
                 model_median_error=median_error(self._pairs),
+                calibration=self.calibration,
                 predictions=len(self._pairs),
             )
         return out
@@ -276,9 +295,11 @@ class LoaderSearcher(Searcher):
 
 def _current(state: dict[str, Any]) -> dict[str, Any]:
     """A pickled searcher's state as this release keeps it: one that 0.1 pickled kept its
-    predictions as floats under ``_predictions``; they are predicted again."""
+    predictions as floats under ``_predictions``; they are predicted again. One pickled
+    before the calibration has no ratios: it starts calibrating from the next trial."""
     state = {k: v for k, v in state.items() if k != "_predictions"}
     state.setdefault("_forecasts", {})
+    state.setdefault("_ratios", [])
     return state
 
 
