@@ -7,17 +7,19 @@ tar shards (``--shards`` of them, experiments/to_shards.py's writer), in moto's 
 loopback behind the tests' proxy (tests/s3_for_tests.py): one proxy adds 30 ms to
 each request's first byte, one 80 ms, both hold each request to 100 Mbit/s. The same
 search, with the product's default windows (48 measured steps after 5 of warm-up),
-runs on the local folder, then on the objects and on the shards through each proxy,
-one after another in one run; each search measures its winner beside the
+runs on the local folder and on the local shards, then on the objects and on the
+shards through each proxy, one after another in one run; each search measures its winner beside the
 baselines in rotated verification rounds, and the ratios are those medians'
 (``best_config.json``'s ``speedup``). Also recorded: the winner's requests in flight,
 its limit (the least of the step on a resident batch, its input pipeline alone,
 the store's top rate the profile measured, and what the two cores allow the step, the
 workers and the test server sharing them, in samples/s, with the server's CPU a sample
 measured in the run) and the winner against it,
-the cost model's median error, the time to an answer against the search on local
-files, and the objects' small-objects finding (the rate its profile projects for
-shards) beside the shards' measured rate. Writes results/benchmarks/s3_search.json.
+the cost model's median error, the time to an answer against the same search on local
+files (the shards' against their own search on the local shards, which runs too; also
+against the local images' search), and the objects' small-objects finding (the rate
+its profile projects for shards) beside the shards' measured rate.
+Writes results/benchmarks/s3_search.json.
 
     python experiments/s3_search.py --throttle 0.01
 
@@ -85,6 +87,10 @@ def main() -> None:
         common = [*COMMON, "--num-samples", str(args.num_samples)]
         flags = [*common, "--dataset", "imagenet"]
         found = {"local": _search([*flags, "--data-root", str(root)], Path(tmp) / "local", env)}
+        # the shards' own search on local files: what their searches on the bucket are to it
+        on_disk = str(shards[0].parent / f"shard-{{0000..{args.shards - 1:04d}}}.tar")
+        local_shards = [*common, "--dataset", "webdataset", "--data-root", on_disk]
+        found["local-shards"] = _search(local_shards, Path(tmp) / "local-shards", env)
         for ttfb, proxy in zip(TTFBS, proxies, strict=True):
             remote = {**env, "AWS_ENDPOINT_URL": proxy}
             where = [*flags, "--data-root", f"s3://{BUCKET}/imagenet"]
@@ -95,10 +101,16 @@ def main() -> None:
             on_shards["vs_objects"] = round(
                 on_shards["tuned_samples_per_s"] / found[name]["tuned_samples_per_s"], 3
             )
+            on_shards["vs_local_shards"] = round(
+                on_shards["tuned_samples_per_s"] / found["local-shards"]["tuned_samples_per_s"], 3
+            )
             found[f"{name}-shards"] = on_shards
-    local_s = found["local"]["wall_time_s"]
-    for figures in found.values():
-        figures["time_vs_local"] = round(figures["wall_time_s"] / local_s, 3)
+    for name, figures in found.items():  # against the same search on local files
+        local = found["local-shards" if "shards" in name else "local"]["wall_time_s"]
+        figures["time_vs_local"] = round(figures["wall_time_s"] / local, 3)
+        figures["time_vs_local_images"] = round(
+            figures["wall_time_s"] / found["local"]["wall_time_s"], 3
+        )
     save("s3_search", {"images": args.images, "ttfb_s": list(TTFBS), "shards": args.shards,
                        "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
                        "server_cpu_s_per_sample": serving,
@@ -197,6 +209,8 @@ def _search(
         "limit_bound": limit.get("bound"),
         "data_wait_frac": best["metrics"]["data_wait_frac"]["median"],
         "model_median_error": model.get("model_median_error"),
+        "uncalibrated_median_error": model.get("uncalibrated_median_error"),
+        "calibration": model.get("calibration"),
         "fetch_s": profile.get("fetch_s"),
         "requests_per_sample": profile.get("requests_per_sample"),
         "store": best["source"].get("store"),

@@ -173,3 +173,27 @@ def test_a_dataloader_winner_keeps_ray_data_as_the_runner_up() -> None:
     assert best["raydata"]["speedup_vs_dataloader"] == pytest.approx(200 / 300)
     plain = best_config(_context(SearchSpace(2, (32,), False, 2)), candidates[:2], [])
     assert "raydata" not in plain and plain["engine"] == "dataloader"
+
+
+def test_what_if_estimates_are_calibrated_as_the_trials_of_their_part_were() -> None:
+    """The estimates for bigger nodes scale each row by the factor the search's trials
+    calibrated the part that bounds it by; a part no trial was bound by stays the
+    profile's."""
+    from raytune_loader.measuring.profile import Profile
+    from raytune_loader.outputs.bestconfig import _what_if
+    from raytune_loader.tuning.costmodel import CostModel, what_if
+
+    profile = Profile(32, 2, per_core={"pil/float32": 100.0},
+                      receive_s={"process/float32": 0.004})  # fmt: skip
+    model = CostModel(profile, {32: 400.0})
+    config = LoaderConfig.from_dict({"num_workers": 2}, batch_size=32)
+    raw = what_if(model, config, [2, 4, 8, 16])
+    bounds = {node["bound"] for node in raw}
+    assert len(bounds) > 1  # the cores bound a small node, the step a big one
+    calibrated = {min(bounds): 0.5}
+    ctx = replace(_context(SearchSpace(2, (32,), False, 2)), model=model,
+                  search={"method": "model", "calibration": calibrated})  # fmt: skip
+    found = _what_if(ctx, config)["what_if"]["nodes"]
+    for before, after in zip(raw, found, strict=True):
+        factor = calibrated.get(before["bound"], 1.0)
+        assert after["samples_per_s"] == pytest.approx(before["samples_per_s"] * factor, abs=0.1)

@@ -253,17 +253,23 @@ def test_a_ray_data_winner_s_report_shows_its_pipeline_its_baseline_and_bigger_p
     assert "| actors |" not in plain  # a DataLoader search's tables as they were
 
 
-@pytest.mark.parametrize("calibration", [0.85, 1.0, None], ids=["biased", "unbiased", "0.1"])
+@pytest.mark.parametrize(
+    "calibration",
+    [{"cores": 0.85, "workers": 1.0}, {"cores": 1.0}, None],
+    ids=["biased", "unbiased", "before-it"],
+)
 def test_the_report_says_how_the_model_was_calibrated(tmp_path: Path, calibration) -> None:
     """A model search's report gives the model's error and, where the trials measured
-    other than what the profile predicted alike for every candidate, that factor; a
+    other than the profile predicted, each part's factor and the profile's own error; a
     folder from before the calibration (no key) reads as before."""
     best = _best()
     best["search"].update(method="model", model={
         "model_median_error": 0.04, "predictions": 5, "skipped": 2, "margin": 0.05,
         "skip_rule": "below its best", "profile": {"seconds": 12.0},
-        **({} if calibration is None else {"calibration": calibration}),
+        **({} if calibration is None else {"calibration": calibration,
+                                           "uncalibrated_median_error": 0.15}),
     })  # fmt: skip
     text = report.write_report(_write(tmp_path / "results" / "tiny", best, TRIALS)).read_text()
     assert "median error over 5 finished trials: 4% (" in text
-    assert ("the predictions scaled by 0.85" in text) == (calibration == 0.85)
+    biased = calibration is not None and calibration["cores"] == 0.85
+    assert ("the profile's: cores 0.85, workers 1.00; the profile's alone 15%" in text) == biased

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,13 +109,14 @@ def test_proposals_the_model_rules_out_are_not_run_but_counted() -> None:
     for i in range(8):
         config = searcher.suggest(f"t{i}")
         proposed.append(config)
-        measured = config["predicted_samples_per_s"] * 0.95  # the model is 5% off
+        measured = _forecast(searcher, config).samples_per_s * 0.95  # the profile 5% off
         searcher.on_trial_complete(f"t{i}", {"samples_per_s": measured, "final": True})
     assert searcher.skipped > 0  # 0 or 1 worker: predicted far below 4
     assert all(c["num_workers"] >= 3 for c in proposed[3:])
     summary = searcher.summary()
     assert summary["skipped"] == searcher.skipped
-    assert summary["model_median_error"] == pytest.approx(0.05 / 0.95, rel=0.01)
+    assert summary["uncalibrated_median_error"] == pytest.approx(0.05 / 0.95, rel=0.01)
+    assert summary["model_median_error"] == pytest.approx(0.0, abs=1e-9)  # calibrated out
 
 
 @pytest.mark.parametrize("method", ["tpe", "random"])
@@ -175,43 +178,62 @@ def test_of_read_aheads_the_model_cannot_tell_apart_it_proposes_one_that_keeps_u
     assert [(c.num_workers, c.fetch_threads) for c in tuned] == [(2, 4)]
 
 
-def test_a_bias_alike_for_every_candidate_is_calibrated_out_not_taken_for_error() -> None:
-    """Every trial measures 80% of what the profile predicts (the cores all busy at once,
-    a store's server beside them): after the first, the predictions are scaled by it, so
-    the error and the skipping margin are what the model gets wrong between candidates
-    (nothing here), not the bias (25% of every measurement)."""
+def _forecast(searcher: LoaderSearcher, values: dict) -> Any:
+    return searcher._forecast(LoaderConfig.from_trial_config(values))  # noqa: SLF001
+
+
+def test_each_part_of_the_model_is_calibrated_by_the_trials_it_bounded() -> None:
+    """The trials measure 80% of what the profile predicts where the cores set the pace,
+    90% where the workers do, all of it where the step does: each part's next
+    predictions are scaled by its own trials (by all the trials' before its first),
+    and what the search tells TPE of a proposal it skips is scaled alike. The error,
+    and the margin, are then the calibrated model's (nothing here), not the bias."""
+    factor = {"step": 1.0, "cores": 0.8, "workers": 0.9}
     searcher = _model_searcher(100.0)
-    recorded, profiled = [], []
-    for i in range(5):
+    seen: list[str] = []
+    for i in range(8):
         config = searcher.suggest(f"t{i}")
-        raw = searcher._predicted(LoaderConfig.from_trial_config(config))  # noqa: SLF001
-        recorded.append(config["predicted_samples_per_s"])
-        profiled.append(raw)
-        searcher.on_trial_complete(f"t{i}", {"samples_per_s": 0.8 * raw, "final": True})
-    assert recorded[0] == pytest.approx(profiled[0])  # nothing measured yet: the profile's
-    assert recorded[1:] == pytest.approx([0.8 * p for p in profiled[1:]])
+        found = _forecast(searcher, config)
+        if found.bound in seen:
+            expected = factor[found.bound]
+        else:  # the median of the trials so far, 1 before any
+            expected = statistics.median([factor[b] for b in seen]) if seen else 1.0
+        assert config["predicted_samples_per_s"] == pytest.approx(found.samples_per_s * expected)
+        seen.append(found.bound)
+        measured = found.samples_per_s * factor[found.bound]
+        searcher.on_trial_complete(f"t{i}", {"samples_per_s": measured, "final": True})
+    assert {"step", "cores", "workers"} <= set(seen)  # the scenario covers three parts
     summary = searcher.summary()
-    assert summary["calibration"] == pytest.approx(0.8)
+    assert summary["calibration"] == pytest.approx({b: factor[b] for b in set(seen)})
+    assert summary["uncalibrated_median_error"] > 0.1  # most trials are 10% off
     assert summary["model_median_error"] == pytest.approx(0.0, abs=1e-9)
-    assert searcher.margin == pytest.approx(0.05)  # MIN_MARGIN, where the bias said 25%
+    assert searcher.margin == pytest.approx(0.05)  # MIN_MARGIN, where the bias said 11%
+    assert searcher.skipped > 0
+    for trial in searcher._study.trials[3:]:  # noqa: SLF001 - every part measured by then
+        found = _forecast(searcher, {**trial.params, "batch_size": 32})
+        assert trial.value == pytest.approx(found.samples_per_s * factor[found.bound])
 
 
-def test_a_searcher_saved_before_the_calibration_completes_its_asked_trials(tmp_path: Path) -> None:
-    """A search folder saved before the calibration existed: no ratios, and its asked
-    trials hold their prediction alone. Resumed, the trial it had asked completes, and
-    calibrates it."""
+def test_a_searcher_saved_before_the_calibration_calibrates_from_its_own_trials(
+    tmp_path: Path,
+) -> None:
+    """A search folder saved before the calibration: its pairs have no bound, its best
+    is a float, its asked trials hold their prediction alone. Resumed, its own trials
+    calibrate the next prediction, and the trial it had asked completes."""
     import pickle
 
     searcher = _model_searcher(100.0)
     config = searcher.suggest("t0")
-    state = dict(searcher.__dict__)
-    del state["_ratios"]
-    state["_asked"] = {k: v[:3] for k, v in state["_asked"].items()}
+    raw = _forecast(searcher, config).samples_per_s
+    state = {k: v for k, v in searcher.__dict__.items() if k != "_best_at"}
+    state.update(_pairs=[(raw, 0.5 * raw)], _best=123.0)
     saved = tmp_path / "searcher.pkl"
     saved.write_bytes(pickle.dumps(state))
     resumed = _model_searcher(100.0)
     resumed.restore(str(saved))
-    measured = 0.5 * config["predicted_samples_per_s"]
-    resumed.on_trial_complete("t0", {"samples_per_s": measured, "final": True})
-    assert resumed.calibration == pytest.approx(0.5)
-    assert resumed.summary()["predictions"] == 1
+    assert resumed.summary()["uncalibrated_median_error"] == pytest.approx(1.0)
+    resumed.on_trial_complete("t0", {"samples_per_s": 0.5 * raw, "final": True})
+    after = resumed.suggest("t1")
+    found = _forecast(resumed, after)
+    assert after["predicted_samples_per_s"] == pytest.approx(0.5 * found.samples_per_s)
+    assert resumed.summary()["predictions"] == 2

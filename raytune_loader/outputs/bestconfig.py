@@ -362,10 +362,16 @@ def _what_if(ctx: SearchContext, config: LoaderConfig) -> dict[str, Any]:
         return {}
     cores = int(ctx.model.profile.cores)
     sizes = sorted({cores, 2 * cores, 4 * cores, 8 * cores})
+    # scaled as the search's trials calibrated the part that bounds each estimate
+    calibrated = ctx.search.get("calibration") or {}
+    nodes = [{**node, "samples_per_s": round(node["samples_per_s"] * calibrated[node["bound"]], 1)}
+             if node["bound"] in calibrated else node
+             for node in what_if(ctx.model, config, sizes)]  # fmt: skip
     return {"what_if": {
-        "note": "estimates from the profile's per-core costs, not measurements",
+        "note": "estimates from the profile's per-core costs, each calibrated as the "
+                "search's trials bound by the same part measured, not measurements",
         "ceiling_samples_per_s": ctx.model.ceilings.get(config.batch_size),
-        "nodes": what_if(ctx.model, config, sizes),
+        "nodes": nodes,
     }}  # fmt: skip
 
 

@@ -267,12 +267,17 @@ def _limit(best: dict[str, Any]) -> list[str]:
     return lines + [f"{limit_line(limit)}.", "", *_table(["", "samples/s"], rows)]
 
 
-def _calibrated(calibration: float | None) -> str:
-    """What the trials measured over the profile's predictions, where it was not 1."""
-    if calibration is None or calibration == 1.0:
+def _calibrated(model: dict[str, Any]) -> str:
+    """How the trials calibrated the model, by the part that set their pace, where they
+    changed it."""
+    found = model.get("calibration")
+    if not isinstance(found, dict) or all(f == 1.0 for f in found.values()):
         return ""
-    return (f", the predictions scaled by {calibration:.2f}: the trials measured that much "
-            "of what the profile alone predicted, alike for every candidate")  # fmt: skip
+    parts = ", ".join(f"{bound} {factor:.2f}" for bound, factor in sorted(found.items()))
+    raw = model.get("uncalibrated_median_error")
+    before = f"; the profile's alone {_cell(raw, 'pct')}" if raw is not None else ""
+    return (f"; each prediction calibrated by what the trials that the same part bounded "
+            f"measured of the profile's: {parts}{before}")  # fmt: skip
 
 
 def _how_proposed(best: dict[str, Any]) -> list[str]:
@@ -293,7 +298,7 @@ def _how_proposed(best: dict[str, Any]) -> list[str]:
         "",
         f"- The model's median error over {model.get('predictions', 0)} finished trials: "
         f"{_cell(error, 'pct') if error is not None else 'unknown'} (predicted beside measured "
-        "in the plot above and in `trials.csv`)" + _calibrated(model.get("calibration")) + ".",
+        "in the plot above and in `trials.csv`)" + _calibrated(model) + ".",
         f"- {model.get('skipped', 0)} proposals were not run: {model.get('skip_rule', '')} "
         f"(the margin was {_cell(model.get('margin'), 'pct')}).",
     ]

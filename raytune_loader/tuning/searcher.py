@@ -11,11 +11,13 @@ Optuna's public ``ask``/``tell``/``enqueue_trial``, with the define-by-run space
   predicted best of each structure (decoder x transfer x worker kind) the model
   does not rule out, then TPE proposes around them; a proposal the model puts
   below its best by more than its measured error is not run (its prediction is
-  told to TPE instead) and counted. Each finished trial also calibrates the model: the
-  median of what the trials measured over what the profile alone predicted is the
-  model's bias on this node (every candidate alike: the cores all busy at once, a
-  store's server beside the trials), so the next predictions are scaled by it, and
-  the error, the margin, are what the model gets wrong between candidates.
+  told to TPE instead) and counted. Each finished trial calibrates the model: what
+  the trials bound by the same part (the step, the workers, the cores, the store, the
+  actors) measured over what the profile alone predicted for them, their median, is
+  the model's bias in that part on this node (the cores all busy at once, where the
+  profile timed each stage alone; a store's server beside the trials), and scales its
+  next predictions. The error, and the margin, are then what the calibrated model
+  gets wrong, each trial's prediction calibrated by the others (leave one out).
 - ``tpe``: TPE alone, after the baselines.
 - ``random``: random proposals, after the baselines.
 
@@ -27,6 +29,7 @@ configuration twice: its known result is told to Optuna and another is asked for
 from __future__ import annotations
 
 import contextlib
+import math
 import pickle
 import statistics
 import time
@@ -99,14 +102,13 @@ class LoaderSearcher(Searcher):
             else optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
         )
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
-        self._pairs: list[tuple[float, float]] = []  # (predicted, measured) samples/s
-        self._ratios: list[float] = []  # measured over the profile's own prediction
+        # (the profile's prediction, measured samples/s, its bound); a searcher saved
+        # before the calibration kept the first two
+        self._pairs: list[tuple[Any, ...]] = []
         # by what the model reads of a configuration (see _current for older searchers)
         self._forecasts: dict[tuple[Any, ...], Prediction | None] = {}
         first = list(space.baselines().values()) if enqueue_baselines else []
-        self._best = 0.0  # the model's best predicted objective over the space
         if self._model is not None:
-            self._best = self._best_predicted()
             first += self._structure_bests(first)
         self._first = len(first)
         with _baselines_outside_the_bounds():
@@ -133,17 +135,10 @@ class LoaderSearcher(Searcher):
         return self._forecasts[key]
 
     def _predicted(self, config: LoaderConfig) -> float | None:
-        """The profile's samples/s for ``config`` (None without a model or a prediction),
-        uncalibrated: the space's best and the rule that skips are in its terms."""
+        """The model's samples/s for ``config``, calibrated by the trials so far (None
+        without a model or a prediction)."""
         found = self._forecast(config)
-        return found.samples_per_s if found else None
-
-    @property
-    def calibration(self) -> float:
-        """The median of what the finished trials measured over what the profile alone
-        predicted for them (1 before any): the model's bias on this node, alike for every
-        candidate, so it scales the predictions and leaves their order as it was."""
-        return statistics.median(self._ratios) if self._ratios else 1.0
+        return found.samples_per_s * calibration(self._pairs, found.bound) if found else None
 
     def _kept_up(self, config: LoaderConfig) -> bool:
         """Its requests in flight keep up with its pace with the model's margin to spare:
@@ -162,13 +157,20 @@ class LoaderSearcher(Searcher):
     def margin(self) -> float:
         """How far below its best the model must put a candidate to skip it: its median
         error on the trials so far (FIRST_MARGIN before any)."""
-        error = median_error(self._pairs)
+        error = calibrated_error(self._pairs)
         return FIRST_MARGIN if error is None else max(MIN_MARGIN, error)
 
-    def _best_predicted(self) -> float:
-        scored = [self._objective(c, p) for c in self._space.grid()
-                  if (p := self._predicted(c)) is not None]  # fmt: skip
-        return max(scored, default=0.0)
+    @property
+    def _best(self) -> float:
+        """The model's best predicted objective over the space, as calibrated now
+        (worked out again after each finished trial)."""
+        # (a searcher saved before the calibration kept it as a float: not read)
+        cached = self.__dict__.get("_best_at")
+        if cached is None or cached[0] != len(self._pairs):
+            scored = [self._objective(c, p) for c in self._space.grid()
+                      if (p := self._predicted(c)) is not None]  # fmt: skip
+            self._best_at = cached = (len(self._pairs), max(scored, default=0.0))
+        return float(cached[1])
 
     def _ruled_out(self, config: LoaderConfig, predicted: float | None) -> bool:
         if predicted is None:
@@ -223,16 +225,14 @@ class LoaderSearcher(Searcher):
             ):
                 self.skipped += 1  # not run: TPE learns the prediction instead
                 self._study.tell(trial, self._objective(
-                    LoaderConfig.from_trial_config(config),
-                    (predicted or 0.0) * self.calibration))  # fmt: skip
+                    LoaderConfig.from_trial_config(config), predicted or 0.0))  # fmt: skip
             else:
                 break
             trial, config, key = self._ask()
             predicted = self._predicted(LoaderConfig.from_trial_config(config))
-        calibrated = None if predicted is None else predicted * self.calibration
-        self._asked[trial_id] = (trial, key, calibrated, predicted)
-        if calibrated is not None:
-            config[PREDICTED] = calibrated
+        self._asked[trial_id] = (trial, key, predicted)
+        if predicted is not None:
+            config[PREDICTED] = predicted
         if self._cold:
             config[DATA_SLOT] = self._slots  # a subset no earlier trial read
             self._slots += 1
@@ -250,8 +250,7 @@ class LoaderSearcher(Searcher):
         asked = self._asked.pop(trial_id, None)
         if asked is None:
             return
-        # (one asked by a searcher saved before the calibration holds its prediction alone)
-        trial, key, predicted, *profiled = asked
+        trial, key, predicted = asked
         if error or not result or result.get(self.metric) is None:
             self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
@@ -260,20 +259,23 @@ class LoaderSearcher(Searcher):
         self._study.tell(trial, value)
         measured = result.get("samples_per_s")
         if predicted and measured and result.get("final", True) and not result.get("failure"):
-            self._pairs.append((predicted, float(measured)))
-            self._ratios.append(float(measured) / (profiled[0] if profiled else predicted))
+            found = self._forecast(LoaderConfig.from_trial_config(dict(key)))
+            if found is not None and found.samples_per_s > 0 and math.isfinite(measured):
+                self._pairs.append((found.samples_per_s, float(measured), found.bound))
 
     def summary(self) -> dict[str, Any]:
         """How the search proposed, for best_config.json and the report."""
         out: dict[str, Any] = {"method": self._method}
+        bounds = sorted({rest[0] for _, _, *rest in self._pairs if rest})
         if self._model is not None:
             out.update(
                 skipped=self.skipped,
                 skip_rule="a proposal the cost model puts below its best by more than its "
                 "median error on the trials so far is not run",
                 margin=self.margin,
-                model_median_error=median_error(self._pairs),
-                calibration=self.calibration,
+                model_median_error=calibrated_error(self._pairs),
+                uncalibrated_median_error=median_error([(p, m) for p, m, *_ in self._pairs]),
+                calibration={bound: calibration(self._pairs, bound) for bound in bounds},
                 predictions=len(self._pairs),
             )
         return out
@@ -295,12 +297,29 @@ class LoaderSearcher(Searcher):
 
 def _current(state: dict[str, Any]) -> dict[str, Any]:
     """A pickled searcher's state as this release keeps it: one that 0.1 pickled kept its
-    predictions as floats under ``_predictions``; they are predicted again. One pickled
-    before the calibration has no ratios: it starts calibrating from the next trial."""
+    predictions as floats under ``_predictions``; they are predicted again."""
     state = {k: v for k, v in state.items() if k != "_predictions"}
     state.setdefault("_forecasts", {})
-    state.setdefault("_ratios", [])
     return state
+
+
+def calibration(pairs: list[tuple[Any, ...]], bound: str) -> float:
+    """What the finished trials measured over the profile's prediction for them, their
+    median: of those bound by ``bound`` (the model's part that set their pace), or of
+    all where none was, or 1 before any. ``pairs``: (predicted, measured[, bound])."""
+    alike = [m / p for p, m, *b in pairs if b == [bound]]
+    ratios = alike or [m / p for p, m, *_ in pairs]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def calibrated_error(pairs: list[tuple[Any, ...]]) -> float | None:
+    """The calibrated model's median error: each trial's prediction calibrated by the
+    other trials alone (leave one out), against its measurement."""
+    calibrated = [
+        (p * calibration(pairs[:i] + pairs[i + 1 :], b[0] if b else ""), m)
+        for i, (p, m, *b) in enumerate(pairs)
+    ]
+    return median_error(calibrated)
 
 
 def _read_by_the_model(config: LoaderConfig) -> tuple[Any, ...]:
