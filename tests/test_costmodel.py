@@ -69,7 +69,8 @@ def test_a_store_s_latency_is_paid_per_wave_of_requests_in_flight_and_takes_no_c
     capped = replace(remote, profile=replace(remote.profile, store_rate=300.0))
     top = capped.predict(_with(2, fetch_threads=64))
     assert (top.samples_per_s, top.bound) == (pytest.approx(300.0), "store")  # type: ignore[union-attr]
-    assert capped.predict(_with(2, fetch_threads=1)) == rates[1]  # slower than the cap
+    slower = capped.predict(_with(2, fetch_threads=1))  # slower than the cap
+    assert (slower.samples_per_s, slower.bound) == (rates[1].samples_per_s, rates[1].bound)  # type: ignore[union-attr]
     two = replace(capped, ranks=2).predict(_with(2, fetch_threads=64))
     assert two.samples_per_s == pytest.approx(300.0)  # type: ignore[union-attr]
     # a candidate that caches the objects is modelled warm: local reads, no store cap,
@@ -274,3 +275,22 @@ def test_a_store_served_from_this_node_s_cores_costs_them_its_cpu() -> None:
     assert gpu.predict(_with(2, fetch_threads=8)) == replace(elsewhere, cuda=True).predict(
         _with(2, fetch_threads=8)
     )
+
+
+def test_calibrated_each_part_runs_at_its_own_factor_and_the_slowest_sets_the_pace() -> None:
+    """The profile puts the step at 40 ms a batch of 32 and the cores' part at 35 ms:
+    step-bound, 800 samples/s. Trials the cores bounded measured 0.8 of the profile's
+    prediction: their part is 43.75 ms, the new bound, 731 samples/s; a part no factor
+    names stays the profile's. Without workers, or with Ray Data, a part is calibrated
+    under a name of its own kind."""
+    from raytune_loader.tuning.costmodel import Prediction
+
+    found = Prediction(800.0, "step", 3.0, parts=(("cores", 0.035), ("step", 0.04)),
+                       samples=32.0)  # fmt: skip
+    factors = {"cores": 0.8}
+    rate, bound = found.calibrated(lambda key: factors.get(key, 1.0))
+    assert (rate, bound) == (pytest.approx(32 / 0.04375), "cores")
+    assert found.calibrated(lambda key: 1.0) == (pytest.approx(800.0), "step")
+    model = _model(per_core=100.0)
+    assert model.predict(_with(0)).key("step") == "step/inline"  # type: ignore[union-attr]
+    assert model.predict(_with(2)).key("cores") == "cores"  # type: ignore[union-attr]

@@ -255,8 +255,8 @@ def test_a_ray_data_winner_s_report_shows_its_pipeline_its_baseline_and_bigger_p
 
 @pytest.mark.parametrize(
     "calibration",
-    [{"cores": 0.85, "workers": 1.0}, {"cores": 1.0}, None],
-    ids=["biased", "unbiased", "before-it"],
+    [{"cores": 0.85, "workers": 1.0}, {"cores": 1.0}, None, 0.85],
+    ids=["biased", "unbiased", "before-it", "one-factor"],
 )
 def test_the_report_says_how_the_model_was_calibrated(tmp_path: Path, calibration) -> None:
     """A model search's report gives the model's error and, where the trials measured
@@ -271,5 +271,6 @@ def test_the_report_says_how_the_model_was_calibrated(tmp_path: Path, calibratio
     })  # fmt: skip
     text = report.write_report(_write(tmp_path / "results" / "tiny", best, TRIALS)).read_text()
     assert "median error over 5 finished trials: 4% (" in text
-    biased = calibration is not None and calibration["cores"] == 0.85
+    biased = isinstance(calibration, dict) and calibration["cores"] == 0.85
     assert ("the profile's: cores 0.85, workers 1.00; the profile's alone 15%" in text) == biased
+    assert ("the predictions scaled by 0.85" in text) == (calibration == 0.85)

@@ -363,13 +363,18 @@ def _what_if(ctx: SearchContext, config: LoaderConfig) -> dict[str, Any]:
     cores = int(ctx.model.profile.cores)
     sizes = sorted({cores, 2 * cores, 4 * cores, 8 * cores})
     # scaled as the search's trials calibrated the part that bounds each estimate
-    calibrated = ctx.search.get("calibration") or {}
-    nodes = [{**node, "samples_per_s": round(node["samples_per_s"] * calibrated[node["bound"]], 1)}
-             if node["bound"] in calibrated else node
-             for node in what_if(ctx.model, config, sizes)]  # fmt: skip
+    factors = ctx.search.get("calibration")
+    winner = ctx.model.predict(config)
+    nodes = what_if(ctx.model, config, sizes)
+    if isinstance(factors, dict) and winner is not None:  # (a float: a development version's)
+        for node in nodes:  # keyed by the winner's kind: workers, none, Ray Data
+            factor = factors.get(winner.key(str(node["bound"])))
+            if factor is not None:
+                node["samples_per_s"] = round(float(node["samples_per_s"]) * factor, 1)  # type: ignore[arg-type]
     return {"what_if": {
-        "note": "estimates from the profile's per-core costs, each calibrated as the "
-                "search's trials bound by the same part measured, not measurements",
+        "note": "estimates from the profile's per-core costs, not measurements; each "
+                "calibrated as the search's trials bound by the same part measured, where "
+                "a trial was",
         "ceiling_samples_per_s": ctx.model.ceilings.get(config.batch_size),
         "nodes": nodes,
     }}  # fmt: skip

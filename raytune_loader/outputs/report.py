@@ -271,6 +271,8 @@ def _calibrated(model: dict[str, Any]) -> str:
     """How the trials calibrated the model, by the part that set their pace, where they
     changed it."""
     found = model.get("calibration")
+    if isinstance(found, (int, float)) and found != 1.0:  # a development version's one factor
+        return f"; the predictions scaled by {found:.2f}"
     if not isinstance(found, dict) or all(f == 1.0 for f in found.values()):
         return ""
     parts = ", ".join(f"{bound} {factor:.2f}" for bound, factor in sorted(found.items()))

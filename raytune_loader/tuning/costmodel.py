@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -131,6 +131,27 @@ class Prediction:
     # than the profile's, and the pace falls to them). For objects, waited for before
     # decoding, it is the wait's share of the pace
     waiting: float = 0.0
+    # each part's seconds a batch of ``samples`` (the node's: all ranks), for calibration
+    parts: tuple[tuple[str, float], ...] = ()
+    samples: float = 0.0
+    # how the parts are made up: "" (DataLoader workers), "inline" (no workers: the step
+    # part is the whole pipeline), "raydata" (the step part takes batches out of Ray's
+    # object store): a part's bias is its own in each
+    kind: str = ""
+
+    def key(self, part: str) -> str:
+        """The name a part is calibrated under: its own, and its kind's."""
+        return f"{part}/{self.kind}" if self.kind else part
+
+    def calibrated(self, factor: Callable[[str], float]) -> tuple[float, str]:
+        """samples/s and bound with each part's time over its factor (what trials that
+        part bounded measured of the profile's prediction, by :meth:`key`): a part the
+        trials found slower than the profile may become the bound."""
+        if not self.parts:  # (a prediction pickled before the parts were kept)
+            return self.samples_per_s * factor(self.key(self.bound)), self.bound
+        times = {part: t / factor(self.key(part)) for part, t in self.parts}
+        bound = max(times, key=lambda part: times[part])
+        return self.samples / times[bound], bound
 
 
 @dataclass(frozen=True)
@@ -196,6 +217,9 @@ class CostModel:
             bound=bound,
             cpus=1.0 + config.num_workers,
             waiting=fetch / max(1, config.num_workers) / parts[bound],
+            parts=tuple(sorted(parts.items())),
+            samples=self.ranks * batch,
+            kind="" if config.num_workers else "inline",
         )
 
     def _raydata(
@@ -227,7 +251,9 @@ class CostModel:
             parts["cores"] = busy / max(1.0, cores)
         parts.update({} if config.cache else self._store(batch))
         bound = max(parts, key=lambda k: parts[k])
-        return Prediction(self.ranks * batch / parts[bound], bound, 1.0 + config.actor_cpus)
+        return Prediction(self.ranks * batch / parts[bound], bound, 1.0 + config.actor_cpus,
+                          parts=tuple(sorted(parts.items())), samples=self.ranks * batch,
+                          kind="raydata")  # fmt: skip
 
     def _fetch(self, batch: int, in_flight: int) -> float:
         """A worker's wait for a batch's requests: a batch's objects in waves of

@@ -135,10 +135,12 @@ class LoaderSearcher(Searcher):
         return self._forecasts[key]
 
     def _predicted(self, config: LoaderConfig) -> float | None:
-        """The model's samples/s for ``config``, calibrated by the trials so far (None
-        without a model or a prediction)."""
+        """The model's samples/s for ``config``, each part calibrated by the trials so far
+        (None without a model or a prediction)."""
         found = self._forecast(config)
-        return found.samples_per_s * calibration(self._pairs, found.bound) if found else None
+        if found is None:
+            return None
+        return found.calibrated(lambda key: calibration(self._pairs, key))[0]
 
     def _kept_up(self, config: LoaderConfig) -> bool:
         """Its requests in flight keep up with its pace with the model's margin to spare:
@@ -167,10 +169,18 @@ class LoaderSearcher(Searcher):
         # (a searcher saved before the calibration kept it as a float: not read)
         cached = self.__dict__.get("_best_at")
         if cached is None or cached[0] != len(self._pairs):
-            scored = [self._objective(c, p) for c in self._space.grid()
+            scored = [self._objective(c, p) for c in self._distinct()
                       if (p := self._predicted(c)) is not None]  # fmt: skip
             self._best_at = cached = (len(self._pairs), max(scored, default=0.0))
         return float(cached[1])
+
+    def _distinct(self) -> list[LoaderConfig]:
+        """One configuration of the space for each the model tells apart (the grid
+        walked once)."""
+        if "_representatives" not in self.__dict__:
+            found = {(_read_by_the_model(c), c.batch_size): c for c in self._space.grid()}
+            self._representatives = list(found.values())
+        return self._representatives
 
     def _ruled_out(self, config: LoaderConfig, predicted: float | None) -> bool:
         if predicted is None:
@@ -250,7 +260,8 @@ class LoaderSearcher(Searcher):
         asked = self._asked.pop(trial_id, None)
         if asked is None:
             return
-        trial, key, predicted = asked
+        # (a searcher saved by a development version kept the profile's prediction fourth)
+        trial, key, predicted, *_ = asked
         if error or not result or result.get(self.metric) is None:
             self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
@@ -261,7 +272,7 @@ class LoaderSearcher(Searcher):
         if predicted and measured and result.get("final", True) and not result.get("failure"):
             found = self._forecast(LoaderConfig.from_trial_config(dict(key)))
             if found is not None and found.samples_per_s > 0 and math.isfinite(measured):
-                self._pairs.append((found.samples_per_s, float(measured), found.bound))
+                self._pairs.append((found.samples_per_s, float(measured), found.key(found.bound)))
 
     def summary(self) -> dict[str, Any]:
         """How the search proposed, for best_config.json and the report."""
@@ -298,7 +309,7 @@ class LoaderSearcher(Searcher):
 def _current(state: dict[str, Any]) -> dict[str, Any]:
     """A pickled searcher's state as this release keeps it: one that 0.1 pickled kept its
     predictions as floats under ``_predictions``; they are predicted again."""
-    state = {k: v for k, v in state.items() if k != "_predictions"}
+    state = {k: v for k, v in state.items() if k not in ("_predictions", "_best", "_best_at")}
     state.setdefault("_forecasts", {})
     return state
 
