@@ -15,9 +15,10 @@ Optuna's public ``ask``/``tell``/``enqueue_trial``, with the define-by-run space
   the trials bound by the same part (the step, the workers, the cores, the store, the
   actors) measured over what the profile alone predicted for them, their median, is
   the model's bias in that part on this node (the cores all busy at once, where the
-  profile timed each stage alone; a store's server beside the trials), and scales its
-  next predictions. The error, and the margin, are then what the calibrated model
-  gets wrong, each trial's prediction calibrated by the others (leave one out).
+  profile timed each stage alone; a store's server beside the trials); that part's
+  time in the next predictions is divided by it, and the slowest part, calibrated,
+  sets the pace. The error, and the margin, are then what the calibrated model gets
+  wrong, each trial's prediction calibrated by the others (leave one out).
 - ``tpe``: TPE alone, after the baselines.
 - ``random``: random proposals, after the baselines.
 
