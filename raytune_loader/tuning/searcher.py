@@ -179,7 +179,7 @@ class LoaderSearcher(Searcher):
         """One configuration of the space for each the model tells apart (the grid
         walked once)."""
         if "_representatives" not in self.__dict__:
-            found = {(_read_by_the_model(c), c.batch_size): c for c in self._space.grid()}
+            found = {_read_by_the_model(c): c for c in self._space.grid()}  # batch included
             self._representatives = list(found.values())
         return self._representatives
 
