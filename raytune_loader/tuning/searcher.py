@@ -30,6 +30,7 @@ configuration twice: its known result is told to Optuna and another is asked for
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import pickle
 import statistics
@@ -273,7 +274,8 @@ class LoaderSearcher(Searcher):
         if predicted and measured and result.get("final", True) and not result.get("failure"):
             found = self._forecast(LoaderConfig.from_trial_config(dict(key)))
             if found is not None and found.samples_per_s > 0 and math.isfinite(measured):
-                self._pairs.append((found.samples_per_s, float(measured), found.key(found.bound)))
+                pair = (found.samples_per_s, float(measured), found.key(found.bound), found)
+                self._pairs.append(pair)
 
     def summary(self) -> dict[str, Any]:
         """How the search proposed, for best_config.json and the report."""
@@ -318,19 +320,26 @@ def _current(state: dict[str, Any]) -> dict[str, Any]:
 def calibration(pairs: list[tuple[Any, ...]], bound: str) -> float:
     """What the finished trials measured over the profile's prediction for them, their
     median: of those bound by ``bound`` (the model's part that set their pace), or of
-    all where none was, or 1 before any. ``pairs``: (predicted, measured[, bound])."""
-    alike = [m / p for p, m, *b in pairs if b == [bound]]
+    all where none was, or 1 before any. ``pairs``: (predicted, measured[, bound[,
+    the Prediction]]); a searcher saved by an earlier release kept the first two or three."""
+    alike = [m / p for p, m, *b in pairs if b[:1] == [bound]]
     ratios = alike or [m / p for p, m, *_ in pairs]
     return statistics.median(ratios) if ratios else 1.0
 
 
 def calibrated_error(pairs: list[tuple[Any, ...]]) -> float | None:
     """The calibrated model's median error: each trial's prediction calibrated by the
-    other trials alone (leave one out), against its measurement."""
-    calibrated = [
-        (p * calibration(pairs[:i] + pairs[i + 1 :], b[0] if b else ""), m)
-        for i, (p, m, *b) in enumerate(pairs)
-    ]
+    other trials alone (leave one out), part by part as the search calibrates it
+    (:meth:`Prediction.calibrated`; by its bound's factor alone where the pair kept no
+    Prediction), against its measurement."""
+    calibrated = []
+    for i, (p, m, *b) in enumerate(pairs):
+        others = pairs[:i] + pairs[i + 1 :]
+        if len(b) > 1:
+            factor = functools.partial(calibration, others)
+            calibrated.append((b[1].calibrated(factor)[0], m))
+        else:
+            calibrated.append((p * calibration(others, b[0] if b else ""), m))
     return median_error(calibrated)
 
 
