@@ -212,6 +212,57 @@ def test_the_profile_s_untimed_samples_of_a_stream_skip_its_shuffle_buffer(
     assert server.proxy.gets - gets >= 4  # with the buffer: every shard first
 
 
+def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
+    server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream with a shuffle buffer of 1000 over 96 samples: filling it read every
+    shard again and again (a 5 MB shard's GET took 0.4 s, 38 s of a 62 s profile). The
+    profile reads the stream without it: shard 0 for the untimed samples, the first two
+    (40 samples) for the worker side, and still takes a shard's GET over its samples,
+    timed from the first byte. (The store's own probes, which cycle every key, are left
+    out of the count.)"""
+    from raytune_loader.measuring import profile
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+
+    monkeypatch.setattr(profile, "top_rate", lambda store, keys: 100.0)
+    monkeypatch.setattr(profile, "latency", lambda store, keys, served: None)
+    server.proxy.ttfb_s = 0.03
+    spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
+    job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
+                   samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
+    config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
+    profile.prepare(job, 0, config, check=False)  # the shards counted, as the driver had
+    gets = server.proxy.gets
+    found = profile.profile(job, [config], 2)
+    assert server.proxy.gets - gets <= 3  # shard 0 twice, shard 1 once
+    assert found.fetch_s >= 0.03 and found.requests_per_sample == pytest.approx(4 / 96)
+    assert found.per_core and all(rate > 0 for rate in found.per_core.values())
+
+
+def test_a_thread_s_gets_and_their_cpu_are_its_own(server: S3Server) -> None:
+    """What a GET costs the core that makes it is counted for the thread that made it:
+    the profile takes a stream's GETs out of its samples' CPU and adds them back as a
+    share, where the reading thread makes them, not where fetch threads do."""
+    import threading
+
+    from raytune_loader.stores.store import Store, thread_gets
+    from raytune_loader.stores.url import parse
+
+    store = Store(parse(f"s3://{BUCKET}/wds"))
+    requests, cpu_s = thread_gets()
+    store.get("wds/shard-0000.tar")
+    store.get("wds/shard-0001.tar")
+    mine = thread_gets()
+    assert mine[0] - requests == 2 and mine[1] > cpu_s
+    other: list[tuple[int, float]] = []
+    worker = threading.Thread(
+        target=lambda: (store.get("wds/shard-0002.tar"), other.append(thread_gets()))
+    )
+    worker.start()
+    worker.join()
+    assert other[0][0] == 1 and thread_gets() == mine  # the other thread's, not this one's
+
+
 def test_the_latency_probe_of_large_objects_stops_at_its_budget(
     server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -47,7 +47,14 @@ from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
 from raytune_loader.sources import datasets
 from raytune_loader.sources.remote_folder import keys_of
-from raytune_loader.stores.store import Counts, count_requests, latency, store_of, top_rate
+from raytune_loader.stores.store import (
+    Counts,
+    count_requests,
+    latency,
+    store_of,
+    thread_gets,
+    top_rate,
+)
 from raytune_loader.wrapped import wrapped
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths
@@ -119,9 +126,10 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     trainer: Trainer | None = None
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
-    # the untimed samples (collated, finished, handed over) of a stream without its
-    # shuffle buffer: filling it read every shard again for each (on a bucket's 5 MB
-    # shards, 40 of a 216 s profile); what a sample costs does not depend on it
+    # a stream read without its shuffle buffer, for its worker side and its untimed
+    # samples (collated, finished, handed over): filling it read every shard again for
+    # each (on a bucket's 5 MB shards, 40 of a 216 s profile, then 38 of 62 s for the
+    # worker side alone); what a sample costs does not depend on it
     unshuffled = replace(job, dataset=replace(job.dataset, shuffle_buffer=0))
     try:
         for config in structures:
@@ -133,8 +141,9 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             # data, and a stream's first sample waits for its buffer (87 of those 216 s)
             dataset = prepare(job, 0, config, check=False)[0] if any(asked) else None
             untimed = _untimed(dataset, unshuffled, config) if asked[0] or asked[2] else None
-            if dataset is not None and asked[0]:
-                per_core[key], request_s, per_sample = _worker_side(dataset)
+            samples = _samples(untimed, batch, config) if untimed is not None else []
+            if untimed is not None and asked[0]:
+                per_core[key], request_s, per_sample = _worker_side(untimed)
                 if request_s > fetch_s:
                     fetch_s, requests_per_sample = request_s, per_sample
                 store = store_of(dataset)
@@ -142,7 +151,6 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                     store_rate = top_rate(store, keys)
                     measured = latency(store, keys, served=True)
                     store_latency = measured.as_dict() if measured else {}
-                samples = _samples(untimed, batch, config)
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
                 if trainer is None:
                     trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
@@ -152,7 +160,6 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                 if warm is not None:
                     cached_per_core[key] = warm
             if dataset is not None and asked[2]:
-                samples = _samples(untimed, batch, config)
                 receive_s[kind], hand_over_s[kind] = _receive_cost(samples, config)
             elif kind not in receive_s and engine_of(config).remote and beside_an_actor:
                 receive_s[kind] = receive_seconds(RayDataEngine(receiver(config)).pipeline)
@@ -178,35 +185,48 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
 def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     """One core's samples/s on the worker side, the mean seconds of an object store's
     request (0 for local data), and the requests a sample takes (a GET an object; a
-    stream's shards over their samples, :func:`_shard_requests`), over the samples read
-    after the warm-up (which fills a stream's shuffle buffer). From a store the rate is
-    the reading threads' CPU time alone: their requests' signing and parsing included
-    where they make them (an object's; a shard's fetched one at a time, a webdataset's
-    at one ahead), not where fetch threads do (shards read ahead; a Parquet file's
-    always). The cost model adds the wait back as the candidate's requests in flight
-    allow. (Wall time less the requests' time is a difference of two near-equal
-    figures: 30 ms away a sample's 2 ms of decoding drowns in its 32 ms.) A stream is
-    read in order, one sample at a time; single objects by :data:`READERS` threads
-    (:func:`_objects_side`)."""
+    stream's shards over their samples, :func:`_shard_requests`). From a store the rate
+    is CPU time alone: the samples' own work, plus what a request costs the thread that
+    makes it where the reading thread makes them (an object's; a shard's fetched one at
+    a time), not where fetch threads do (shards read ahead; a Parquet file's always).
+    The cost model adds the wait back as the candidate's requests in flight allow.
+    (Wall time less the requests' time is a difference of two near-equal figures: 30 ms
+    away a sample's 2 ms of decoding drowns in its 32 ms.) A stream is read in order,
+    one sample at a time (:func:`_stream_side`); single objects by :data:`READERS`
+    threads (:func:`_objects_side`)."""
     counts = count_requests(dataset)
     if counts is not None and not isinstance(dataset, IterableDataset):
         return _objects_side(dataset, counts)
-    before: list[tuple[dict[str, int], float]] = []
-    read, seconds = worker_side_read(
-        dataset,
-        SAMPLES,
-        timing=(lambda: before.append((counts.totals(), time.thread_time()))) if counts else None,
+    if counts is None:
+        read, seconds = worker_side_read(dataset, SAMPLES)
+        return read / seconds, 0.0, 1.0
+    return _stream_side(dataset, counts)
+
+
+def _stream_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, float]:
+    """:func:`_worker_side` of a stream from a store, given without its shuffle buffer
+    (filling it read every shard for each structure: 38 s of a 62 s profile on a
+    bucket's 5 MB shards). Its requests are timed from the first, made in the warm-up
+    or in the timed samples; the timed samples' CPU is their own work (the GETs this
+    thread made among them taken out) plus a GET's CPU for each sample's share of a GET,
+    so the figure does not depend on whether a shard's GET fell among the 32 timed
+    samples (it did, or not, as they started in a shard)."""
+    timed: list[tuple[float, tuple[int, float]]] = []
+    before, gets_before = counts.totals(), thread_gets()
+    read, _ = worker_side_read(
+        dataset, SAMPLES, timing=lambda: timed.append((time.thread_time(), thread_gets()))
     )
-    cpu_s = time.thread_time()
-    if counts is None or not before:
-        return read / seconds, 0.0, 1.0
-    (totals, cpu_started), after = before[0], counts.totals()
-    requests = after["requests"] - totals["requests"]
-    if not requests:
-        return read / seconds, 0.0, 1.0
-    busy_s = (after["busy_us"] - totals["busy_us"]) / 1e6  # of the samples read, not asked
-    per_sample = _shard_requests(dataset) or min(1.0, requests / read)
-    return read / max(cpu_s - cpu_started, 1e-6), busy_s / requests, per_sample
+    cpu_s, gets, after = time.thread_time(), thread_gets(), counts.totals()
+    requests = after["requests"] - before["requests"]
+    ((cpu_started, (_, get_cpu_started)),) = timed
+    own = gets[0] - gets_before[0]
+    get_cpu_s = (gets[1] - gets_before[1]) / own if own else 0.0
+    work_s = cpu_s - cpu_started - (gets[1] - get_cpu_started)
+    per_sample = _shard_requests(dataset) or min(1.0, requests / (read + WARM_SAMPLES))
+    if not requests:  # nothing asked of the store (every sample cached): its pace alone
+        return read / max(work_s, 1e-6), 0.0, per_sample
+    request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests
+    return 1 / max(work_s / read + get_cpu_s * per_sample, 1e-9), request_s, per_sample
 
 
 def _shard_requests(dataset: Dataset[Any]) -> float | None:

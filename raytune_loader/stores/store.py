@@ -144,6 +144,18 @@ class Counts:
 
 
 _LOCKS: dict[int, threading.Lock] = {}
+_THREAD = threading.local()  # this thread's answered GETs and their CPU (thread_gets)
+
+
+def thread_gets() -> tuple[int, float]:
+    """The GETs the calling thread has had answered, and the CPU-seconds they took it
+    (signing, sending, reading the body): what a request costs the core that makes it,
+    apart from what the thread did with the bytes."""
+    return getattr(_THREAD, "requests", 0), getattr(_THREAD, "cpu_s", 0.0)
+
+
+def _thread_got(cpu_s: float) -> None:
+    _THREAD.requests, _THREAD.cpu_s = thread_gets()[0] + 1, thread_gets()[1] + cpu_s
 
 
 def _process_lock(pid: int) -> threading.Lock:
@@ -224,10 +236,11 @@ class Store:
         or dropped the connection (each retry counted); a CorruptSampleError naming it
         where it is gone, a DatasetError for what no retry mends (access denied)."""
         for attempt in range(ATTEMPTS):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             status, data, cause = self._transport().get(self.url.bucket, key)
             if status == 200:
                 self._count(requests=1, busy_us=_us(time.perf_counter() - started))
+                _thread_got(time.thread_time() - cpu_started)
                 return data
             if cause is None or attempt == ATTEMPTS - 1:
                 raise self._failed(status, data, key)
