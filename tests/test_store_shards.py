@@ -239,6 +239,27 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     assert found.per_core and all(rate > 0 for rate in found.per_core.values())
 
 
+def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer(
+    server: S3Server,
+) -> None:
+    """Every trial, verification run and ceiling checks its first sample (its bytes, and
+    that it decodes): with a shuffle buffer of 1000 that read all four shards first (3-4 s
+    of a 7.5 s trial on a bucket's 5 MB shards); from the stream without it, one."""
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.measuring.measure import prepare
+
+    spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
+    job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
+                   samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
+    config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
+    prepare(job, 0, config, check=False)  # the shards counted, as the driver had
+    gets = server.proxy.gets
+    stream, nbytes = prepare(job, 0, config)
+    assert server.proxy.gets - gets == 1
+    assert nbytes == 3 * 224 * 224 * 4 + 8  # a float32 image and its int64 class
+    assert stream.shuffle_buffer == 1000  # the trial's own stream keeps its buffer
+
+
 def test_a_thread_s_gets_and_their_cpu_are_its_own(server: S3Server) -> None:
     """What a GET costs the core that makes it is counted for the thread that made it:
     the profile takes a stream's GETs out of its samples' CPU and adds them back as a

@@ -70,8 +70,8 @@ def prepare(
 ) -> tuple[Dataset[Any], int]:
     """What a measurement of ``config`` reads, with the worker-side stages of its
     pipeline variant: the trial's subset, or its stream over the trial's shards; and
-    the bytes of one of its samples, read to check it (0 without ``check``: a stream's
-    first sample waits for its shuffle buffer, a bucket's shards)."""
+    the bytes of one of its samples, read to check it (0 without ``check``; a stream's
+    from the stream without its shuffle buffer, :func:`~shards.unbuffered`)."""
     config = config or LoaderConfig(batch_size=1)
     datasets.adopt_listing(job.dataset, job.listing)  # the driver's: no listing again here
     config = engine_of(config).source_variant(job.dataset.source.accesses(job.dataset))
@@ -79,7 +79,7 @@ def prepare(
         stream = shards.stream_for_trial(job, config, slot)
         if not check:
             return stream, 0
-        first = _first_sample(stream)
+        first = _first_sample(shards.stream_for_trial(shards.unbuffered(job), config, slot))
         per_item = config.batch_size if config.batching == "workers" else 1
         return stream, sample_nbytes(first) // per_item
     full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)

@@ -41,7 +41,7 @@ from raytune_loader.measuring.measure import (
     worker_side_rate,
     worker_side_read,
 )
-from raytune_loader.measuring.shards import opened
+from raytune_loader.measuring.shards import opened, unbuffered
 from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
@@ -130,7 +130,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     # samples (collated, finished, handed over): filling it read every shard again for
     # each (on a bucket's 5 MB shards, 40 of a 216 s profile, then 38 of 62 s for the
     # worker side alone); what a sample costs does not depend on it
-    unshuffled = replace(job, dataset=replace(job.dataset, shuffle_buffer=0))
+    unshuffled = unbuffered(job)
     try:
         for config in structures:
             config = config.with_batch_size(batch)

@@ -221,6 +221,14 @@ def shuffle_buffer(spec: Any) -> int:
     return DEFAULT_SHUFFLE_BUFFER if spec.shuffle_buffer is None else int(spec.shuffle_buffer)
 
 
+def unbuffered(job: TrialJob) -> TrialJob:
+    """The job with its stream read without a shuffle buffer (nor shuffled shards), for
+    what does not depend on the order: a sample's bytes, whether it decodes, what it
+    costs. Filling the buffer reads shard after shard before the first sample (from a
+    bucket's 5 MB shards, 0.4 s each: 3-4 s of a 7.5 s trial, 38 s of a profile)."""
+    return replace(job, dataset=replace(job.dataset, shuffle_buffer=0))
+
+
 def stream_for_trial(job: TrialJob, config: LoaderConfig, slot: int = 0) -> IterableDataset[Any]:
     """The stream a measurement of ``config`` reads."""
     spec = job.dataset
