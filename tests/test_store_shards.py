@@ -217,10 +217,10 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
 ) -> None:
     """A stream with a shuffle buffer of 1000 over 96 samples: filling it read every
     shard again and again (a 5 MB shard's GET took 0.4 s, 38 s of a 62 s profile). The
-    profile reads the stream without it: shard 0 for the untimed samples, the first two
-    (40 samples) for the worker side, and still takes a shard's GET over its samples,
-    timed from the first byte. (The store's own probes, which cycle every key, are left
-    out of the count.)"""
+    profile reads the stream without it: the first two shards (40 samples) for each
+    structure's worker side, shard 0 once for all their untimed samples; and it still
+    takes a shard's GET over its samples, timed from the first byte. (The store's own
+    probes, which cycle every key, are left out of the count.)"""
     from raytune_loader.measuring import profile
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
 
@@ -230,11 +230,13 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
     job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
                    samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
-    config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
-    profile.prepare(job, 0, config, check=False)  # the shards counted, as the driver had
+    configs = [LoaderConfig.from_dict({"num_workers": 2, "access": "stream", "decode": d},
+                                      batch_size=8) for d in ("pil", "tensor")]  # fmt: skip
+    profile.prepare(job, 0, configs[0], check=False)  # the shards counted, as the driver had
     gets = server.proxy.gets
-    found = profile.profile(job, [config], 2)
-    assert server.proxy.gets - gets <= 3  # shard 0 twice, shard 1 once
+    found = profile.profile(job, configs, 2)
+    # each structure's worker side: shards 0 and 1; their untimed samples: shard 0, once
+    assert server.proxy.gets - gets == 2 + 2 + 1
     assert found.fetch_s >= 0.03 and found.requests_per_sample == pytest.approx(4 / 96)
     assert found.per_core and all(rate > 0 for rate in found.per_core.values())
 

@@ -45,7 +45,7 @@ from raytune_loader.measuring.shards import opened, unbuffered
 from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
-from raytune_loader.sources import datasets
+from raytune_loader.sources import datasets, store_shards
 from raytune_loader.sources.remote_folder import keys_of
 from raytune_loader.stores.store import (
     Counts,
@@ -131,6 +131,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     # each (on a bucket's 5 MB shards, 40 of a 216 s profile, then 38 of 62 s for the
     # worker side alone); what a sample costs does not depend on it
     unshuffled = unbuffered(job)
+    kept: dict[str, bytes] = {}
     try:
         for config in structures:
             config = config.with_batch_size(batch)
@@ -141,7 +142,8 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             # data, and a stream's first sample waits for its buffer (87 of those 216 s)
             dataset = prepare(job, 0, config, check=False)[0] if any(asked) else None
             untimed = _untimed(dataset, unshuffled, config) if asked[0] or asked[2] else None
-            samples = _samples(untimed, batch, config) if untimed is not None else []
+            with store_shards.kept(kept):  # untimed: a shard's GET once, not a structure's
+                samples = _samples(untimed, batch, config) if untimed is not None else []
             if untimed is not None and asked[0]:
                 per_core[key], request_s, per_sample = _worker_side(untimed)
                 if request_s > fetch_s:
