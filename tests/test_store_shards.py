@@ -191,11 +191,11 @@ def test_the_profile_s_untimed_samples_of_a_stream_skip_its_shuffle_buffer(
 ) -> None:
     """Filling a stream's shuffle buffer reads every shard (and again, the stream
     repeating): the profile's untimed samples (collated, finished, handed over) come from
-    the stream without it, a shard's GET, where a 5 MB shard's took 0.4 s each time."""
-    from dataclasses import replace
-
+    the stream without it, a shard's GET, where a 5 MB shard's took 0.4 s each time. The
+    stream without it is a copy: the trial's own keeps its buffer."""
     from raytune_loader.measuring import profile
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.measuring.shards import unbuffered
 
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
     job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
@@ -203,10 +203,10 @@ def test_the_profile_s_untimed_samples_of_a_stream_skip_its_shuffle_buffer(
     config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
     buffered, checked = profile.prepare(job, 0, config, check=False)  # the shards counted
     assert checked == 0  # unchecked: no sample read
-    unshuffled = replace(job, dataset=replace(spec, shuffle_buffer=0))
     gets = server.proxy.gets
-    samples = profile._samples(profile._untimed(buffered, unshuffled, config), 8, config)
+    samples = profile._samples(unbuffered(buffered), 8, config)
     assert len(samples) == 8 and server.proxy.gets - gets == 1
+    assert buffered.shuffle_buffer == 1000 and buffered.shuffle
     gets = server.proxy.gets
     assert len(profile._samples(buffered, 8, config)) == 8
     assert server.proxy.gets - gets >= 4  # with the buffer: every shard first
@@ -260,6 +260,27 @@ def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer
     assert server.proxy.gets - gets == 1
     assert nbytes == 3 * 224 * 224 * 4 + 8  # a float32 image and its int64 class
     assert stream.shuffle_buffer == 1000  # the trial's own stream keeps its buffer
+
+
+def test_a_kept_shard_is_fetched_once_inside_the_block_and_again_outside(
+    server: S3Server,
+) -> None:
+    """What nothing times may read a kept shard again without its GET; what follows the
+    block (a measurement) fetches it, also after the block ended in an error."""
+    from raytune_loader.stores.store import Store
+    from raytune_loader.stores.url import parse
+
+    store, url = Store(parse(f"s3://{BUCKET}/wds")), f"s3://{BUCKET}/wds/shard-0000.tar"
+    kept: dict[str, bytes] = {}
+    gets = server.proxy.gets
+    with store_shards.kept(kept):
+        first = store_shards.fetched(store, url, "webdataset")
+        assert store_shards.fetched(store, url, "webdataset") == first
+    assert server.proxy.gets - gets == 1 and kept == {url: first}
+    with pytest.raises(KeyError), store_shards.kept(kept):
+        raise KeyError("inside")
+    assert store_shards.fetched(store, url, "webdataset") == first
+    assert server.proxy.gets - gets == 2  # outside: fetched
 
 
 def test_a_thread_s_gets_and_their_cpu_are_its_own(server: S3Server) -> None:

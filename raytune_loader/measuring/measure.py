@@ -79,7 +79,7 @@ def prepare(
         stream = shards.stream_for_trial(job, config, slot)
         if not check:
             return stream, 0
-        first = _first_sample(shards.stream_for_trial(shards.unbuffered(job), config, slot))
+        first = _first_sample(shards.unbuffered(stream))
         per_item = config.batch_size if config.batching == "workers" else 1
         return stream, sample_nbytes(first) // per_item
     full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)

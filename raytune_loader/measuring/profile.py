@@ -126,11 +126,6 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     trainer: Trainer | None = None
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
-    # a stream read without its shuffle buffer, for its worker side and its untimed
-    # samples (collated, finished, handed over): filling it read every shard again for
-    # each (on a bucket's 5 MB shards, 40 of a 216 s profile, then 38 of 62 s for the
-    # worker side alone); what a sample costs does not depend on it
-    unshuffled = unbuffered(job)
     kept: dict[str, bytes] = {}
     try:
         for config in structures:
@@ -141,10 +136,12 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             # read where something is measured of it, unchecked: the search checked the
             # data, and a stream's first sample waits for its buffer (87 of those 216 s)
             dataset = prepare(job, 0, config, check=False)[0] if any(asked) else None
-            untimed = _untimed(dataset, unshuffled, config) if asked[0] or asked[2] else None
-            with store_shards.kept(kept):  # untimed: a shard's GET once, not a structure's
-                samples = _samples(untimed, batch, config) if untimed is not None else []
-            if untimed is not None and asked[0]:
+            # a stream without its shuffle buffer, for its worker side and its untimed
+            # samples (collated, finished, handed over): filling it read every shard for
+            # each (on a bucket's 5 MB shards, 40 of a 216 s profile, then 38 of 62 s for
+            # the worker side alone); what a sample costs does not depend on it
+            untimed = unbuffered(dataset) if asked[0] or asked[2] else None
+            if untimed is not None and asked[0]:  # first: each on a connection of its own
                 per_core[key], request_s, per_sample = _worker_side(untimed)
                 if request_s > fetch_s:
                     fetch_s, requests_per_sample = request_s, per_sample
@@ -153,6 +150,9 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                     store_rate = top_rate(store, keys)
                     measured = latency(store, keys, served=True)
                     store_latency = measured.as_dict() if measured else {}
+            with store_shards.kept(kept):  # untimed: a shard's GET once, not a structure's
+                samples = _samples(untimed, batch, config) if untimed is not None else []
+            if untimed is not None and asked[0]:
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
                 if trainer is None:
                     trainer = job_trainer(job, datasets.num_classes(job.dataset, dataset))
@@ -221,12 +221,12 @@ def _stream_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, f
     cpu_s, gets, after = time.thread_time(), thread_gets(), counts.totals()
     requests = after["requests"] - before["requests"]
     ((cpu_started, (_, get_cpu_started)),) = timed
-    own = gets[0] - gets_before[0]
-    get_cpu_s = (gets[1] - gets_before[1]) / own if own else 0.0
     work_s = cpu_s - cpu_started - (gets[1] - get_cpu_started)
-    per_sample = _shard_requests(dataset) or min(1.0, requests / (read + WARM_SAMPLES))
+    per_sample = _shard_requests(dataset) or 1.0  # (a stream of single objects: one each)
     if not requests:  # nothing asked of the store (every sample cached): its pace alone
         return read / max(work_s, 1e-6), 0.0, per_sample
+    # this thread's CPU a GET, over every GET (those fetch threads made cost it none)
+    get_cpu_s = (gets[1] - gets_before[1]) / requests
     request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests
     return 1 / max(work_s / read + get_cpu_s * per_sample, 1e-9), request_s, per_sample
 
@@ -312,15 +312,6 @@ def receiver(config: LoaderConfig) -> LoaderConfig:
 
 def _collate(config: LoaderConfig) -> Any:
     return collate_encoded if config.decode == "device" else default_collate
-
-
-def _untimed(
-    dataset: Dataset[Any] | None, unshuffled: TrialJob, config: LoaderConfig
-) -> Dataset[Any] | None:
-    """Where the untimed samples come from: a stream's without its shuffle buffer."""
-    if dataset is None or not isinstance(dataset, IterableDataset):
-        return dataset
-    return prepare(unshuffled, 0, config, check=False)[0]
 
 
 def _samples(dataset: Dataset[Any], count: int, config: LoaderConfig) -> list[Any]:

@@ -16,6 +16,7 @@ to one worker.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import random
@@ -30,7 +31,7 @@ from torch.utils.data import (
 )
 
 from raytune_loader.errors import DatasetError
-from raytune_loader.loaders.shard_stream import StreamVariant
+from raytune_loader.loaders.shard_stream import ShardStream, StreamVariant
 
 if TYPE_CHECKING:
     from raytune_loader.candidates.config import LoaderConfig
@@ -221,12 +222,18 @@ def shuffle_buffer(spec: Any) -> int:
     return DEFAULT_SHUFFLE_BUFFER if spec.shuffle_buffer is None else int(spec.shuffle_buffer)
 
 
-def unbuffered(job: TrialJob) -> TrialJob:
-    """The job with its stream read without a shuffle buffer (nor shuffled shards), for
-    what does not depend on the order: a sample's bytes, whether it decodes, what it
-    costs. Filling the buffer reads shard after shard before the first sample (from a
-    bucket's 5 MB shards, 0.4 s each: 3-4 s of a 7.5 s trial, 38 s of a profile)."""
-    return replace(job, dataset=replace(job.dataset, shuffle_buffer=0))
+def unbuffered(stream: Any) -> Any:
+    """``stream`` read without its shuffle buffer (nor shuffled shards), for what does
+    not depend on the order: a sample's bytes, whether it decodes, what it costs.
+    Filling the buffer reads shard after shard before the first sample (from a bucket's
+    5 MB shards, 0.4 s each: 3-4 s of a 7.5 s trial, 38 s of a profile). A copy of a
+    stream of shards, which shares its shards, counts and epoch; any other stream (a
+    user's, whose buffer is its own) as it is."""
+    if not isinstance(stream, ShardStream) or not stream.shuffle_buffer:
+        return stream
+    found = copy.copy(stream)
+    found.shuffle_buffer, found.shuffle = 0, False
+    return found
 
 
 def stream_for_trial(job: TrialJob, config: LoaderConfig, slot: int = 0) -> IterableDataset[Any]:

@@ -128,16 +128,17 @@ def fetched(store: Store, url: str, what: str) -> bytes:
     """The shard at ``url``, one GET (retried and counted by the store); a DatasetError
     naming it where it is not there. Inside :func:`kept`, a shard it keeps is not
     fetched again."""
-    if _KEPT is not None and url in _KEPT:
-        return _KEPT[url]
+    kept = _KEPT  # once: a fetch thread may outlive the block that set it
+    if kept is not None and url in kept:
+        return kept[url]
     try:
         blob = store.get(parse(url).prefix)
     except CorruptSampleError:  # listed, or named by the pattern, but not there
         raise DatasetError(
             f"{what}: shard {url} does not exist; check the pattern or the prefix"
         ) from None
-    if _KEPT is not None and sum(map(len, _KEPT.values())) + len(blob) <= KEPT_BYTES:
-        _KEPT[url] = blob
+    if kept is not None and sum(map(len, kept.values())) + len(blob) <= KEPT_BYTES:
+        kept[url] = blob
     return blob
 
 

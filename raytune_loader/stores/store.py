@@ -235,9 +235,10 @@ class Store:
         """The object ``key``, retried with backoff where the store throttled, timed out
         or dropped the connection (each retry counted); a CorruptSampleError naming it
         where it is gone, a DatasetError for what no retry mends (access denied)."""
+        transport = self._transport()  # its client made outside the request's clocks
         for attempt in range(ATTEMPTS):
             started, cpu_started = time.perf_counter(), time.thread_time()
-            status, data, cause = self._transport().get(self.url.bucket, key)
+            status, data, cause = transport.get(self.url.bucket, key)
             if status == 200:
                 self._count(requests=1, busy_us=_us(time.perf_counter() - started))
                 _thread_got(time.thread_time() - cpu_started)

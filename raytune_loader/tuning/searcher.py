@@ -104,8 +104,8 @@ class LoaderSearcher(Searcher):
             else optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
         )
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
-        # (the profile's prediction, measured samples/s, its bound); a searcher saved
-        # before the calibration kept the first two
+        # (the profile's prediction, measured samples/s, its bound's key, the Prediction);
+        # a searcher saved by an earlier release kept the first two or three
         self._pairs: list[tuple[Any, ...]] = []
         # by what the model reads of a configuration (see _current for older searchers)
         self._forecasts: dict[tuple[Any, ...], Prediction | None] = {}
