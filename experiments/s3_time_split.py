@@ -1,6 +1,7 @@
 """Where a search on S3 spends the time that the same search on local files does not.
 
     python experiments/s3_time_split.py [--ttfb 0.03] [--images 512] [--rounds 2]
+    python experiments/s3_time_split.py --shards 8 --windows default --rounds 1
 
 Runs s3_search.py's search (its flags, the default dataset's JPEG files as single
 objects in moto's S3 behind the tests' proxy, ``--ttfb`` to the first byte and
@@ -13,7 +14,9 @@ target (the search on a bucket at most 1.5x the local one's time): with s3_searc
 short windows (the fewest batches a steady window has), and with the windows the
 product's defaults measure, as a user's search runs them. Each pair runs ``--rounds``
 times, rotated (the bucket first, then local first), and the ratio is the rounds'
-median.
+median. With ``--shards N`` the images are N webdataset shards instead, searched in
+the bucket and on local disk (results/benchmarks/s3_time_split_shards.json);
+``--windows`` runs one kind of windows alone.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from s3_search import BUCKET, SEARCH, _server, _upload
+from s3_search import BUCKET, SEARCH, _server, _upload, _upload_shards
 
 from _common import save
 from raytune_loader.sources import synthetic
+from to_shards import images_of, write_webdataset
 
 # a phase starts at the first progress line that matches its pattern
 PHASES = (
@@ -52,39 +56,54 @@ def main() -> None:
     parser.add_argument("--ttfb", type=float, default=0.03)
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=0, help="webdataset shards (0: objects)")
+    parser.add_argument("--windows", choices=("short", "default"), default=None)
     args = parser.parse_args()
     server = _server((args.ttfb,))
     with tempfile.TemporaryDirectory() as tmp, server as (moto, proxy):
         root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
-        _upload(root / "train", moto)
+        _upload(root / "train", moto)  # the bucket, made there
+        if args.shards:
+            files, labels, _ = images_of(root / "train")
+            shards = write_webdataset(files, labels, Path(tmp) / "shards", args.shards)
+            _upload_shards(shards, moto)
+            names = f"shard-{{0000..{args.shards - 1:04d}}}.tar"
+            local = str(Path(tmp) / "shards" / names)
+            roots = {"s3": f"s3://{BUCKET}/shards/{names}", "local": local}
+        else:
+            roots = {"s3": f"s3://{BUCKET}/imagenet", "local": str(root)}
         env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": proxy}  # fmt: skip
         windows = {}
-        for window, flags in _windows().items():
+        for window, flags in _windows(args.shards).items():
+            if args.windows not in (None, window):
+                continue
             rounds = []
             for round_ in range(args.rounds):  # rotated: the bucket first, then local first
                 found = {}
                 for where in ("s3", "local") if round_ % 2 == 0 else ("local", "s3"):
                     out = Path(tmp) / f"{where}-{window}-{round_}"
-                    found[where] = _one(where, flags, root, out, env, server)
+                    found[where] = _one(where, flags, roots[where], out, env, server)
                 total = round(found["s3"]["wall_time_s"] / found["local"]["wall_time_s"], 3)
                 rounds.append({"searches": found, "s3_over_local": _ratios(found),
                                "time_vs_local": total})  # fmt: skip
             median = round(statistics.median(r["time_vs_local"] for r in rounds), 3)
             windows[window] = {"flags": flags, "rounds": rounds, "time_vs_local": median}
-    save("s3_time_split", {"ttfb_s": args.ttfb, "images": args.images, "rounds": args.rounds,
-                           "windows": windows})  # fmt: skip
+    name = "s3_time_split_shards" if args.shards else "s3_time_split"
+    save(name, {"ttfb_s": args.ttfb, "images": args.images, "shards": args.shards,
+                "rounds": args.rounds, "windows": windows})  # fmt: skip
 
 
 def _one(
-    where: str, flags: list[str], root: Path, out: Path, env: dict[str, str], server: Any
+    where: str, flags: list[str], root: str, out: Path, env: dict[str, str], server: Any
 ) -> dict[str, Any]:
-    """One search on the bucket (with the test server's CPU in it: on two cores it is
-    the search's to share, where a real store costs the node none) or on local files."""
+    """One search of ``root``, on the bucket (with the test server's CPU in it: on two
+    cores it is the search's to share, where a real store costs the node none) or on
+    local files."""
     if where == "local":
-        return _timed([*flags, "--data-root", str(root)], out, env)
+        return _timed([*flags, "--data-root", root], out, env)
     served = server.cpu_s()
-    found = _timed([*flags, "--data-root", f"s3://{BUCKET}/imagenet"], out, env)
+    found = _timed([*flags, "--data-root", root], out, env)
     found["server_cpu_s"] = round(server.cpu_s() - served, 1)
     return found
 
@@ -98,12 +117,12 @@ def _ratios(found: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _windows() -> dict[str, list[str]]:
+def _windows(shards: int = 0) -> dict[str, list[str]]:
     """The searches' flags: s3_search.py's short windows (12 steps after 2 of warm-up,
     256 samples a trial: too few for the halves to be compared), and the windows the
     product's defaults measure (48 steps after 5 of warm-up), as a user's search runs
     them."""
-    common = ["--num-samples", "8", "--dataset", "imagenet"]
+    common = ["--num-samples", "8", "--dataset", "webdataset" if shards else "imagenet"]
     window = {"--steps", "--warmup-steps", "--report-every", "--samples-per-trial"}
     pairs = list(zip(SEARCH[::2], SEARCH[1::2], strict=True))
     product = [x for flag, value in pairs if flag not in window for x in (flag, value)]
