@@ -283,6 +283,28 @@ def test_a_kept_shard_is_fetched_once_inside_the_block_and_again_outside(
     assert server.proxy.gets - gets == 2  # outside: fetched
 
 
+def test_the_driver_counts_a_bucket_s_shards_at_once_after_the_first(server: S3Server) -> None:
+    """Counting a shard from a store is its whole GET: after the first (24 samples), the
+    two more that a trial's 72 samples take are fetched together, and no more."""
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.measuring.shards import prepare_stream
+
+    class Quiet:
+        def stage(self, text: str) -> None: ...
+        def count(self, what: str, done: int, total: int) -> None: ...
+        def warn(self, text: str) -> None: ...
+
+    server.proxy.ttfb_s = 0.05
+    job = TrialJob(dataset=_spec(), model="small-cnn", segment=SegmentSpec(1, 4, 2),
+                   samples_per_trial=72, node_cpus=2)  # fmt: skip
+    store_shards.COUNTED.clear()
+    gets = server.proxy.gets
+    server.proxy.peak_in_flight = 0
+    prepared = prepare_stream(job, 8, Quiet())  # type: ignore[arg-type]
+    assert prepared.stream_shards == 3 and server.proxy.gets - gets == 3
+    assert server.proxy.peak_in_flight == 2
+
+
 def test_a_thread_s_gets_and_their_cpu_are_its_own(server: S3Server) -> None:
     """What a GET costs the core that makes it is counted for the thread that made it:
     the profile takes a stream's GETs out of its samples' CPU and adds them back as a

@@ -32,6 +32,8 @@ from torch.utils.data import (
 
 from raytune_loader.errors import DatasetError
 from raytune_loader.loaders.shard_stream import ShardStream, StreamVariant
+from raytune_loader.sources.store_shards import COUNT_THREADS, counted
+from raytune_loader.stores.url import is_remote
 
 if TYPE_CHECKING:
     from raytune_loader.candidates.config import LoaderConfig
@@ -61,17 +63,17 @@ def prepare_stream(job: TrialJob, largest_batch: int, progress: Progress) -> Tri
     order = _shard_order(shards, job.seed)
     wanted = min(len(shards), job.ranks * max(1, int(job.node_cpus)))
     read = 0
-    infos = []
+    infos: list[Any] = []
     what = "Counting" if job.cold else "Pre-warming and counting"
     progress.stage(f"{what} the shards the trials read ({len(shards)} in all)")
-    for path in order:
-        info = spec.source.read_shard(spec, path)
-        infos.append(info)
-        read += info.samples
-        # how many it takes is known once they hold a trial's samples: up to them all
-        progress.count("reading shards", len(infos), len(shards))
-        if read >= job.samples_per_trial and len(infos) >= wanted:
-            break
+    remote = is_remote(str(spec.data_root))
+    while len(infos) < len(order) and (read < job.samples_per_trial or len(infos) < wanted):
+        wave = order[len(infos) : len(infos) + _wave(infos, read, job, wanted, remote)]
+        for info in counted(lambda path: spec.source.read_shard(spec, path), wave, remote):
+            infos.append(info)
+            read += info.samples
+            # how many it takes is known once they hold a trial's samples: up to them all
+            progress.count("reading shards", len(infos), len(shards))
     if len(infos) < len(shards):
         progress.count("reading shards", len(infos), len(infos))  # done: these are all
     if read < largest_batch * job.ranks:
@@ -90,6 +92,17 @@ def prepare_stream(job: TrialJob, largest_batch: int, progress: Progress) -> Tri
     listed = spec.source.listed(spec) or job.listing  # a store's shards: handed on, not redone
     return replace(job, stream_shards=len(infos), stream_workers=workers, stream_note=note,
                    listing=listed)  # fmt: skip
+
+
+def _wave(infos: list[Any], read: int, job: TrialJob, wanted: int, remote: bool) -> int:
+    """How many shards to read next: one at a time from disk; from a store, after the
+    first, as many as the samples still wanted take at the shards' mean, at once (a
+    whole shard's GET each: 0.4 s a 5 MB shard, one after another 3.4 s of eight)."""
+    if not remote or not infos:
+        return 1
+    per_shard = max(1, read // len(infos))
+    more = max(wanted - len(infos), -(-(job.samples_per_trial - read) // per_shard), 1)
+    return min(COUNT_THREADS, more)
 
 
 def _prepare_own_stream(job: TrialJob, progress: Progress) -> TrialJob:
