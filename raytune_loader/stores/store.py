@@ -155,7 +155,8 @@ def thread_gets() -> tuple[int, float]:
 
 
 def _thread_got(cpu_s: float) -> None:
-    _THREAD.requests, _THREAD.cpu_s = thread_gets()[0] + 1, thread_gets()[1] + cpu_s
+    requests, spent = thread_gets()
+    _THREAD.requests, _THREAD.cpu_s = requests + 1, spent + cpu_s
 
 
 def _process_lock(pid: int) -> threading.Lock:
