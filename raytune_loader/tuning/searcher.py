@@ -142,7 +142,7 @@ class LoaderSearcher(Searcher):
         found = self._forecast(config)
         if found is None:
             return None
-        return found.calibrated(lambda key: calibration(self._pairs, key))[0]
+        return found.calibrated(functools.partial(calibration, self._pairs))[0]
 
     def _kept_up(self, config: LoaderConfig) -> bool:
         """Its requests in flight keep up with its pace with the model's margin to spare:
