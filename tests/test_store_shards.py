@@ -224,7 +224,7 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     from raytune_loader.measuring import profile
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
 
-    monkeypatch.setattr(profile, "top_rate", lambda store, keys: 100.0)
+    monkeypatch.setattr(profile, "top_rate", lambda store, keys, per_thread: 100.0)
     monkeypatch.setattr(profile, "latency", lambda store, keys, served: None)
     server.proxy.ttfb_s = 0.03
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
@@ -346,6 +346,42 @@ def test_the_latency_probe_of_large_objects_stops_at_its_budget(
     assert found.ttfb_p50_s >= 0.05
     monkeypatch.setattr(stores, "LATENCY_BUDGET_S", 60.0)
     assert stores.latency(bucket, keys, requests=12).requests == 12  # type: ignore[union-attr]
+
+
+def test_the_ramp_s_threads_make_fewer_gets_where_a_request_takes_long(
+    server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The top rate's ramp makes 4 GETs a thread, one after another; where the latency
+    probe found a request that holds a thread past a second (a bucket's 5 MB shards,
+    0.43 s: the ramp took 8 s of a profile), fewer, at least one. The profile probes the
+    latency first and sizes the ramp from it."""
+    from raytune_loader.measuring import profile
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.stores import store as stores
+    from raytune_loader.stores.url import parse
+
+    def probe(request_s: float) -> stores.Latency:
+        return stores.Latency(0.03, 0.03, None, 8, None, request_s)
+
+    assert [stores.ramp_per_thread(m) for m in (None, probe(0.03), probe(0.43), probe(3.0))] == [
+        4, 4, 2, 1,
+    ]  # fmt: skip
+    bucket = stores.Store(parse(f"s3://{BUCKET}/wds"))
+    keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
+    gets = server.proxy.gets
+    assert stores.top_rate(bucket, keys, per_thread=1) > 0
+    assert server.proxy.gets - gets in (4, 4 + 16, 4 + 16 + 64)  # a GET a thread, a step
+    ramped: list[int] = []
+    monkeypatch.setattr(profile, "latency", lambda store, keys, served: probe(0.6))
+    monkeypatch.setattr(
+        profile, "top_rate", lambda s, k, per_thread: ramped.append(per_thread) or 1.0
+    )
+    spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
+    job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
+                   samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
+    config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
+    profile.prepare(job, 0, config, check=False)
+    assert profile.profile(job, [config], 2).store_rate == 1.0 and ramped == [2]
 
 
 def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Server) -> None:

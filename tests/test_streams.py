@@ -75,6 +75,30 @@ def test_a_stream_trial_trains_and_times_its_first_batch(
     assert outcome.metrics.samples == 4 * 8 and outcome.metrics.first_batch_s > 0
 
 
+def test_the_input_alone_times_one_core_on_the_stream_without_its_buffer(
+    tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The input pipeline alone ends with one core's worker side: read through the
+    stream's shuffle buffer, that filled it first (a single reader fetching every shard
+    of a bucket's, seconds of the phase); what a sample costs does not depend on it.
+    The windows before it read the stream as the trial does, buffer and all."""
+    from raytune_loader.measuring import measure
+
+    timed: list[int] = []
+    real = measure.worker_side_rate
+
+    def spied(dataset: object, *args: object) -> float:
+        timed.append(getattr(dataset, "shuffle_buffer", -1))
+        return real(dataset, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(measure, "worker_side_rate", spied)
+    job = prepare_data(_job("webdataset", str(tiny_shards)), 8)
+    config = LoaderConfig(8, 0, access="stream")
+    found = measure.measure_input(job, config, windows=1)
+    assert timed == [0] and found.per_core > 0 and found.samples_per_s > 0
+    assert measure.prepare(job, 0, config)[0].shuffle_buffer > 0  # the windows' stream
+
+
 def test_threads_and_processes_each_read_their_own_shards_of_a_stream(tiny_shards: Path) -> None:
     from raytune_loader.loaders.loader import build_dataloader
     from raytune_loader.loaders.shard_stream import StreamVariant

@@ -358,7 +358,8 @@ def measure_input(
     """``config``'s loader over the trial's subset with the variant's device-side
     stages and no model, the best of ``windows`` windows of as many batches as a trial
     measures (a bound, like the ceiling: whatever runs beside it only slows it); then
-    the worker-side stages of a few samples on one core. A cache candidate's reads its
+    the worker-side stages of a few samples on one core (a stream's without its shuffle
+    buffer, whose fill from a bucket took a single reader seconds). A cache candidate's reads its
     warm cache, as its trials do (:func:`cold_pass`)."""
     subset, _ = prepare(job, slot, config)
     with cold_pass(job, config, subset):
@@ -391,7 +392,7 @@ def _input_rate(
             trainer.sync()
             read[-1] = replace(read[-1], ended=time.monotonic())
             rates.append(steady.rate(read, start, makers).samples_per_s)
-    return InputRate(max(rates), worker_side_rate(subset))
+    return InputRate(max(rates), worker_side_rate(shards.unbuffered(subset)))
 
 
 WARM_SAMPLES = 8  # read before a worker side is timed, to warm its code paths

@@ -51,6 +51,7 @@ from raytune_loader.stores.store import (
     Counts,
     count_requests,
     latency,
+    ramp_per_thread,
     store_of,
     thread_gets,
     top_rate,
@@ -147,9 +148,10 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                     fetch_s, requests_per_sample = request_s, per_sample
                 store = store_of(dataset)
                 if store is not None and not store_rate and (keys := keys_of(dataset)):
-                    store_rate = top_rate(store, keys)
+                    # one request at a time first: what a request takes sizes the ramp's
                     measured = latency(store, keys, served=True)
                     store_latency = measured.as_dict() if measured else {}
+                    store_rate = top_rate(store, keys, ramp_per_thread(measured))
             with store_shards.kept(kept):  # untimed: a shard's GET once, not a structure's
                 samples = _samples(untimed, batch, config) if untimed is not None else []
             if untimed is not None and asked[0]:

@@ -445,12 +445,27 @@ def count_requests(dataset: Any) -> Counts | None:
 
 RAMP = (4, 16, 64)  # requests in flight the top rate is tried at
 RAMP_GAIN = 1.10  # a step that gains less than this has found the top
+RAMP_PER_THREAD = 4  # GETs each thread of a step makes, one after another...
+# ... fewer (at least one) where that many would take a thread longer than this: a
+# bucket's 5 MB shards take 0.43 s a GET, and 4 a thread made the ramp 8 s of a profile
+RAMP_THREAD_S = 1.0
 
 
-def top_rate(store: Store, keys: Sequence[str], per_thread: int = 4) -> float:
+def ramp_per_thread(measured: Latency | None) -> int:
+    """GETs each thread of :func:`top_rate`'s steps makes: :data:`RAMP_PER_THREAD`, fewer
+    where a request takes long enough (``measured``, the latency probe's) that they would
+    hold a thread past :data:`RAMP_THREAD_S`. A step's rate is its GETs over its wall
+    time, so fewer of them only shorten it."""
+    if measured is None or measured.request_s <= 0:
+        return RAMP_PER_THREAD
+    return max(1, min(RAMP_PER_THREAD, round(RAMP_THREAD_S / measured.request_s)))
+
+
+def top_rate(store: Store, keys: Sequence[str], per_thread: int = RAMP_PER_THREAD) -> float:
     """The most GETs a second the store answered this process, its requests in flight
     ramped through :data:`RAMP` until a step gains less than 10% (the store's limit, or
-    this node's path to it, as a trial would meet it)."""
+    this node's path to it, as a trial would meet it); each thread makes ``per_thread``
+    GETs (:func:`ramp_per_thread`)."""
     best = 0.0
     for threads in RAMP:
         chosen = [keys[i % len(keys)] for i in range(threads * per_thread)]
@@ -467,8 +482,8 @@ def top_rate(store: Store, keys: Sequence[str], per_thread: int = 4) -> float:
 
 LATENCY_REQUESTS = 48  # GETs the latency probe times, one at a time
 # ... within about this many seconds, and at least LATENCY_LEAST: a bucket's 5 MB shards
-# at 100 Mbit/s took 0.43 s each, 34 s for the 48 (on small objects the 48 take ~2 s)
-LATENCY_BUDGET_S = 5.0
+# at 100 Mbit/s took 0.43 s each, 34 s for the 48 (small objects at 30 ms take ~2 s)
+LATENCY_BUDGET_S = 2.5
 LATENCY_LEAST = 8
 
 
@@ -484,6 +499,7 @@ class Latency:
     requests: int
     # a server on this node: its CPU-seconds a request (None: the store is elsewhere)
     server_cpu_s: float | None = None
+    request_s: float = 0.0  # a request's mean seconds, sent to its last byte
 
     def as_dict(self) -> dict[str, Any]:
         """Its figures, rounded for a JSON file."""
@@ -502,7 +518,7 @@ def latency(
     large objects take more than :data:`LATENCY_BUDGET_S`; None where none was answered.
     With ``served`` (the profile's), where the store's server runs on this node, its
     CPU-seconds a request too."""
-    firsts, bodies, bytes_read, sent = [], 0.0, 0, 0
+    firsts, bodies, totals, bytes_read, sent = [], 0.0, 0.0, 0, 0
     transport = store._transport()
     servers = server_on_this_node(transport.options.endpoint_url) if served else []
     clock = ServerClock(servers) if servers else None
@@ -517,7 +533,7 @@ def latency(
         if status != 200:
             continue
         firsts.append(first)
-        bodies, bytes_read = bodies + (total - first), bytes_read + size
+        bodies, totals, bytes_read = bodies + (total - first), totals + total, bytes_read + size
     server_s = clock.seconds() if clock is not None else None
     if not firsts:
         return None
@@ -526,7 +542,8 @@ def latency(
     # a body that came in one read takes no measurable time: no bandwidth to tell
     bandwidth = bytes_read * 8 / 1e6 / bodies if bodies > 1e-3 * len(firsts) else None
     per_request = server_s / sent if server_s is not None else None
-    return Latency(statistics.median(firsts), p99, bandwidth, len(firsts), per_request)
+    mean_s = totals / len(firsts)
+    return Latency(statistics.median(firsts), p99, bandwidth, len(firsts), per_request, mean_s)
 
 
 class StoreWatch:
