@@ -217,10 +217,11 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
 ) -> None:
     """A stream with a shuffle buffer of 1000 over 96 samples: filling it read every
     shard again and again (a 5 MB shard's GET took 0.4 s, 38 s of a 62 s profile). The
-    profile reads the stream without it: the first two shards (40 samples) for each
-    structure's worker side, shard 0 once for all their untimed samples; and it still
-    takes a shard's GET over its samples, timed from the first byte. (The store's own
-    probes, which cycle every key, are left out of the count.)"""
+    profile reads the stream without it: the first structure's worker side fetches
+    shards 0 and 1 and times their GETs; shard 0 is then kept for every structure's
+    untimed samples, and the other structures' worker sides read what is kept (shard 1
+    fetched once more, by the second) and take the first's GET figures. (The store's
+    own probes, which cycle every key, are left out of the count.)"""
     from raytune_loader.measuring import profile
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
 
@@ -230,15 +231,18 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
     job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
                    samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
-    configs = [LoaderConfig.from_dict({"num_workers": 2, "access": "stream", "decode": d},
-                                      batch_size=8) for d in ("pil", "tensor")]  # fmt: skip
+    structures = (("pil", "float32"), ("tensor", "float32"), ("pil", "uint8"))
+    configs = [LoaderConfig.from_dict({"num_workers": 2, "access": "stream", "decode": d,
+                                       "transfer": t}, batch_size=8)
+               for d, t in structures]  # fmt: skip
     profile.prepare(job, 0, configs[0], check=False)  # the shards counted, as the driver had
     gets = server.proxy.gets
     found = profile.profile(job, configs, 2)
-    # each structure's worker side: shards 0 and 1; their untimed samples: shard 0, once
-    assert server.proxy.gets - gets == 2 + 2 + 1
+    # the first worker side: shards 0 and 1; the untimed samples: shard 0, once; the
+    # second worker side: shard 1 again (shard 0 kept); the third: none
+    assert server.proxy.gets - gets == 2 + 1 + 1
     assert found.fetch_s >= 0.03 and found.requests_per_sample == pytest.approx(4 / 96)
-    assert found.per_core and all(rate > 0 for rate in found.per_core.values())
+    assert len(found.per_core) == 3 and all(rate > 0 for rate in found.per_core.values())
 
 
 def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer(

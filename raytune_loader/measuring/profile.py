@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -109,6 +110,18 @@ class Profile:
         return cls(**values)
 
 
+@dataclass
+class StreamGets:
+    """A stream's GET figures, from the first structure's worker side that made GETs:
+    the reading thread's CPU a GET and a GET's seconds, first byte to last. The other
+    structures' worker sides read the shards the profile kept (:func:`store_shards.kept`)
+    and take these: a shard's GET costs the same whatever decodes its samples (each
+    structure fetching its own again took 7 s of a 22 s profile on a bucket's shards)."""
+
+    cpu_s: float | None = None  # None: no worker side has made a GET yet
+    request_s: float = 0.0
+
+
 def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
     """Every cost the cost model needs, for the given structures (one configuration of
     each decoder x transfer x worker kind the space offers, with workers)."""
@@ -128,6 +141,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
     kept: dict[str, bytes] = {}
+    gets = StreamGets()
     try:
         for config in structures:
             config = config.with_batch_size(batch)
@@ -143,7 +157,9 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             # the worker side alone); what a sample costs does not depend on it
             untimed = unbuffered(dataset) if asked[0] or asked[2] else None
             if untimed is not None and asked[0]:  # first: each on a connection of its own
-                per_core[key], request_s, per_sample = _worker_side(untimed)
+                # after the first stream's, the shards kept, and its GET figures taken
+                with store_shards.kept(kept) if gets.cpu_s is not None else nullcontext():
+                    per_core[key], request_s, per_sample = _worker_side(untimed, gets)
                 if request_s > fetch_s:
                     fetch_s, requests_per_sample = request_s, per_sample
                 store = store_of(dataset)
@@ -186,7 +202,9 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     )
 
 
-def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
+def _worker_side(
+    dataset: Dataset[Any], gets: StreamGets | None = None
+) -> tuple[float, float, float]:
     """One core's samples/s on the worker side, the mean seconds of an object store's
     request (0 for local data), and the requests a sample takes (a GET an object; a
     stream's shards over their samples, :func:`_shard_requests`). From a store the rate
@@ -196,40 +214,50 @@ def _worker_side(dataset: Dataset[Any]) -> tuple[float, float, float]:
     The cost model adds the wait back as the candidate's requests in flight allow.
     (Wall time less the requests' time is a difference of two near-equal figures: 30 ms
     away a sample's 2 ms of decoding drowns in its 32 ms.) A stream is read in order,
-    one sample at a time (:func:`_stream_side`); single objects by :data:`READERS`
-    threads (:func:`_objects_side`)."""
+    one sample at a time (:func:`_stream_side`, which takes its GET figures from
+    ``gets`` where it made no GET, and fills them where it made the first); single
+    objects by :data:`READERS` threads (:func:`_objects_side`)."""
     counts = count_requests(dataset)
     if counts is not None and not isinstance(dataset, IterableDataset):
         return _objects_side(dataset, counts)
     if counts is None:
         read, seconds = worker_side_read(dataset, SAMPLES)
         return read / seconds, 0.0, 1.0
-    return _stream_side(dataset, counts)
+    return _stream_side(dataset, counts, gets or StreamGets())
 
 
-def _stream_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, float]:
+def _stream_side(
+    dataset: Dataset[Any], counts: Counts, gets: StreamGets
+) -> tuple[float, float, float]:
     """:func:`_worker_side` of a stream from a store, given without its shuffle buffer
     (filling it read every shard for each structure: 38 s of a 62 s profile on a
     bucket's 5 MB shards). Its requests are timed from the first, made in the warm-up
     or in the timed samples; the timed samples' CPU is their own work (the GETs this
     thread made among them taken out) plus a GET's CPU for each sample's share of a GET,
     so the figure does not depend on whether a shard's GET fell among the 32 timed
-    samples (it did, or not, as they started in a shard)."""
+    samples (it did, or not, as they started in a shard). Where it made none (its
+    shards kept by the profile), a GET's figures are the first structure's (``gets``)."""
     timed: list[tuple[float, tuple[int, float]]] = []
     before, gets_before = counts.totals(), thread_gets()
     read, _ = worker_side_read(
         dataset, SAMPLES, timing=lambda: timed.append((time.thread_time(), thread_gets()))
     )
-    cpu_s, gets, after = time.thread_time(), thread_gets(), counts.totals()
+    cpu_s, got, after = time.thread_time(), thread_gets(), counts.totals()
     requests = after["requests"] - before["requests"]
     ((cpu_started, (_, get_cpu_started)),) = timed
-    work_s = cpu_s - cpu_started - (gets[1] - get_cpu_started)
-    per_sample = _shard_requests(dataset) or 1.0  # (a stream of single objects: one each)
-    if not requests:  # nothing asked of the store (every sample cached): its pace alone
+    work_s = cpu_s - cpu_started - (got[1] - get_cpu_started)
+    shards = _shard_requests(dataset)
+    per_sample = shards or 1.0  # (a stream of single objects: one each)
+    if requests:
+        # this thread's CPU a GET, over every GET (those fetch threads made cost it none)
+        get_cpu_s = (got[1] - gets_before[1]) / requests
+        request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests
+        if gets.cpu_s is None:
+            gets.cpu_s, gets.request_s = get_cpu_s, request_s
+    elif shards and gets.cpu_s is not None:  # every shard kept: the first structure's
+        get_cpu_s, request_s = gets.cpu_s, gets.request_s
+    else:  # nothing asked of the store (every sample cached): its pace alone
         return read / max(work_s, 1e-6), 0.0, per_sample
-    # this thread's CPU a GET, over every GET (those fetch threads made cost it none)
-    get_cpu_s = (gets[1] - gets_before[1]) / requests
-    request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests
     return 1 / max(work_s / read + get_cpu_s * per_sample, 1e-9), request_s, per_sample
 
 

@@ -150,9 +150,10 @@ _KEPT: dict[str, bytes] | None = None
 def kept(shards: dict[str, bytes]) -> Iterator[None]:
     """Inside, the shards fetched are kept in ``shards`` (by URL, up to
     :data:`KEPT_BYTES` in all) and one kept there is not fetched again, in any thread:
-    for reads that nothing times and that read the same shards again (the profile's
-    untimed samples: a structure's first batch, the same first shard for each, 0.5 s a
-    5 MB shard's GET, 12 times a profile). Never around a measurement."""
+    for reads that read the same shards again and time no GET (the profile's: a
+    structure's first batch, the same first shard for each, 0.5 s a 5 MB shard's GET,
+    12 times a profile; and the worker sides after the first, which take its GET
+    figures). Never around a measurement."""
     global _KEPT
     previous, _KEPT = _KEPT, shards
     try:
