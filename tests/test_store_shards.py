@@ -218,10 +218,10 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     """A stream with a shuffle buffer of 1000 over 96 samples: filling it read every
     shard again and again (a 5 MB shard's GET took 0.4 s, 38 s of a 62 s profile). The
     profile reads the stream without it: the first structure's worker side fetches
-    shards 0 and 1 and times their GETs; shard 0 is then kept for every structure's
-    untimed samples, and the other structures' worker sides read what is kept (shard 1
-    fetched once more, by the second) and take the first's GET figures. (The store's
-    own probes, which cycle every key, are left out of the count.)"""
+    shards 0 and 1 and times their GETs; the profile keeps them, and every structure's
+    untimed samples and the other structures' worker sides read them kept, taking the
+    first's GET figures. (The store's own probes, which cycle every key, are left out of
+    the count.)"""
     from raytune_loader.measuring import profile
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
 
@@ -238,11 +238,38 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     profile.prepare(job, 0, configs[0], check=False)  # the shards counted, as the driver had
     gets = server.proxy.gets
     found = profile.profile(job, configs, 2)
-    # the first worker side: shards 0 and 1; the untimed samples: shard 0, once; the
-    # second worker side: shard 1 again (shard 0 kept); the third: none
-    assert server.proxy.gets - gets == 2 + 1 + 1
+    # the first worker side: shards 0 and 1; nothing after it
+    assert server.proxy.gets - gets == 2
     assert found.fetch_s >= 0.03 and found.requests_per_sample == pytest.approx(4 / 96)
     assert len(found.per_core) == 3 and all(rate > 0 for rate in found.per_core.values())
+
+
+def test_a_worker_side_that_made_no_get_takes_the_first_one_s_get_figures(
+    server: S3Server,
+) -> None:
+    """Read again on the shards kept, a stream's worker side makes no GET and takes the
+    GET figures of the first, which timed them (its request's seconds, from the proxy's
+    first byte); outside the block, the same read fetches and times its own."""
+    from raytune_loader.measuring import profile
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.measuring.shards import unbuffered
+
+    server.proxy.ttfb_s = 0.05
+    job = TrialJob(dataset=DatasetSpec("webdataset", PATTERN), model="small-cnn",
+                   segment=SegmentSpec(1, 4, 2), samples_per_trial=48, node_cpus=2,
+                   stream_shards=4)  # fmt: skip
+    config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
+    stream = unbuffered(profile.prepare(job, 0, config, check=False)[0])
+    gets, kept = profile.StreamGets(), {}
+    with store_shards.kept(kept):
+        rate, request_s, per_sample = profile._stream_side(stream, count_requests(stream), gets)
+        assert gets.request_s == request_s >= 0.05 and gets.cpu_s is not None
+        fetched = server.proxy.gets
+        again = profile._stream_side(stream, count_requests(stream), gets)
+    assert server.proxy.gets == fetched and len(kept) == 2  # shards 0 and 1, kept
+    assert again[1:] == (request_s, per_sample) and again[0] > 0
+    other = profile._stream_side(stream, count_requests(stream), profile.StreamGets())
+    assert server.proxy.gets == fetched + 2 and other[1] >= 0.05  # its own, outside
 
 
 def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer(
@@ -356,9 +383,9 @@ def test_the_ramp_s_threads_make_fewer_gets_where_a_request_takes_long(
     server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The top rate's ramp makes 4 GETs a thread, one after another; where the latency
-    probe found a request that holds a thread past a second (a bucket's 5 MB shards,
-    0.43 s: the ramp took 8 s of a profile), fewer, at least one. The profile probes the
-    latency first and sizes the ramp from it."""
+    probe found requests that would hold a thread past a second (a bucket's 5 MB
+    shards, 0.43 s: the ramp took 8 s of a profile), as many as fit, at least 2. The
+    profile probes the latency first and sizes the ramp from it."""
     from raytune_loader.measuring import profile
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
     from raytune_loader.stores import store as stores
@@ -367,16 +394,15 @@ def test_the_ramp_s_threads_make_fewer_gets_where_a_request_takes_long(
     def probe(request_s: float) -> stores.Latency:
         return stores.Latency(0.03, 0.03, None, 8, None, request_s)
 
-    assert [stores.ramp_per_thread(m) for m in (None, probe(0.03), probe(0.43), probe(3.0))] == [
-        4, 4, 2, 1,
-    ]  # fmt: skip
+    found = [stores.ramp_per_thread(m) for m in (None, probe(0.03), probe(0.3), probe(0.43))]
+    assert found == [4, 4, 3, 2] and stores.ramp_per_thread(probe(3.0)) == 2  # at least 2
     bucket = stores.Store(parse(f"s3://{BUCKET}/wds"))
     keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
     gets = server.proxy.gets
     assert stores.top_rate(bucket, keys, per_thread=1) > 0
     assert server.proxy.gets - gets in (4, 4 + 16, 4 + 16 + 64)  # a GET a thread, a step
     ramped: list[int] = []
-    monkeypatch.setattr(profile, "latency", lambda store, keys, served: probe(0.6))
+    monkeypatch.setattr(profile, "latency", lambda store, keys, served: probe(0.3))
     monkeypatch.setattr(
         profile, "top_rate", lambda s, k, per_thread: ramped.append(per_thread) or 1.0
     )
@@ -385,7 +411,7 @@ def test_the_ramp_s_threads_make_fewer_gets_where_a_request_takes_long(
                    samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
     config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
     profile.prepare(job, 0, config, check=False)
-    assert profile.profile(job, [config], 2).store_rate == 1.0 and ramped == [2]
+    assert profile.profile(job, [config], 2).store_rate == 1.0 and ramped == [3]
 
 
 def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Server) -> None:

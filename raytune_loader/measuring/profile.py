@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -114,9 +113,10 @@ class Profile:
 class StreamGets:
     """A stream's GET figures, from the first structure's worker side that made GETs:
     the reading thread's CPU a GET and a GET's seconds, first byte to last. The other
-    structures' worker sides read the shards the profile kept (:func:`store_shards.kept`)
-    and take these: a shard's GET costs the same whatever decodes its samples (each
-    structure fetching its own again took 7 s of a 22 s profile on a bucket's shards)."""
+    structures' worker sides read the shards it fetched, which the profile kept
+    (:func:`store_shards.kept`), and take these where they made no GET of their own: a
+    shard's GET costs the same whatever decodes its samples (each structure fetching
+    its own again took 7 s of a 22 s profile on a bucket's shards)."""
 
     cpu_s: float | None = None  # None: no worker side has made a GET yet
     request_s: float = 0.0
@@ -156,9 +156,11 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             # each (on a bucket's 5 MB shards, 40 of a 216 s profile, then 38 of 62 s for
             # the worker side alone); what a sample costs does not depend on it
             untimed = unbuffered(dataset) if asked[0] or asked[2] else None
-            if untimed is not None and asked[0]:  # first: each on a connection of its own
-                # after the first stream's, the shards kept, and its GET figures taken
-                with store_shards.kept(kept) if gets.cpu_s is not None else nullcontext():
+            if untimed is not None and asked[0]:
+                # the shards the first stream's worker side fetched are kept (once
+                # fetched: the GETs it times are whole), and the others' read them and
+                # take its GET figures
+                with store_shards.kept(kept):
                     per_core[key], request_s, per_sample = _worker_side(untimed, gets)
                 if request_s > fetch_s:
                     fetch_s, requests_per_sample = request_s, per_sample

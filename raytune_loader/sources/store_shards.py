@@ -150,10 +150,10 @@ _KEPT: dict[str, bytes] | None = None
 def kept(shards: dict[str, bytes]) -> Iterator[None]:
     """Inside, the shards fetched are kept in ``shards`` (by URL, up to
     :data:`KEPT_BYTES` in all) and one kept there is not fetched again, in any thread:
-    for reads that read the same shards again and time no GET (the profile's: a
-    structure's first batch, the same first shard for each, 0.5 s a 5 MB shard's GET,
-    12 times a profile; and the worker sides after the first, which take its GET
-    figures). Never around a measurement."""
+    for the profile's reads of the same shards again (a structure's first batch, the
+    same first shard for each, 0.5 s a 5 MB shard's GET, 12 times a profile; and each
+    structure's worker side: the first times its GETs, which are whole before a shard
+    is kept, and the others take its figures). Never around a measurement."""
     global _KEPT
     previous, _KEPT = _KEPT, shards
     try:

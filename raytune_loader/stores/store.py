@@ -446,19 +446,21 @@ def count_requests(dataset: Any) -> Counts | None:
 RAMP = (4, 16, 64)  # requests in flight the top rate is tried at
 RAMP_GAIN = 1.10  # a step that gains less than this has found the top
 RAMP_PER_THREAD = 4  # GETs each thread of a step makes, one after another...
-# ... fewer (at least one) where that many would take a thread longer than this: a
-# bucket's 5 MB shards take 0.43 s a GET, and 4 a thread made the ramp 8 s of a profile
+# ... fewer (at least RAMP_LEAST_PER_THREAD) where that many would hold a thread past
+# this: a bucket's 5 MB shards take 0.43 s a GET, and 4 a thread made the ramp 8 s of a
+# profile. Two at the least: a step of one GET a thread would time its slowest GET
 RAMP_THREAD_S = 1.0
+RAMP_LEAST_PER_THREAD = 2
 
 
 def ramp_per_thread(measured: Latency | None) -> int:
-    """GETs each thread of :func:`top_rate`'s steps makes: :data:`RAMP_PER_THREAD`, fewer
-    where a request takes long enough (``measured``, the latency probe's) that they would
-    hold a thread past :data:`RAMP_THREAD_S`. A step's rate is its GETs over its wall
-    time, so fewer of them only shorten it."""
+    """GETs each thread of :func:`top_rate`'s steps makes: :data:`RAMP_PER_THREAD`, as
+    many as fit in :data:`RAMP_THREAD_S` where a request (``measured``, the latency
+    probe's mean) takes longer, and at least :data:`RAMP_LEAST_PER_THREAD`."""
     if measured is None or measured.request_s <= 0:
         return RAMP_PER_THREAD
-    return max(1, min(RAMP_PER_THREAD, round(RAMP_THREAD_S / measured.request_s)))
+    fit = int(RAMP_THREAD_S // measured.request_s)
+    return max(RAMP_LEAST_PER_THREAD, min(RAMP_PER_THREAD, fit))
 
 
 def top_rate(store: Store, keys: Sequence[str], per_thread: int = RAMP_PER_THREAD) -> float:
