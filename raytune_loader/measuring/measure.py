@@ -359,8 +359,8 @@ def measure_input(
     stages and no model, the best of ``windows`` windows of as many batches as a trial
     measures (a bound, like the ceiling: whatever runs beside it only slows it); then
     the worker-side stages of a few samples on one core (a stream's without its shuffle
-    buffer, whose fill from a bucket took a single reader seconds). A cache candidate's reads its
-    warm cache, as its trials do (:func:`cold_pass`)."""
+    buffer, whose fill from a bucket took a single reader seconds). A cache candidate's
+    reads its warm cache, as its trials do (:func:`cold_pass`)."""
     subset, _ = prepare(job, slot, config)
     with cold_pass(job, config, subset):
         return _input_rate(job, config, subset, windows)
