@@ -20,7 +20,7 @@ from torch.utils.data import Subset
 from raytune_loader import SearchOptions
 from raytune_loader.files import write_json
 from raytune_loader.machine import hardware
-from raytune_loader.measuring.job import TrialJob, subset_indices
+from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.measure import worker_side_rate
 from raytune_loader.measuring.models import default_model
 from raytune_loader.measuring.prepare import prepare_data
@@ -77,7 +77,9 @@ def decode_rate(
     """Samples per second one core reads, decodes and augments (a worker's share of the
     pipeline variant ``transfer`` x ``decode``)."""
     full = datasets.build_dataset(job.dataset, transfer, decode)
-    return worker_side_rate(Subset(full, subset_indices(len(full), samples, job.seed)), samples)
+    return worker_side_rate(
+        Subset(full, datasets.subset_indices(len(full), samples, job.seed)), samples
+    )
 
 
 def save(name: str, figures: dict[str, Any]) -> Path:

@@ -15,8 +15,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.sources import datasets
 
@@ -105,14 +103,3 @@ def reserved_cpus(
     """CPUs a trial reserves: each of its ranks plus that rank's workers, never more than
     the node has."""
     return min(ranks * (1 + cpus_per_worker * num_workers), node_cpus)
-
-
-def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[int]:
-    """The samples a trial reads: slot 0 is the fixed, pre-warmed subset every trial
-    shares; with ``--cold``, slot k is the k-th disjoint block of one permutation, so no
-    trial reads what an earlier one read (until the dataset is used up and wraps)."""
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(length, generator=generator)
-    count = min(count, length)
-    start = (slot * count) % length
-    return order.roll(-start)[:count].tolist()

@@ -38,7 +38,7 @@ from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.machine import hardware
 from raytune_loader.measuring import shards, steady
 from raytune_loader.measuring.backoff import run_with_backoff
-from raytune_loader.measuring.job import TrialJob, subset_indices
+from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.memory import (
     cap_gpu_memory,
     check_bytes,
@@ -83,7 +83,9 @@ def prepare(
         per_item = config.batch_size if config.batching == "workers" else 1
         return stream, sample_nbytes(first) // per_item
     full = datasets.dataset_for_trial(job.dataset, config.transfer, config.decode)
-    indices = subset_indices(len(full), job.samples_per_trial, job.seed, slot if job.cold else 0)
+    indices = datasets.subset_indices(
+        len(full), job.samples_per_trial, job.seed, slot if job.cold else 0
+    )
     subset = Subset(full, indices)
     return subset, sample_nbytes(_first_sample(subset)) if check else 0
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from raytune_loader.errors import DatasetError
 from raytune_loader.measuring import shards
-from raytune_loader.measuring.job import TrialJob, subset_indices
+from raytune_loader.measuring.job import TrialJob
 from raytune_loader.progress import LogProgress, Progress
 from raytune_loader.sources import datasets
 from raytune_loader.sources.base import prewarm
@@ -57,7 +57,7 @@ def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> Trial
             f"{job.samples_per_trial}, so it reads some twice, from the page cache; "
             f"raise --samples-per-trial to {read} for every read to be cold"
         )
-    indices = subset_indices(length, job.samples_per_trial, job.seed)
+    indices = datasets.subset_indices(length, job.samples_per_trial, job.seed)
     files = datasets.sample_files(spec, full, indices)
     if files and not job.cold:
         progress.stage(f"Pre-warming {len(files)} files of the trial subset")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
 from raytune_loader import sources
@@ -111,6 +112,17 @@ def adopt_listing(spec: DatasetSpec, found: Any) -> None:
         remember(found, StoreOptions.from_pairs(spec.storage_options))
     elif found is not None:  # another source's (a store's shards): it knows its own
         found.adopt()
+
+
+def subset_indices(length: int, count: int, seed: int, slot: int = 0) -> list[int]:
+    """The samples a trial reads: slot 0 is the fixed, pre-warmed subset every trial
+    shares; with ``--cold``, slot k is the k-th disjoint block of one permutation, so no
+    trial reads what an earlier one read (until the dataset is used up and wraps)."""
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(length, generator=generator)
+    count = min(count, length)
+    start = (slot * count) % length
+    return order.roll(-start)[:count].tolist()
 
 
 def sample_files(spec: DatasetSpec, dataset: Dataset[Any], indices: list[int]) -> list[str]:
