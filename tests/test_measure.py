@@ -54,7 +54,7 @@ def test_a_window_far_below_the_ceiling_ends_once_its_halves_can_be_compared() -
     from raytune_loader.measuring.steady import HALF_BATCHES
 
     config, spec = LoaderConfig(batch_size=4), replace(SPEC, steps=32, report_every=32)
-    dataset = TensorImages(64, delay_s=0.02)  # 50 samples/s
+    dataset = TensorImages(64, delay_s=0.01)  # 100 samples/s
     cut = train_segment(dataset, _trainer(), config, spec, ceiling=10_000.0)
     whole = train_segment(dataset, _trainer(), config, spec, ceiling=200.0)
     assert cut.samples == 2 * HALF_BATCHES * 4 and cut.steady is not None
