@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from raytune_loader.measuring.job import SegmentSpec, reserved_cpus
-from raytune_loader.sources.datasets import subset_indices
 from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.progress import LogProgress
+from raytune_loader.sources.datasets import subset_indices
 from raytune_loader.tuning.options import SearchOptions, job_from_options
 
 
