@@ -183,6 +183,7 @@ def _blas_runs(steps: int) -> dict[LoaderConfig, TrialOutcome]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: BLAS runs one thread anyway")
 @pytest.mark.alone
 def test_a_transform_running_multithreaded_blas_keeps_two_threads_busy_in_each_worker() -> None:
@@ -215,6 +216,7 @@ def _stragglers() -> tuple[TrialJob, LoaderConfig]:
     return _job("datasets_for_tests:stragglers", steps=100), PROCESSES.with_batch_size(8)
 
 
+@pytest.mark.slow
 @pytest.mark.alone
 def test_a_200_ms_sample_in_a_hundred_gives_a_step_s_wait_a_long_tail() -> None:
     job, config = _stragglers()

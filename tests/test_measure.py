@@ -433,7 +433,13 @@ def test_a_segment_unwatched_reads_no_memory_and_trains_the_same() -> None:
 
 @pytest.mark.alone
 @pytest.mark.parametrize(
-    ("workers", "kind"), [(0, "process"), (2, "process"), (2, "thread"), (4, "thread")]
+    ("workers", "kind"),
+    [  # two in the fast tier, which runs its timed tests one after another
+        pytest.param(0, "process", marks=pytest.mark.slow),
+        (2, "process"),
+        pytest.param(2, "thread", marks=pytest.mark.slow),
+        (4, "thread"),
+    ],
 )
 def test_a_slow_first_step_does_not_make_a_deep_queue_look_fast(workers: int, kind: str) -> None:
     """The input delivers exactly (workers or 1) x 200 samples/s (5 ms a sample, asleep);

@@ -109,6 +109,7 @@ def test_a_rank_s_failure_is_the_trial_s_with_the_rank_named() -> None:
     assert re.match(r"rank [01]: ", outcome.detail) and "broken" in outcome.detail  # the first
 
 
+@pytest.mark.slow
 @pytest.mark.alone
 def test_the_ceiling_of_two_ranks_is_twice_the_slowest(tiny_imagenet: Path) -> None:
     job = _job("synthetic-imagenet", str(tiny_imagenet))

@@ -339,6 +339,7 @@ def test_every_cache_of_a_folder_keeps_to_one_budget_and_a_failed_write_loses_no
     assert int((tmp_path / "other" / ".used").read_text()) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.alone
 def test_the_profile_times_a_store_s_cpu_not_its_wait_and_a_warm_cache_as_local_files(
     server: S3Server, tiny_imagenet: Path, monkeypatch: pytest.MonkeyPatch
