@@ -123,19 +123,36 @@ class Searched:
     result: subprocess.CompletedProcess[str]
     folder: Path  # results/synthetic-imagenet
     ray_before: set[int]  # Ray daemons that ran before it
+    ray_sessions: tuple[Path, ...]  # the Ray session folders made while it ran
+
+
+# the credentials in the session search's environment, as a user with data on S3 has
+# them: none may reach a file the search or its Ray instance writes
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "AKIASEARCHDONOTWRITE",
+    "AWS_SECRET_ACCESS_KEY": "search-secret-do-not-write",
+    "AWS_SESSION_TOKEN": "search-token-do-not-write",
+}
+
+
+def ray_sessions() -> set[Path]:
+    """Ray's session folders on this machine, where Ray puts them on Linux."""
+    root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return set(Path(root, "ray").glob("session_2*"))
 
 
 @pytest.fixture(scope="session")
 def searched(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> Searched:
     """``python -m raytune_loader.search`` end to end: 4 trials on 96 real JPEG files."""
     tmp = tmp_path_factory.mktemp("search")
-    before = ray_processes()
+    before, sessions = ray_processes(), ray_sessions()
     result = run_cli(
         *TINY_SEARCH, "--data-root", str(tiny_imagenet), "--num-samples", "4",
-        "--out", str(tmp / "results"), cwd=tmp,
+        "--out", str(tmp / "results"), cwd=tmp, env=CREDENTIALS,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return Searched(result, tmp / "results" / "synthetic-imagenet", before)
+    made = tuple(sorted(ray_sessions() - sessions))
+    return Searched(result, tmp / "results" / "synthetic-imagenet", before, made)
 
 
 def write_shards(images: Path, out: Path, shards: int) -> list[Path]:
