@@ -343,9 +343,61 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_bucket_and_credential
     said = str(missing.value)
     assert "s3://no-such-bucket does not exist" in said and "\n" not in said
     assert "AWS_ACCESS_KEY_ID in the environment" in said
+    assert said.endswith("check the bucket's name, the endpoint and the region")
     with pytest.raises(DatasetError, match=f"s3://{BUCKET}/elsewhere/train holds no object"):
         build_dataset(_spec(f"s3://{BUCKET}/elsewhere"))
     assert SECRET not in said and SECRET not in caplog.text
+
+
+def test_no_credentials_a_missing_profile_and_an_endpoint_down_each_say_what_to_do(
+    server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each in one line with its fix: none found (not "refused"), a profile named that
+    is not there (the profile, not the environment's keys, is what botocore would read),
+    an endpoint nothing answers at (its address whole, not cut mid-quote)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.setenv(name, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask
+    with pytest.raises(DatasetError) as none:
+        build_dataset(_spec())
+    said = str(none.value)
+    assert "cannot be read: no credentials were found" in said and "refused" not in said
+    assert said.endswith(
+        "or AWS_PROFILE; a public bucket: --storage-options '{\"unsigned\": true}'"
+    )
+    with pytest.raises(DatasetError) as profile:
+        build_dataset(_spec(profile="nosuch"))
+    said = str(profile.value)
+    assert "no profile nosuch was found" in said and "credentials: profile nosuch" in said
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    with pytest.raises(DatasetError) as down:
+        build_dataset(_spec(endpoint_url="http://127.0.0.1:1"))
+    said = str(down.value)
+    assert "cannot be reached" in said and 'endpoint URL: "the endpoint")' in said
+    assert said.endswith("check the endpoint (AWS_ENDPOINT_URL, or endpoint_url) and that it is up")
+    assert all("\n" not in str(e.value) for e in (none, profile, down))
+
+
+def test_listing_many_classes_at_once_drops_no_connection(
+    server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Twenty class folders listed side by side, each listing 20 ms from its first byte:
+    the listing client's pool holds every connection (at botocore's 10, urllib3 warned
+    of each one it dropped, in a user's first minute)."""
+    from raytune_loader.stores.url import parse
+
+    client = server.client()
+    for index in range(20):
+        client.put_object(Bucket=BUCKET, Key=f"wide/c{index:02d}/image.JPEG", Body=b"x")
+    server.proxy.ttfb_s = 0.02
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    listed = remote_folder.listing(parse(f"s3://{BUCKET}/wide"), StoreOptions())
+    assert len(listed.samples) == 20
+    assert [r.message for r in caplog.records if "pool is full" in r.message] == []
 
 
 def test_a_key_listed_but_gone_or_corrupt_is_named(server: S3Server) -> None:

@@ -201,10 +201,10 @@ class Store:
         options = self.options.resolved()
         if options.unsigned:
             return "none (unsigned requests)"
+        if options.profile:  # botocore's chain then skips the environment's keys
+            return f"profile {options.profile}"
         if env.get("AWS_ACCESS_KEY_ID"):
             return "AWS_ACCESS_KEY_ID in the environment"
-        if options.profile:
-            return f"profile {options.profile}"
         if env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
             return "AWS_WEB_IDENTITY_TOKEN_FILE in the environment"
         return "none in the environment (no AWS_ACCESS_KEY_ID, AWS_PROFILE): the instance's role"
@@ -258,7 +258,8 @@ class Store:
         if not page.get("Contents"):
             raise DatasetError(
                 f"{self.url} holds no object (bucket {self.url.bucket}, credentials: "
-                f"{self.credentials()}): check the prefix"
+                f"{self.credentials()}, endpoint {self.describe()['endpoint_host']}): "
+                "check the prefix"
             )
 
     def _transport(self) -> Transport:
@@ -288,14 +289,26 @@ class Store:
     def _refused(self, exc: Exception, where: str) -> DatasetError:
         said = _said(exc)
         place = self.url.of(where) if where else f"{self.url.scheme}://{self.url.bucket}"
-        why = "cannot be listed"
+        why, fix = "cannot be listed", "check the URL, the endpoint and the credentials"
         if "nosuchbucket" in said or "bucket does not exist" in said:
             place, why = f"{self.url.scheme}://{self.url.bucket}", "does not exist"
+            fix = "check the bucket's name, the endpoint and the region"
+        elif "unable to locate credentials" in said:
+            why = "cannot be read: no credentials were found"
+            fix = ("export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; a "
+                   "public bucket: --storage-options '{\"unsigned\": true}'")  # fmt: skip
+        elif "profile" in said and "could not be found" in said:
+            why = f"cannot be read: no profile {self.options.resolved().profile} was found"
+            fix = "add it to ~/.aws/credentials or ~/.aws/config, or name another"
         elif _denied(said):
             why = "refused these credentials (access denied)"
+            fix = "check the credentials and what the bucket's policy allows them"
+        elif "could not connect" in said or "connect timeout" in said:
+            why = "cannot be reached"
+            fix = "check the endpoint (AWS_ENDPOINT_URL, or endpoint_url) and that it is up"
         return DatasetError(
             f"{place} {why}: bucket {self.url.bucket}, credentials: {self.credentials()}, "
-            f"endpoint {self.describe()['endpoint_host']} ({_first_line(exc)})"
+            f"endpoint {self.describe()['endpoint_host']} ({_first_line(exc)}); {fix}"
         )
 
     def _failed(self, status: int, body: bytes, key: str) -> Exception:
@@ -382,8 +395,11 @@ class Transport:
 
             style = "path" if self.options.force_path_style else "auto"
             signature = UNSIGNED if self.options.unsigned else None
+            # a pool for as many listings at once as a fetching worker's GETs: at
+            # botocore's 10, urllib3 warns of every connection it drops
             config = Config(s3={"addressing_style": style}, retries={"mode": "standard"},
-                            signature_version=signature)  # fmt: skip
+                            signature_version=signature,
+                            max_pool_connections=POOL_CONNECTIONS)  # fmt: skip
             self._lister = self.session.create_client(
                 "s3", region_name=self.region, endpoint_url=self.options.endpoint_url,
                 config=config,
@@ -419,7 +435,7 @@ def _first_line(exc: Exception) -> str:
     """What the client said, in short: its first line, without any address (the
     endpoint is named apart) and cut at 200 characters."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    line = re.sub(r"https?://\S+", "the store", line)
+    line = re.sub(r"https?://[^\s\"']+", "the endpoint", line)
     return line[:200]
 
 
