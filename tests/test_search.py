@@ -24,6 +24,10 @@ def empty_dir(tmp_path: Path) -> Path:
 BAD_INPUT = [
     (["--dataset", "imagenet-22k"], "unknown dataset 'imagenet-22k'"),
     (["--dataset", "imagenet", "--data-root", "/nonexistent"], "does not exist"),
+    (
+        ["--dataset", "imagenet", "--data-root", "s3:/my-bucket/imagenet"],
+        "for a bucket, write s3://my-bucket/imagenet",
+    ),  # as pathlib.Path leaves it
     (["--dataset", "imagenet", "--data-root", "{empty}"], "no images under"),
     (["--dataset", "imagenet"], "needs --data-root"),
     (["--dataset", "cifar10", "--data-root", "{empty}"], "pass --download"),

@@ -50,6 +50,17 @@ class StoreUrl:
         return f"{self.scheme}://{self.bucket}/{key}"
 
 
+_ONE_SLASH = re.compile(r"^(?P<scheme>s3a?|gs|gcs|az|abfss?):/(?P<rest>[^/].*)$")
+
+
+def mistyped(location: object) -> str | None:
+    """The object store URL that ``location`` meant where it has one slash after its
+    scheme (``s3:/bucket/prefix``, as ``pathlib.Path`` leaves ``s3://bucket/prefix``);
+    None otherwise."""
+    found = _ONE_SLASH.match(location) if isinstance(location, str) else None
+    return f"{found['scheme']}://{found['rest']}" if found else None
+
+
 def is_remote(location: object) -> bool:
     """Whether ``location`` (a ``--data-root``) names an object store, not a local path."""
     return isinstance(location, str) and _URL.match(location) is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from raytune_loader.errors import ConfigError
@@ -18,6 +19,7 @@ from raytune_loader.measuring.models import validate_step
 from raytune_loader.measuring.step import default_precision
 from raytune_loader.sources import datasets, synthetic
 from raytune_loader.sources.datasets import SYNTHETIC
+from raytune_loader.stores.url import mistyped
 
 OBJECTIVES = ("util", "samples_per_s")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -128,6 +130,12 @@ class SearchOptions:
             raise ConfigError(
                 "--train-step builds its own model: drop --model and --compile, or drop "
                 "--train-step to train the built-in step"
+            )
+        meant = mistyped(self.data_root)
+        if meant is not None and not Path(str(self.data_root)).exists():
+            raise ConfigError(
+                f"--data-root {self.data_root} is no folder here: for a bucket, write {meant} "
+                "(two slashes after the scheme)"
             )
         if not is_loopback(self.dashboard_host) and not self.expose_dashboard:
             raise ConfigError(
