@@ -469,6 +469,7 @@ def test_a_cached_winner_s_slow_first_epoch_is_a_finding_with_its_warm_up() -> N
     assert found.kind == "first_epoch" and found.values["ratio"] == pytest.approx(310 / 65)
     assert "at 65 samples/s" in found.figure and "4.8 times as long" in found.figure
     assert "warm the cache before the job" in found.fix and "--cache-bytes 0" in found.fix
+    assert "under $XDG_CACHE_HOME or ~/.cache" in found.fix  # where the node keeps it
     winner = _candidate(config, *runs)
     assert "first_epoch" in {f.kind for f in findings.findings(winner, [], [], Rules())}
     close = [_run(config, 100.0, cold_samples_per_s=90.0)]

@@ -130,7 +130,8 @@ def _first_epoch(winner: Candidate) -> Finding | None:
     fix = (
         "for many epochs nothing: the cache pays from the second. For a short training, "
         "warm the cache before the job (one pass of tuned.dataloader(tuned.image_dataset("
-        "'s3://...')) on the node fills ~/.cache/raytune_loader/objects), or, where the "
+        "'s3://...')) on the node fills its raytune_loader/objects, under $XDG_CACHE_HOME "
+        "or ~/.cache), or, where the "
         "first epoch is all that counts, search with --cache-bytes 0"
     )
     values = {"cold_samples_per_s": cold.median, "warm_samples_per_s": warm.median,
