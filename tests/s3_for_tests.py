@@ -92,6 +92,10 @@ class SlowProxy:
                     return
                 method, target = head.split(b" ", 2)[:2]
                 method = method.upper()
+                head, expects = _without_expect(head)
+                if expects:  # boto3's PUT waits for this before it sends its body
+                    out.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await out.drain()
                 body = await _body(client, head, request=True)
                 self.requests += 1
                 fetch = method == b"GET" and b"?" not in target  # an object's GET, not a list
@@ -154,6 +158,14 @@ async def _closed(server: asyncio.Server) -> None:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     await server.wait_closed()
+
+
+def _without_expect(head: bytes) -> tuple[bytes, bool]:
+    """A request's head without its ``Expect: 100-continue`` (the proxy answers it, and
+    moto's own 100 would be taken for the reply), and whether it had one."""
+    lines = head.split(b"\r\n")
+    kept = [ln for ln in lines if not ln.lower().startswith(b"expect:")]
+    return b"\r\n".join(kept), len(kept) < len(lines)
 
 
 async def _body(reader: asyncio.StreamReader, head: bytes, request: bool = False) -> bytes:
@@ -262,6 +274,13 @@ def serve(ttfbs: list[str], bytes_per_s: float | None) -> None:
         pace = bytes_per_s if float(ttfb) else None
         proxies.append(SlowProxy(port, float(ttfb), pace, float(throttle or 0)).start())
     print(port, *(p.port for p in proxies), flush=True)
+    if sys.stdout.isatty():  # a person, not an experiment reading the ports
+        print(f"moto's S3 at http://127.0.0.1:{port} (no delay: upload through it)")
+        for spec, proxy in zip(ttfbs, proxies, strict=True):
+            print(f"a store {spec} s from its first byte: export AWS_ENDPOINT_URL="
+                  f"http://127.0.0.1:{proxy.port} AWS_ACCESS_KEY_ID=testing "
+                  "AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1")  # fmt: skip
+        print("Ctrl-D (the end of stdin) stops them", flush=True)
     sys.stdin.read()
     for proxy in proxies:
         proxy.stop()
@@ -269,7 +288,15 @@ def serve(ttfbs: list[str], bytes_per_s: float | None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    serve(sys.argv[1].split(","), rate)
+    parser = argparse.ArgumentParser(
+        description="moto's S3 on loopback behind one proxy per time to first byte, until "
+        "stdin closes; prints the moto port and the proxies' ports on one line first"
+    )
+    parser.add_argument("ttfbs", help="seconds to first byte, comma-separated, one proxy "
+                        "each; 0.03/0.01 answers 1%% of the GETs 503 SlowDown too")  # fmt: skip
+    parser.add_argument("bytes_per_s", nargs="?", type=float, default=None,
+                        help="a request's bytes/s, behind the proxies that delay")  # fmt: skip
+    args = parser.parse_args()
+    serve(args.ttfbs.split(","), args.bytes_per_s)

@@ -382,6 +382,19 @@ def test_no_credentials_a_missing_profile_and_an_endpoint_down_each_say_what_to_
     assert all("\n" not in str(e.value) for e in (none, profile, down))
 
 
+def test_the_proxy_passes_an_upload_that_waits_for_100_continue(server: S3Server) -> None:
+    """boto3's PUT sends its body once told to go on: uploaded through the store's
+    endpoint (as a person serving it by hand does), not only around it."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+    client.put_object(Bucket=BUCKET, Key="uploaded/one", Body=b"x" * 70_000)
+    assert server.client().get_object(Bucket=BUCKET, Key="uploaded/one")["Body"].read() == (
+        b"x" * 70_000
+    )
+
+
 def test_listing_many_classes_at_once_drops_no_connection(
     server: S3Server, caplog: pytest.LogCaptureFixture
 ) -> None:
