@@ -589,9 +589,9 @@ def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
     import csv
     import json
 
-    from conftest import TINY_SEARCH, ray_processes, run_cli
+    from conftest import TINY_SEARCH, ray_processes, ray_sessions, run_cli
 
-    before, server.proxy.ttfb_s = ray_processes(), 0.03
+    before, server.proxy.ttfb_s, sessions = ray_processes(), 0.03, ray_sessions()
     requests, gets = server.proxy.requests, server.proxy.gets
     args = [a for a in TINY_SEARCH if a not in ("synthetic-imagenet", "--synthetic-images",
                                                 "96", "--dataset")]  # fmt: skip
@@ -603,6 +603,8 @@ def test_a_search_over_s3_searches_requests_in_flight_and_lists_once(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert SECRET not in result.stderr + result.stdout
+    logs = [f for s in ray_sessions() - sessions for f in s.rglob("*.log") if f.is_file()]
+    assert logs and [f.name for f in logs if SECRET.encode() in f.read_bytes()] == []
     folder = tmp_path / "out" / "imagenet"
     best = json.loads((folder / "best_config.json").read_text())
     with open(folder / "trials.csv") as handle:
