@@ -54,7 +54,7 @@ from raytune_loader.outputs.reader import (
 )
 from raytune_loader.progress import LogProgress
 from raytune_loader.search import OneLineErrorParser
-from raytune_loader.tuning.options import job_from_options
+from raytune_loader.tuning.options import check_data_root, job_from_options
 from raytune_loader.tuning.space import HEURISTIC, PYTORCH_DEFAULT
 from raytune_loader.verdict.selection import Candidate
 from raytune_loader.verdict.verify import verify
@@ -85,6 +85,7 @@ def plan_from_config(
     best: BestConfig, steps: int | None = None, data_root: str | None = None
 ) -> BenchPlan:
     """What to measure, from a validated ``best_config.json``, on this machine."""
+    check_data_root(data_root)
     opts = recorded_options(best.data, str(best.path), steps, data_root)
     assert opts.train_step or opts.model
     device, note = _device(str(best.data["search"]["device"]))

@@ -123,7 +123,7 @@ class Searched:
     result: subprocess.CompletedProcess[str]
     folder: Path  # results/synthetic-imagenet
     ray_before: set[int]  # Ray daemons that ran before it
-    ray_sessions: tuple[Path, ...]  # the Ray session folders made while it ran
+    ray_sessions: tuple[Path, ...]  # its Ray instance's session folders
 
 
 # the credentials in the session search's environment, as a user with data on S3 has
@@ -135,24 +135,30 @@ CREDENTIALS = {
 }
 
 
-def ray_sessions() -> set[Path]:
-    """Ray's session folders on this machine, where Ray puts them on Linux."""
-    root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+def ray_sessions(root: str | None = None) -> set[Path]:
+    """Ray's session folders under ``root`` (a ``RAY_TMPDIR``), or where Ray puts them on
+    Linux by default."""
+    root = root or os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
     return set(Path(root, "ray").glob("session_2*"))
 
 
 @pytest.fixture(scope="session")
-def searched(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> Searched:
-    """``python -m raytune_loader.search`` end to end: 4 trials on 96 real JPEG files."""
+def searched(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Searched]:
+    """``python -m raytune_loader.search`` end to end: 4 trials on 96 real JPEG files,
+    its Ray instance's files in a folder of its own (short: Ray's socket paths must be)."""
+    import tempfile
+
     tmp = tmp_path_factory.mktemp("search")
-    before, sessions = ray_processes(), ray_sessions()
+    ray_tmp = tempfile.mkdtemp(prefix="rtl-", dir="/tmp")
+    before = ray_processes()
     result = run_cli(
         *TINY_SEARCH, "--data-root", str(tiny_imagenet), "--num-samples", "4",
-        "--out", str(tmp / "results"), cwd=tmp, env=CREDENTIALS,
+        "--out", str(tmp / "results"), cwd=tmp, env={**CREDENTIALS, "RAY_TMPDIR": ray_tmp},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    made = tuple(sorted(ray_sessions() - sessions))
-    return Searched(result, tmp / "results" / "synthetic-imagenet", before, made)
+    sessions = tuple(sorted(ray_sessions(ray_tmp)))
+    yield Searched(result, tmp / "results" / "synthetic-imagenet", before, sessions)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def write_shards(images: Path, out: Path, shards: int) -> list[Path]:

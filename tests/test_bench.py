@@ -176,6 +176,16 @@ def test_bad_input_is_one_line_and_exit_2(
     assert err.startswith("error: ") and message in err
 
 
+def test_a_data_root_left_with_one_slash_names_the_url_it_meant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, best_config(tmp_path / "nowhere"))
+    assert main(["--config", str(path), "--data-root", "s3:/bucket/imagenet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: --data-root s3:/bucket/imagenet is no folder here: for a bucket, "
+                   "write s3://bucket/imagenet (two slashes after the scheme)")  # fmt: skip
+
+
 def test_the_job_is_rebuilt_from_the_file_with_the_overrides(tmp_path: Path) -> None:
     data = best_config(tmp_path / "there")
     data["search"]["device"] = "cuda"

@@ -349,6 +349,16 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_bucket_and_credential
     assert SECRET not in said and SECRET not in caplog.text
 
 
+def test_a_url_left_with_one_slash_is_told_from_a_path_and_a_url() -> None:
+    """``pathlib.Path("s3://bucket/x")`` is ``s3:/bucket/x``: the URL it meant is named,
+    whether it comes as a string or as the Path; a URL or a path is not touched."""
+    from raytune_loader.stores.url import mistyped
+
+    assert mistyped("s3:/bucket/x") == mistyped(Path("s3://bucket/x")) == "s3://bucket/x"
+    assert mistyped("s3://bucket/x") is None and mistyped("/data/s3:/x") is None
+    assert mistyped("gs:/bucket") == "gs://bucket" and mistyped(None) is None
+
+
 def test_no_credentials_a_missing_profile_and_an_endpoint_down_each_say_what_to_do(
     server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -356,7 +366,9 @@ def test_no_credentials_a_missing_profile_and_an_endpoint_down_each_say_what_to_
     is not there (the profile, not the environment's keys, is what botocore would read),
     an endpoint nothing answers at (its address whole, not cut mid-quote)."""
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                 "AWS_PROFILE"):  # fmt: skip
+                 "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                 "AWS_ROLE_ARN", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.setenv(name, str(tmp_path / "none"))
@@ -368,14 +380,15 @@ def test_no_credentials_a_missing_profile_and_an_endpoint_down_each_say_what_to_
     assert said.endswith(
         "or AWS_PROFILE; a public bucket: --storage-options '{\"unsigned\": true}'"
     )
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     with pytest.raises(DatasetError) as profile:
         build_dataset(_spec(profile="nosuch"))
     said = str(profile.value)
     assert "no profile nosuch was found" in said and "credentials: profile nosuch" in said
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     with pytest.raises(DatasetError) as down:
-        build_dataset(_spec(endpoint_url="http://127.0.0.1:1"))
+        # its prefix says "forbidden" and "403": the client's words name the URL
+        build_dataset(_spec(f"s3://{BUCKET}/forbidden-403", endpoint_url="http://127.0.0.1:1"))
     said = str(down.value)
     assert "cannot be reached" in said and 'endpoint URL: "the endpoint")' in said
     assert said.endswith("check the endpoint (AWS_ENDPOINT_URL, or endpoint_url) and that it is up")

@@ -90,14 +90,17 @@ class StoreOptions:
         return found
 
     def resolved(self) -> StoreOptions:
-        """These options with the environment's values where they are None."""
+        """These options with the environment's values where they are None; the profile
+        only where ``--storage-options`` names one (botocore reads ``AWS_PROFILE`` itself,
+        after the environment's keys, as the AWS CLI and Arrow's client do; a profile
+        handed to it explicitly would come before them)."""
         env = os.environ
         endpoint = (self.endpoint_url or env.get("AWS_ENDPOINT_URL_S3")
                     or env.get("AWS_ENDPOINT_URL"))  # fmt: skip
         return StoreOptions(
             region=self.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
             endpoint_url=endpoint,
-            profile=self.profile or env.get("AWS_PROFILE"),
+            profile=self.profile,
             force_path_style=(
                 endpoint is not None if self.force_path_style is None else self.force_path_style
             ),  # fmt: skip
@@ -188,10 +191,11 @@ class Store:
         host and region (no credential)."""
         options = self.options.resolved()
         endpoint = options.endpoint_url
+        host = urlparse(endpoint) if endpoint else None
         return {
             "scheme": self.url.scheme,
-            "bucket": self.url.bucket,
-            "endpoint_host": urlparse(endpoint).netloc if endpoint else "s3.amazonaws.com",
+            "bucket": self.url.bucket,  # the host and port alone: no user:password@
+            "endpoint_host": host.netloc.rpartition("@")[2] if host else "s3.amazonaws.com",
             "region": options.region,
         }
 
@@ -201,10 +205,12 @@ class Store:
         options = self.options.resolved()
         if options.unsigned:
             return "none (unsigned requests)"
-        if options.profile:  # botocore's chain then skips the environment's keys
+        if options.profile:  # named: botocore's chain then skips the environment's keys
             return f"profile {options.profile}"
         if env.get("AWS_ACCESS_KEY_ID"):
             return "AWS_ACCESS_KEY_ID in the environment"
+        if env.get("AWS_PROFILE"):
+            return f"profile {env['AWS_PROFILE']} (AWS_PROFILE)"
         if env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
             return "AWS_WEB_IDENTITY_TOKEN_FILE in the environment"
         return "none in the environment (no AWS_ACCESS_KEY_ID, AWS_PROFILE): the instance's role"
@@ -287,25 +293,33 @@ class Store:
             self.counts.add(**amounts)
 
     def _refused(self, exc: Exception, where: str) -> DatasetError:
-        said = _said(exc)
+        said = _first_line(exc).lower()  # no URL: a port or a prefix is no "403"
         place = self.url.of(where) if where else f"{self.url.scheme}://{self.url.bucket}"
         why, fix = "cannot be listed", "check the URL, the endpoint and the credentials"
-        if "nosuchbucket" in said or "bucket does not exist" in said:
+        profile = self.options.profile
+        if "could not connect" in said or "connect timeout" in said:
+            why = "cannot be reached"
+            fix = "check the endpoint (AWS_ENDPOINT_URL, or endpoint_url) and that it is up"
+        elif "nosuchbucket" in said or "bucket does not exist" in said:
             place, why = f"{self.url.scheme}://{self.url.bucket}", "does not exist"
             fix = "check the bucket's name, the endpoint and the region"
+        elif "unable to locate credentials" in said and profile:
+            why = f"cannot be read: profile {profile} holds no credentials"
+            fix = "add keys or a role to it, or drop profile from --storage-options"
         elif "unable to locate credentials" in said:
             why = "cannot be read: no credentials were found"
             fix = ("export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; a "
                    "public bucket: --storage-options '{\"unsigned\": true}'")  # fmt: skip
+        elif "partial credentials" in said:
+            why = "cannot be read: the credentials are partial"
+            fix = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY both, or neither"
         elif "profile" in said and "could not be found" in said:
-            why = f"cannot be read: no profile {self.options.resolved().profile} was found"
+            missing = getattr(exc, "kwargs", {}).get("profile", profile)
+            why = f"cannot be read: no profile {missing} was found"
             fix = "add it to ~/.aws/credentials or ~/.aws/config, or name another"
         elif _denied(said):
             why = "refused these credentials (access denied)"
             fix = "check the credentials and what the bucket's policy allows them"
-        elif "could not connect" in said or "connect timeout" in said:
-            why = "cannot be reached"
-            fix = "check the endpoint (AWS_ENDPOINT_URL, or endpoint_url) and that it is up"
         return DatasetError(
             f"{place} {why}: bucket {self.url.bucket}, credentials: {self.credentials()}, "
             f"endpoint {self.describe()['endpoint_host']} ({_first_line(exc)}); {fix}"
@@ -419,10 +433,6 @@ class Transport:
 
 def _us(seconds: float) -> int:
     return round(seconds * 1e6)
-
-
-def _said(exc: Exception) -> str:
-    return str(exc).lower()
 
 
 def _denied(said: str) -> bool:

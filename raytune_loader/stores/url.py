@@ -10,6 +10,7 @@ line that says so.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -57,6 +58,8 @@ def mistyped(location: object) -> str | None:
     """The object store URL that ``location`` meant where it has one slash after its
     scheme (``s3:/bucket/prefix``, as ``pathlib.Path`` leaves ``s3://bucket/prefix``);
     None otherwise."""
+    if isinstance(location, os.PathLike):  # a Path made of the URL: what left it so
+        location = os.fspath(location)
     found = _ONE_SLASH.match(location) if isinstance(location, str) else None
     return f"{found['scheme']}://{found['rest']}" if found else None
 

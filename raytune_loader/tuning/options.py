@@ -131,12 +131,7 @@ class SearchOptions:
                 "--train-step builds its own model: drop --model and --compile, or drop "
                 "--train-step to train the built-in step"
             )
-        meant = mistyped(self.data_root)
-        if meant is not None and not Path(str(self.data_root)).exists():
-            raise ConfigError(
-                f"--data-root {self.data_root} is no folder here: for a bucket, write {meant} "
-                "(two slashes after the scheme)"
-            )
+        check_data_root(self.data_root)
         if not is_loopback(self.dashboard_host) and not self.expose_dashboard:
             raise ConfigError(
                 f"--dashboard-host {self.dashboard_host} would expose the Ray dashboard beyond "
@@ -212,6 +207,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_data_root(data_root: object) -> None:
+    """A ConfigError for a ``--data-root`` that is no folder here and an object store URL
+    left with one slash (``s3:/bucket``, as ``pathlib.Path`` leaves ``s3://bucket``)."""
+    meant = mistyped(data_root)
+    if meant is not None and not Path(str(data_root)).exists():
+        raise ConfigError(
+            f"--data-root {data_root} is no folder here: for a bucket, write {meant} "
+            "(two slashes after the scheme)"
+        )
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
