@@ -35,6 +35,7 @@ from urllib.parse import quote, urlparse
 
 from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
 from raytune_loader.stores.colocated import ServerClock, server_on_this_node
+from raytune_loader.stores.refusals import first_line, refusal
 from raytune_loader.stores.url import StoreUrl
 from raytune_loader.wrapped import wrapped
 
@@ -293,36 +294,12 @@ class Store:
             self.counts.add(**amounts)
 
     def _refused(self, exc: Exception, where: str) -> DatasetError:
-        said = _first_line(exc).lower()  # no URL: a port or a prefix is no "403"
-        place = self.url.of(where) if where else f"{self.url.scheme}://{self.url.bucket}"
-        why, fix = "cannot be listed", "check the URL, the endpoint and the credentials"
-        profile = self.options.profile
-        if "could not connect" in said or "connect timeout" in said:
-            why = "cannot be reached"
-            fix = "check the endpoint (AWS_ENDPOINT_URL, or endpoint_url) and that it is up"
-        elif "nosuchbucket" in said or "bucket does not exist" in said:
-            place, why = f"{self.url.scheme}://{self.url.bucket}", "does not exist"
-            fix = "check the bucket's name, the endpoint and the region"
-        elif "unable to locate credentials" in said and profile:
-            why = f"cannot be read: profile {profile} holds no credentials"
-            fix = "add keys or a role to it, or drop profile from --storage-options"
-        elif "unable to locate credentials" in said:
-            why = "cannot be read: no credentials were found"
-            fix = ("export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; a "
-                   "public bucket: --storage-options '{\"unsigned\": true}'")  # fmt: skip
-        elif "partial credentials" in said:
-            why = "cannot be read: the credentials are partial"
-            fix = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY both, or neither"
-        elif "profile" in said and "could not be found" in said:
-            missing = getattr(exc, "kwargs", {}).get("profile", profile)
-            why = f"cannot be read: no profile {missing} was found"
-            fix = "add it to ~/.aws/credentials or ~/.aws/config, or name another"
-        elif _denied(said):
-            why = "refused these credentials (access denied)"
-            fix = "check the credentials and what the bucket's policy allows them"
+        found = refusal(exc, self.options.profile)
+        place = self.url.of(where) if where and not found.bucket else self.url.of("")
         return DatasetError(
-            f"{place} {why}: bucket {self.url.bucket}, credentials: {self.credentials()}, "
-            f"endpoint {self.describe()['endpoint_host']} ({_first_line(exc)}); {fix}"
+            f"{place.rstrip('/')} {found.why}: bucket {self.url.bucket}, credentials: "
+            f"{self.credentials()}, endpoint {self.describe()['endpoint_host']} "
+            f"({first_line(exc)}); {found.fix}"
         )
 
     def _failed(self, status: int, body: bytes, key: str) -> Exception:
@@ -378,9 +355,9 @@ class Transport:
         try:
             answer = self.pool.request("GET", url, headers=self._signed(url))
         except urllib3.exceptions.TimeoutError as exc:
-            return 0, _first_line(exc).encode(), "timeout"
+            return 0, first_line(exc).encode(), "timeout"
         except urllib3.exceptions.HTTPError as exc:  # reset, cut mid-body, refused
-            return 0, _first_line(exc).encode(), "reset"
+            return 0, first_line(exc).encode(), "reset"
         status = answer.status
         cause = {429: "throttled", 503: "throttled", 500: "reset", 502: "reset", 504: "timeout"}
         return status, answer.data, cause.get(status)
@@ -433,20 +410,6 @@ class Transport:
 
 def _us(seconds: float) -> int:
     return round(seconds * 1e6)
-
-
-def _denied(said: str) -> bool:
-    return any(w in said for w in ("accessdenied", "access denied", "403", "forbidden",
-                                   "invalidaccesskeyid", "signaturedoesnotmatch",
-                                   "credential"))  # fmt: skip
-
-
-def _first_line(exc: Exception) -> str:
-    """What the client said, in short: its first line, without any address (the
-    endpoint is named apart) and cut at 200 characters."""
-    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    line = re.sub(r"https?://[^\s\"']+", "the endpoint", line)
-    return line[:200]
 
 
 def store_of(dataset: Any) -> Store | None:

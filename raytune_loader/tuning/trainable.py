@@ -1,4 +1,5 @@
-"""Ray on the trial side: the function Tune runs, and the tasks of the other measurements.
+"""Ray on the trial side: the function Tune runs, the tasks of the other measurements,
+and what of the driver's environment the trials carry (no credential).
 
 This is the Ray boundary in the worker processes: the Tune config dict becomes a
 :class:`LoaderConfig` here and nowhere else, and the outcome goes back as flat
@@ -20,12 +21,13 @@ measurement's one-line failure (``missing_module``), not a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -204,3 +206,27 @@ PROFILE = Task.of(profile)
 CEILING = Task.of(measure_ceiling)
 INPUT = Task.of(measure_input)
 measure_task = MEASURE.reused  # a verification run in a reused worker (experiments use it)
+
+
+# Tune copies these into each trial's runtime_env, which Ray's runtime_env agent logs
+# (session_*/logs/runtime_env_agent.log, world-readable): our own instance's trials
+# inherit them, a cluster's read with their node's own (docs/object_storage.md)
+CREDENTIAL_VARIABLES = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                        "AWS_SECURITY_TOKEN"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def credentials_kept_out_of_ray() -> Iterator[None]:
+    """Tune's trials made meanwhile carry none of :data:`CREDENTIAL_VARIABLES`."""
+    try:
+        from ray.tune.execution import class_cache
+    except ImportError:  # a Ray that moved it (tests/test_api.py reads the logs)
+        class_cache = None
+    forwarded = getattr(class_cache, "ENV_VARS_TO_PROPAGATE", None)
+    if forwarded is not None:
+        class_cache.ENV_VARS_TO_PROPAGATE = set(forwarded) - CREDENTIAL_VARIABLES
+    try:
+        yield
+    finally:
+        if forwarded is not None:
+            class_cache.ENV_VARS_TO_PROPAGATE = forwarded

@@ -42,7 +42,15 @@ from raytune_loader.raydata.reservation import is_remote, remote_cpus
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.searcher import LoaderSearcher
 from raytune_loader.tuning.space import SearchSpace
-from raytune_loader.tuning.trainable import CEILING, INPUT, MEASURE, PROFILE, Task, trial_fn
+from raytune_loader.tuning.trainable import (
+    CEILING,
+    INPUT,
+    MEASURE,
+    PROFILE,
+    Task,
+    credentials_kept_out_of_ray,
+    trial_fn,
+)
 
 log = logging.getLogger(__name__)
 NODE_TYPE_SHARE = 0.001  # requesting a custom resource pins a bundle to nodes that carry it
@@ -355,43 +363,12 @@ def run_tune(
             method=settings.method, model=settings.model,
         )  # fmt: skip
         tuner = _new_tuner(fn, job, searcher, settings, on_event)
-    with _credentials_kept_out_of_ray():
+    with credentials_kept_out_of_ray():
         grid, interrupted = _fit(tuner)
     records = [_record(result, space) for result in grid]
     records.sort(key=lambda record: record.finished_at or 0)
     summary = searcher.summary() if searcher is not None else {"method": settings.method}
     return TuneRun(records, interrupted or _short(records, settings, deadline), summary)
-
-
-# Tune copies these of the driver's environment into each trial's runtime_env, and
-# Ray's runtime_env agent writes every runtime_env it sets up into its log
-# (session_*/logs/runtime_env_agent.log, readable by every user of the machine). The
-# trials of our own Ray instance inherit the driver's environment without it; a joined
-# cluster's trials read with their node's credentials (its role, profile or
-# environment), as the search's other tasks there always did.
-CREDENTIAL_VARIABLES = frozenset(
-    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"}
-)
-
-
-@contextlib.contextmanager
-def _credentials_kept_out_of_ray() -> Iterator[None]:
-    """Tune's trials made meanwhile carry no credential of the driver's environment in
-    their runtime_env (:data:`CREDENTIAL_VARIABLES`)."""
-    try:
-        from ray.tune.execution import class_cache
-    except ImportError:  # a Ray that moved it: tests/test_api.py checks the logs anyway
-        yield
-        return
-    forwarded = getattr(class_cache, "ENV_VARS_TO_PROPAGATE", None)
-    if forwarded is None:  # a Ray that forwards nothing this way
-        yield
-        return
-    class_cache.ENV_VARS_TO_PROPAGATE = set(forwarded) - CREDENTIAL_VARIABLES
-    try:
-        yield
-    finally:
-        class_cache.ENV_VARS_TO_PROPAGATE = forwarded
 
 
 def _new_tuner(
