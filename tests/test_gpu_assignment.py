@@ -55,6 +55,26 @@ def test_each_rank_sees_the_gpus_its_measurement_was_given(
     assert seen == [["3", "3"], ["5", "5"], [None, None]]
 
 
+def test_a_group_that_did_not_form_is_formed_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ranks' first meeting file cannot be made (its folder is a file): no rank
+    joins, nothing runs, and the ranks meet again in a new folder; a group that fails
+    to form every time is the measurement's error."""
+    import logging
+    import tempfile
+
+    made = tempfile.mkdtemp
+    folders = iter(["/dev/null/raytune-ranks"])
+    monkeypatch.setattr(ranks.tempfile, "mkdtemp", lambda **kw: next(folders, None) or made(**kw))
+    caplog.set_level(logging.WARNING, logger=ranks.__name__)
+    runs = ranks._run_ranks(TWO_RANKS, seen_by_the_rank, (), None)
+    assert len(runs) == 2 and "did not form" in caplog.text
+    folders = iter([f"/dev/null/{n}" for n in range(ranks.GROUP_TRIES)])
+    with pytest.raises(ranks.GroupNotFormedError, match="rank [01]: "):
+        ranks._run_ranks(TWO_RANKS, seen_by_the_rank, (), None)
+
+
 class _Cuda:
     """Stands in for torch.cuda's state: CUDA starts in the first measurement that uses it."""
 

@@ -20,6 +20,7 @@ Ray bundle holds all ranks' CPUs and GPUs, so they share one node.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import multiprocessing
 import os
 import queue as queue_module
@@ -44,6 +45,7 @@ from raytune_loader.measuring.backoff import BackoffOutcome, run_with_backoff
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.outcomes import InputRate, RankStat, TrialOutcome, merge_ranks
 
+log = logging.getLogger(__name__)
 ReportFn = Callable[[dict[str, Any]], None]
 Task = Callable[..., Any]
 
@@ -66,6 +68,16 @@ class RankError(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+class GroupNotFormedError(RankError):
+    """The ranks' process group did not form (before any step ran)."""
+
+
+# a group that did not form is formed again, in a new meeting folder: nothing ran in it
+# (gloo's connectFullMesh, "Connection closed by peer": under a loaded fast tier, in 1
+# fresh clone's run in 3, and in 1 group formed right after another had failed)
+GROUP_TRIES = 3
 
 
 def run_trial(
@@ -219,7 +231,21 @@ def _run_ranks(
     job: TrialJob, task: Task, args: tuple[Any, ...], forward: ReportFn | None
 ) -> list[RankRun]:
     """Start the ranks, pass rank 0's interim reports on, and collect every rank's run;
-    RankError when one raises or dies, or past the time limit. No rank outlives this."""
+    RankError when one raises or dies, or past the time limit; a group that did not
+    form is formed again (:data:`GROUP_TRIES`). No rank outlives this."""
+    for attempt in range(1, GROUP_TRIES + 1):
+        try:
+            return _run_ranks_once(job, task, args, forward)
+        except GroupNotFormedError as exc:
+            if attempt == GROUP_TRIES:
+                raise
+            log.warning("the ranks' process group did not form (%s): forming it again", exc)
+    raise AssertionError("unreachable")
+
+
+def _run_ranks_once(
+    job: TrialJob, task: Task, args: tuple[Any, ...], forward: ReportFn | None
+) -> list[RankRun]:
     context = multiprocessing.get_context("forkserver")
     # torch, this package and DDP's lazy imports (torch._dynamo: about 2 s) once per
     # measurement process, not once per rank
@@ -255,6 +281,8 @@ def _run_ranks(
                 continue
             if kind == "interim" and forward is not None:
                 forward(payload)
+            elif kind == "unformed":  # its peers wait for it to join the group
+                raise GroupNotFormedError("error", f"rank {rank}: {payload}")
             elif kind == "oom":  # its peers wait in a collective it will not join
                 raise RankError("oom", f"rank {rank}: {payload}")
             elif kind == "error":  # a peer's death or failure shows as a broken collective
@@ -354,13 +382,17 @@ def _rank_main(
         own_gpus = cuda and torch.cuda.device_count() >= world
         if cuda:
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(
-            "nccl" if own_gpus else "gloo",
-            init_method=rendezvous,
-            rank=rank,
-            world_size=world,
-            timeout=dt.timedelta(seconds=job.segment.give_up_s),
-        )
+        try:
+            dist.init_process_group(
+                "nccl" if own_gpus else "gloo",
+                init_method=rendezvous,
+                rank=rank,
+                world_size=world,
+                timeout=dt.timedelta(seconds=job.segment.give_up_s),
+            )
+        except (RuntimeError, ValueError) as exc:  # a peer's connection, the meeting's file
+            results.put(("unformed", rank, last_line(exc)))
+            return
 
         def report(metrics: dict[str, Any]) -> None:
             if rank == 0:
