@@ -151,14 +151,16 @@ def searched(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     tmp = tmp_path_factory.mktemp("search")
     ray_tmp = tempfile.mkdtemp(prefix="rtl-", dir="/tmp")
     before = ray_processes()
-    result = run_cli(
-        *TINY_SEARCH, "--data-root", str(tiny_imagenet), "--num-samples", "4",
-        "--out", str(tmp / "results"), cwd=tmp, env={**CREDENTIALS, "RAY_TMPDIR": ray_tmp},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    sessions = tuple(sorted(ray_sessions(ray_tmp)))
-    yield Searched(result, tmp / "results" / "synthetic-imagenet", before, sessions)
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    try:
+        result = run_cli(
+            *TINY_SEARCH, "--data-root", str(tiny_imagenet), "--num-samples", "4",
+            "--out", str(tmp / "results"), cwd=tmp, env={**CREDENTIALS, "RAY_TMPDIR": ray_tmp},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        sessions = tuple(sorted(ray_sessions(ray_tmp)))
+        yield Searched(result, tmp / "results" / "synthetic-imagenet", before, sessions)
+    finally:  # a failed search's Ray files too
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def write_shards(images: Path, out: Path, shards: int) -> list[Path]:

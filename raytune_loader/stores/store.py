@@ -195,7 +195,8 @@ class Store:
         host = urlparse(endpoint) if endpoint else None
         return {
             "scheme": self.url.scheme,
-            "bucket": self.url.bucket,  # the host and port alone: no user:password@
+            "bucket": self.url.bucket,
+            # the host and port alone: no user:password@ of AWS_ENDPOINT_URL
             "endpoint_host": host.netloc.rpartition("@")[2] if host else "s3.amazonaws.com",
             "region": options.region,
         }
