@@ -3,7 +3,6 @@ iterates the loader: real gloo process groups of two ranks."""
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import random
 from typing import Any
@@ -12,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, RandomSampler
 
-from conftest import two_gloo_ranks
+from conftest import gloo_group, two_gloo_ranks
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import ConfigError
 from raytune_loader.loaders.loader import build_dataloader
@@ -73,11 +72,7 @@ def test_without_a_process_group_the_loader_reads_everything_once_an_epoch() -> 
 
 
 def _rank(rank: int, store: str, results: Any) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=store, rank=rank,
-                            world_size=2, timeout=dt.timedelta(seconds=180))  # fmt: skip
-    try:
+    with gloo_group(rank, store, results):
         read: dict[str, Any] = {}
         for name, config in (("process", PROCESSES), ("thread", THREADS)):
             loader = build_dataloader(Indices(32), config, drop_last=False, seed=5)
@@ -91,8 +86,6 @@ def _rank(rank: int, store: str, results: Any) -> None:
         except ConfigError as exc:
             read["refused"] = str(exc)
         results.put((rank, read))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_in_a_process_group_each_rank_reads_its_own_half_of_every_epoch() -> None:

@@ -582,22 +582,15 @@ def _best_config(path: Path, pipeline: dict[str, object], spec: dict[str, object
 
 
 def _rank_reads(rank: int, store: str, configs: list[str], results: object) -> None:
-    import datetime as dt
-
-    import torch.distributed as dist
-
+    from conftest import gloo_group
     from raytune_loader import load_best_config
 
-    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2,
-                            timeout=dt.timedelta(seconds=180))  # fmt: skip
-    try:
+    with gloo_group(rank, store, results):
         shards, folder = (load_best_config(path) for path in configs)
         stream = shards.dataset(PATTERN)
         read = [int(y) for _, labels in shards.dataloader(stream) for y in labels]
         images = folder.image_dataset(f"s3://{BUCKET}/imagenet/train")
         results.put((rank, {"stream": read, "images": len(images)}))  # type: ignore[attr-defined]
-    finally:
-        dist.destroy_process_group()
 
 
 def test_in_training_rank_zero_lists_and_counts_and_every_rank_reads_its_share(

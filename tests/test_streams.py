@@ -446,20 +446,16 @@ def test_accelerate_passes_a_stream_loader_through_and_refuses_to_skip_into_it(
 
 
 def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object) -> None:
-    import datetime as dt
     import os
 
-    import torch.distributed as dist
-
+    from conftest import gloo_group
     from datasets_for_tests import RankStream
     from raytune_loader.errors import ConfigError
     from raytune_loader.loaders.loader import build_dataloader
 
-    dist.init_process_group("gloo", init_method=store, rank=rank,
-                            world_size=2, timeout=dt.timedelta(seconds=180))  # fmt: skip
-    os.environ["RANK"] = str(rank)  # as torchrun sets it, for the spawned workers below
-    out: dict[str, object] = {}
-    try:
+    with gloo_group(rank, store, results):
+        os.environ["RANK"] = str(rank)  # as torchrun sets it, for the spawned workers below
+        out: dict[str, object] = {}
         config = LoaderConfig(4, access="stream")
         loader = build_dataloader(RankStream((10, 7), 8), config, drop_last=False)
         out["len"] = len(loader)
@@ -478,8 +474,6 @@ def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object
             except ConfigError as exc:
                 out[name] = str(exc)
         results.put((rank, out))  # type: ignore[attr-defined]
-    finally:
-        dist.destroy_process_group()
 
 
 def test_in_a_process_group_every_rank_reads_as_many_batches_or_is_refused(
