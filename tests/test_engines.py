@@ -209,3 +209,28 @@ def test_an_engine_s_section_of_best_config_reads_back_as_its_pipeline(
     assert read == RayDataEngine(config).pipeline and read.candidate() == config
     with pytest.raises(ConfigError, match="'raydata' must hold a 'config' object"):
         type(engine).read_section({engine.name: {"name": "top-1"}})
+
+
+@pytest.mark.parametrize("chosen", [True, False])
+def test_each_engine_says_what_its_own_section_holds_in_the_summary(chosen: bool) -> None:
+    """A search's summary prints each engine's own section of ``best_config.json``: Ray
+    Data's candidate, chosen or the runner-up, its median rate and its ratio to the best
+    DataLoader; the DataLoader's sections are the summary's table, so it adds nothing."""
+    import io
+
+    from raytune_loader.engines import Verdict
+    from raytune_loader.outputs.console import print_summary
+
+    config = RayDataConfig(16, 3, 3, 2.0, crosses="uint8", decoder="tensor").candidate()
+    metrics = {"samples_per_s": {"median": 412.4, "min": 400.0, "max": 420.0}}
+    verdict = Verdict(chosen, "top-raydata", metrics, 1.234, 1.0, 4.0, None, [])
+    data = {"loader": LoaderConfig(16, 2).kwargs(), **engine_of(config).section(verdict)}
+    role = "chosen" if chosen else "runner-up"
+    said = f"Ray Data ({role}): {config.label()}: 412 samples/s, 1.23x the best DataLoader"
+    assert RayDataEngine.summary_lines(data) == [f"\n{said}"]
+    assert DataLoaderEngine.summary_lines(data) == []
+    assert RayDataEngine.summary_lines({"loader": data["loader"]}) == []
+    best = {**data, "metrics": metrics, "baselines": {}}
+    printed = io.StringIO()
+    print_summary(best, "out", printed)
+    assert said in printed.getvalue()

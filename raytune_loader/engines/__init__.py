@@ -5,7 +5,8 @@ A candidate's ``engine`` names one of :data:`ENGINES`; :func:`engine_of` gives t
 reserves, how it builds its batches, what it holds in flight, what its segment watches,
 how ``best_config.json`` writes and reads it), so no other module asks which engine a
 candidate runs. A new engine is one module here with its ``Engine`` subclass, one line
-in :data:`ENGINES`, and its name in ``candidates.rules.ENGINES``.
+in :data:`ENGINES`, its name in ``candidates.rules.ENGINES``, and in
+``candidates.rules.engine_fixes`` the fields it fixes.
 
 May import: the foundations, ``candidates``, ``pipeline``, ``loaders``, ``sources``,
 ``raydata``. Imported by: ``measuring`` and the rooms above it.

@@ -48,7 +48,7 @@ class Verdict:
     chosen: bool
     name: str
     metrics: dict[str, Any]
-    speedup_vs_dataloader: dict[str, Any] | None
+    speedup_vs_dataloader: float | None
     trial_cpus: float
     offered_cpus: float
     cpus_to_ceiling: float | None
@@ -153,6 +153,13 @@ class Engine(abc.ABC):
         """Called when ``best_config.json`` is read: the pipeline that :meth:`section`
         wrote into ``data`` (the file's content), validated without importing what runs
         it (a ConfigError saying what is wrong); None where the file has none."""
+
+    @classmethod
+    @abc.abstractmethod
+    def summary_lines(cls, data: Mapping[str, Any]) -> list[str]:
+        """Called when a search's summary is printed: what the engine's section of
+        ``best_config.json`` (:meth:`section`, in ``data``) says beside the table; none
+        where the file has no section of its own."""
 
     @classmethod
     @abc.abstractmethod

@@ -118,6 +118,11 @@ class DataLoaderEngine(Engine):
         return None
 
     @classmethod
+    def summary_lines(cls, data: Mapping[str, Any]) -> list[str]:
+        """None: the summary's table and pipeline line are the DataLoader's."""
+        return []
+
+    @classmethod
     def from_settings(cls, section: Mapping[str, Any]) -> LoaderConfig | None:
         """A ``loader`` section with its ``pipeline`` and ``worker_init`` (baselines have
         neither of the last two: the default pipeline, and workers with the libraries'

@@ -132,6 +132,21 @@ class RayDataEngine(Engine):
             raise ConfigError(f"invalid raydata section: {exc}") from None
 
     @classmethod
+    def summary_lines(cls, data: Mapping[str, Any]) -> list[str]:
+        """The best Ray Data candidate: chosen, or beside the chosen DataLoader."""
+        config = cls.read_section(data)
+        if config is None:
+            return []
+        section = data[cls.name]
+        speed = section.get("metrics", {}).get("samples_per_s")
+        speed = speed.get("median") if isinstance(speed, Mapping) else speed
+        ratio = section.get("speedup_vs_dataloader")
+        role = "chosen" if section.get("chosen") else "runner-up"
+        against = f", {ratio:.2f}x the best DataLoader" if ratio else ""
+        figure = f"{speed:.0f} samples/s" if speed else "no figure"
+        return [f"\nRay Data ({role}): {config.label()}: {figure}{against}"]
+
+    @classmethod
     def from_settings(cls, section: Mapping[str, Any]) -> LoaderConfig | None:
         knobs = section.get("raydata")
         if knobs is None:

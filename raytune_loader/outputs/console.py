@@ -18,13 +18,12 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.engines import config_from_settings, engine_named
+from raytune_loader.engines import ENGINES, config_from_settings, engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
 from raytune_loader.errors import RaytuneLoaderError, SearchInterruptedError, UserInputError
 from raytune_loader.measuring.records import TrialRecord, trial_status
 from raytune_loader.outputs.reader import chosen_settings
 from raytune_loader.progress import Progress
-from raytune_loader.raydata.config import RayDataConfig
 
 WORDS = {"ok": "done", "stopped_early": "stopped early", "error": "error"}
 
@@ -284,8 +283,9 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     pipeline = best.get("pipeline")
     if pipeline:
         print(f"\ntuned pipeline: {pipeline_line(pipeline)}", file=stream)
-    for line in raydata_lines(best):
-        print(line, file=stream)
+    for engine in ENGINES.values():  # each engine's own section, where the file has one
+        for line in engine.summary_lines(best):
+            print(line, file=stream)
     line = ceiling_line(best["metrics"])
     if line:
         print(f"\n{line}", file=stream)
@@ -305,22 +305,6 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     print(f"\nbest config: {out_dir}/best_config.json   report: {out_dir}/report.md", file=stream)
     use = engine_named(best.get("engine", DataLoaderEngine.name)).use
     print(f"use it: tuned = load_best_config('{out_dir}/best_config.json'); {use}", file=stream)
-
-
-def raydata_lines(best: dict[str, Any]) -> list[str]:
-    """The best Ray Data candidate: chosen, or beside the chosen DataLoader."""
-    section = best.get("raydata")
-    if not section:
-        return []
-    config = RayDataConfig.from_dict(section["config"])
-    speed, ratio = (
-        median_of(section["metrics"], "samples_per_s"),
-        section.get("speedup_vs_dataloader"),
-    )
-    role = "chosen" if section.get("chosen") else "runner-up"
-    against = f", {ratio:.2f}x the best DataLoader" if ratio else ""
-    figure = f"{speed:.0f} samples/s" if speed else "no figure"
-    return [f"\nRay Data ({role}): {config.label()}: {figure}{against}"]
 
 
 def steady_lines(best: dict[str, Any]) -> list[str]:

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.engines import engine_named
+from raytune_loader.engines import ENGINES, engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
 from raytune_loader.engines.raydata import RayDataEngine
 from raytune_loader.errors import ConfigError, DatasetError, UserInputError
@@ -437,11 +437,11 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
         loader = DataLoaderEngine.from_settings(data)
     except (ConfigError, TypeError) as exc:
         raise ConfigError(f"{file}: invalid loader section: {exc}") from None
-    try:
-        raydata = RayDataEngine.read_section(data)
+    try:  # every engine's own section, validated by its engine
+        sections = {name: engine.read_section(data) for name, engine in ENGINES.items()}
     except ConfigError as exc:
         raise ConfigError(f"{file}: {exc}") from None
-    return BestConfig(file, loader, data, raydata)
+    return BestConfig(file, loader, data, sections[RayDataEngine.name])
 
 
 SEARCH_KEYS = ("dataset_spec", "segment", "samples_per_trial", "seed", "device")
