@@ -26,7 +26,6 @@ hf-defaults-tuned-data, and hf-tuned over plain-tuned (target within 5%) per rou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -174,7 +173,7 @@ def main() -> None:
     over_arguments = [t / d for t, d in zip(speed["hf-tuned"], speed["hf-defaults-tuned-data"],
                                             strict=True)]  # fmt: skip
     over_plain = [t / p for t, p in zip(speed["hf-tuned"], speed["plain-tuned"], strict=True)]
-    best = json.loads(path.read_text())
+    best = load_best_config(path).data
     save("hf_trainer", {
         "samples_per_s": {name: spread(values) for name, values in speed.items()},
         "hf_tuned_over_hf_defaults": spread(over_defaults),

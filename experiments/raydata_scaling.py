@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import json
 import os
 import statistics
 import tempfile
@@ -50,7 +49,7 @@ from typing import Any
 import psutil
 
 from _common import save
-from raytune_loader import SearchOptions, run_search
+from raytune_loader import SearchOptions, load_best_config, run_search
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.candidates.structure import structure
 from raytune_loader.engines import config_from_settings
@@ -247,7 +246,7 @@ def main() -> None:
             opts = replace(opts, address=cluster.address, node_type=TRAINER,
                            cpu_node_type=CPU_NODE, objective="samples_per_s", out=out)  # fmt: skip
             result = run_search(opts)
-            best = json.loads((result.out_dir / "best_config.json").read_text())
+            best = load_best_config(result.out_dir / "best_config.json").data
             trials = list(csv.DictReader((result.out_dir / "trials.csv").open()))
     finally:
         cluster.shutdown()

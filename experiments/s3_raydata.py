@@ -22,7 +22,6 @@ Writes results/benchmarks/s3_raydata.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ from typing import Any
 from s3_search import BUCKET, BYTES_PER_S, SEARCH, _server, _upload, _upload_shards
 
 from _common import save
+from raytune_loader import load_best_config
 from raytune_loader.sources import synthetic
 from to_shards import images_of, write_webdataset
 
@@ -121,7 +121,7 @@ def _search(num_samples: int, out: Path, dataset: str, root: str) -> dict[str, A
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    best = json.loads((out / dataset / "best_config.json").read_text())
+    best = load_best_config(out / dataset / "best_config.json").data
     section = best.get("raydata") or {}
     metrics = section.get("metrics", {}).get("samples_per_s") or {}
     return {

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import save
+from raytune_loader import load_best_config
 from raytune_loader.sources import synthetic
 from to_shards import images_of, write_webdataset
 
@@ -157,7 +157,7 @@ def _throttled(args: argparse.Namespace) -> None:
                  "--data-root", f"s3://{BUCKET}/imagenet"]  # fmt: skip
         out = Path(tmp) / "out"
         figures = _search(flags, out, env)
-        best = json.loads((out / "imagenet" / "best_config.json").read_text())
+        best = load_best_config(out / "imagenet" / "best_config.json").data
         with open(out / "imagenet" / "trials.csv") as handle:
             rows = list(csv.DictReader(handle))
     counted = sum(int(r["store_throttled"] or 0) for r in rows)
@@ -183,7 +183,7 @@ def _search(
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     dataset = flags[flags.index("--dataset") + 1]
-    best = json.loads((out / dataset / "best_config.json").read_text())
+    best = load_best_config(out / dataset / "best_config.json").data
     model, limit = best["search"].get("model", {}), best.get("limit") or {}
     profile = model.get("profile", {})
     tuned = best["metrics"]["samples_per_s"]["median"]

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from _common import save
+from raytune_loader import load_best_config
 from raytune_loader.verdict.selection import rotated
 
 # The README's loop, as a user writes it: the tuned loader, the device-side stages,
@@ -44,7 +45,7 @@ from raytune_loader.measuring.models import build_model
 
 path = sys.argv[1]
 tuned = load_best_config(path)
-best = json.load(open(path))
+best = tuned.data
 segment = best["search"]["segment"]
 torch.set_num_threads(segment["compute_threads"])
 dataset = tuned.dataset()
@@ -67,7 +68,7 @@ def main() -> None:
         )
         search_s = time.perf_counter() - started
         best_path = next(out.glob("*/best_config.json"))
-        best = json.loads(best_path.read_text())
+        best = load_best_config(best_path).data
         runs: dict[str, list[float]] = {"bench": [], "loop": []}
         for repeat, way in rotated(list(runs), args.rounds):
             speed = bench(best_path, Path(tmp)) if way == "bench" else loop(best_path)
