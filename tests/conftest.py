@@ -248,17 +248,21 @@ class _Unformed:
 def gloo_group(rank: int, store: str, results: object) -> Iterator[None]:
     """A two-rank gloo group for a :func:`two_gloo_ranks` target, destroyed on leaving.
     Where it does not form (``Gloo connectFullMesh failed ... Connection closed by peer``
-    under load, before any rank has read anything), the rank says so on ``results`` and
-    exits, and the ranks meet again, as the product's rank runner does."""
+    under load), the rank says so on ``results`` and exits, and the ranks meet again, as
+    the product's rank runner does. Both ranks pass a barrier first: a rank whose peer
+    failed to join reads nothing (the store tests count every GET)."""
     import datetime as dt
 
     import torch.distributed as dist
 
+    from raytune_loader.errors import last_line
+
     try:
         dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2,
                                 timeout=dt.timedelta(seconds=180))  # fmt: skip
+        dist.barrier()  # init has none: one rank may be out while its peer failed
     except (RuntimeError, ValueError) as exc:  # a peer's connection, the meeting's file
-        results.put((rank, _Unformed(str(exc).strip().splitlines()[-1])))  # type: ignore[attr-defined]
+        results.put((rank, _Unformed(last_line(exc))))  # type: ignore[attr-defined]
         raise SystemExit(3) from exc
     try:
         yield
@@ -319,15 +323,15 @@ def _ranks_once(target: object, args: tuple[object, ...], timeout: float) -> dic
     store = f"file://{folder}/store"
     results = context.Queue()
     ranks = [context.Process(target=target, args=(r, store, *args, results)) for r in (0, 1)]
-    for process in ranks:
-        process.start()
     got: dict[int, object] = {}
     try:
+        for process in ranks:
+            process.start()
         got = dict(_from_ranks(ranks, results, timeout))
         return got
     finally:  # a rank that died, or did not join, leaves its peer waiting in the group
         wait = 0 if any(isinstance(v, _Unformed) for v in got.values()) else 30
-        for process in ranks:
+        for process in (p for p in ranks if p.pid is not None):  # started
             process.join(timeout=wait)
             if process.is_alive():
                 process.kill()
