@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from raytune_loader.errors import ConfigError
@@ -57,3 +59,17 @@ def test_the_job_s_one_constructor_refuses_a_step_no_trial_could_build() -> None
     assert job_from_options(SearchOptions(), "small-cnn", device="cpu", node_cpus=2).model == (
         "small-cnn"
     )
+
+
+def test_a_local_data_root_reaches_the_trials_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trials run in Tune's trial folders: ``--data-root photos`` is the folder
+    under the command's own, and a bucket's URL stays as given."""
+    from raytune_loader.tuning.options import dataset_spec
+
+    monkeypatch.chdir(tmp_path)
+    spec = dataset_spec(SearchOptions(dataset="imagefolder", data_root="photos"))
+    assert spec.data_root == str(tmp_path / "photos")
+    url = "s3://bucket/photos"
+    assert dataset_spec(SearchOptions(dataset="imagefolder", data_root=url)).data_root == url

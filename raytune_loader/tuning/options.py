@@ -9,6 +9,7 @@ into a :class:`~raytune_loader.errors.ConfigError` that names the flag.
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from raytune_loader.measuring.models import validate_step
 from raytune_loader.measuring.step import default_precision
 from raytune_loader.sources import datasets, synthetic
 from raytune_loader.sources.datasets import SYNTHETIC
-from raytune_loader.stores.url import mistyped
+from raytune_loader.stores.url import is_remote, mistyped
 
 OBJECTIVES = ("util", "samples_per_s")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -221,9 +222,15 @@ def check_data_root(data_root: object) -> None:
 
 
 def dataset_spec(opts: SearchOptions) -> datasets.DatasetSpec:
-    """What the options say to load (:func:`dataset_options` reads it back)."""
+    """What the options say to load (:func:`dataset_options` reads it back); a local
+    ``--data-root`` made absolute, since the trials run in Tune's trial folders, not in
+    the folder the command was given in (and training reads ``best_config.json``'s
+    record of it from anywhere)."""
+    root = opts.data_root
+    if root and not is_remote(root):
+        root = os.path.abspath(os.path.expanduser(root))
     return datasets.DatasetSpec(
-        opts.dataset, opts.data_root, opts.download, opts.synthetic_images,
+        opts.dataset, root, opts.download, opts.synthetic_images,
         opts.image_column, opts.label_column, opts.shuffle_buffer, opts.storage_options,
     )  # fmt: skip
 
