@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raytune_loader.errors import SearchInterruptedError
+from raytune_loader.errors import DatasetError, SearchFailedError, SearchInterruptedError
 from raytune_loader.machine import hardware
 from raytune_loader.measuring import records
 from raytune_loader.measuring.measure import search_cache
@@ -92,6 +92,10 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         scheduler=tuner.scheduler_description(plan.job), search=run.search, model=plan.model,
     )  # fmt: skip
     by_class = records.by_hardware_class(run.records)
-    best, trials = write_results(out_dir, context, by_class, verified, progress)
+    try:
+        best, trials = write_results(out_dir, context, by_class, verified, progress)
+    except (SearchFailedError, DatasetError):  # every configuration failed: no result
+        (out_dir / setup.RESUME_POINTER).unlink(missing_ok=True)  # to resume either
+        raise
     (out_dir / setup.RESUME_POINTER).unlink(missing_ok=True)  # nothing left to resume
     return SearchResult(out_dir, best, trials, cluster.dashboard_url)

@@ -70,6 +70,17 @@ class BatchSizeTooSmallError(RaytuneLoaderError):
     """CUDA ran out of memory even at the minimum batch size."""
 
 
+CORRUPT = "corrupt sample "  # how a CorruptSampleError's message starts
+CORRUPT_FIX = "remove or replace that file and run the search again"
+
+
+def corrupt_said(text: str) -> str | None:
+    """``corrupt sample <file>: <why>`` where ``text`` (a reason, an error's last line,
+    however wrapped: a worker's, Ray's) says a sample file is corrupt; None otherwise."""
+    at = text.find(CORRUPT)
+    return text[at:] if at >= 0 else None
+
+
 def last_line(exc: BaseException) -> str:
     """``Type: message`` from an exception's last non-empty line (errors raised in C++
     or in a DataLoader worker carry a stack trace before it)."""

@@ -197,3 +197,32 @@ def test_what_if_estimates_are_calibrated_as_the_trials_of_their_part_were() -> 
     for before, after in zip(raw, found, strict=True):
         factor = calibrated.get(before["bound"], 1.0)
         assert after["samples_per_s"] == pytest.approx(before["samples_per_s"] * factor, abs=0.1)
+
+
+def test_when_every_configuration_failed_the_first_reason_is_said_whole() -> None:
+    """No result: the first trial's reason whole (not cut in mid-sentence), the count of
+    the others; where every trial failed on a corrupt sample the data is at fault (a
+    DatasetError, exit status 2) and the line says what to do with the file."""
+    from raytune_loader.errors import DatasetError, SearchFailedError
+    from raytune_loader.measuring.records import TrialRecord
+
+    context = _context(SearchSpace(2, (32,), False, 2))
+    bad = "/data/train/b/000002.JPEG"
+    long = f"corrupt sample {bad}: ValueError: Unsupported or unrecognized image format. " + (
+        "Supported formats are " + ", ".join(["jpeg", "png", "gif", "webp"] * 30)
+    )
+    reason = f"corrupt_sample: CorruptSampleError: {long}"  # as a worker's error says it
+    corrupt = [TrialRecord(str(i), "failed", reason) for i in range(3)]
+    corrupt.append(TrialRecord("3", "failed", f"corrupt_sample: corrupt sample {bad}: other"))
+    with pytest.raises(DatasetError) as raised:
+        best_config(context, [], corrupt)
+    said = str(raised.value)
+    assert said == (
+        f"every configuration failed on a {long}; remove or replace that "
+        "file and run the search again (1 other reason in trials.partial.csv)"
+    )
+    mixed = [TrialRecord("0", "failed", "data_loader: worker 1 died"), *corrupt[:1]]
+    with pytest.raises(SearchFailedError, match=r"failed: data_loader: worker 1 died \(1 other"):
+        best_config(context, [], mixed)
+    with pytest.raises(SearchFailedError, match="failed: no trial finished$"):
+        best_config(context, [], [TrialRecord("0", "error")])

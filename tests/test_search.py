@@ -219,17 +219,41 @@ def test_ray_is_shut_down_and_nothing_left_behind(searched: Searched) -> None:
 
 
 @pytest.mark.slow
-def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("data", ["broken", "a corrupt file"])
+def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(
+    data: str, tmp_path: Path, tiny_imagenet: Path
+) -> None:
+    """A dataset that always raises ends the search with its reason in one line (exit 1,
+    at the ceiling, the first to read a batch). An image folder (given relative to the
+    command's folder, as the trials are not) whose last file is text named .JPEG: the
+    ceiling's batch reads, every trial fails on that file, and the search ends with exit
+    2 naming it and what to do; nothing is left to resume, the partial trials are kept."""
+    import shutil
+
     before = ray_processes()
+    dataset = ["--dataset", "datasets_for_tests:broken"]
+    if data == "a corrupt file":
+        for folder in sorted((tiny_imagenet / "train").iterdir())[:2]:
+            shutil.copytree(folder, tmp_path / "photos" / folder.name)
+        bad = sorted((tmp_path / "photos").rglob("*.JPEG"))[-1]
+        bad.write_text("not a JPEG")
+        dataset = ["--dataset", "imagefolder", "--data-root", "photos"]
+    out = tmp_path / "results"
     result = run_cli(
-        "--dataset", "datasets_for_tests:broken", "--num-samples", "2", "--batch-size", "8",
-        "--steps", "4", "--report-every", "2", "--samples-per-trial", "32",
-        "--out", str(tmp_path / "results"), cwd=tmp_path,
+        *dataset, "--num-samples", "2", "--batch-size", "8",
+        "--steps", "4", "--report-every", "2", "--samples-per-trial", "24",
+        "--out", str(out), cwd=tmp_path,
     )  # fmt: skip
-    assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "ValueError: sample" in last and "is broken" in last
-    assert "Traceback" not in result.stderr
+    assert last.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    if data == "broken":
+        assert result.returncode == 1
+        assert "ValueError: sample" in last and "is broken" in last
+    else:
+        assert result.returncode == 2, result.stderr
+        assert f"every configuration failed on a corrupt sample {bad}: " in last
+        assert "remove or replace that file and run the search again" in last
+        assert not list(out.rglob("last_search.json")) and list(out.rglob("trials.partial.csv"))
     assert ray_processes() <= before
 
 

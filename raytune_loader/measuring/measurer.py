@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.errors import SearchFailedError, UserInputError, last_line
+from raytune_loader.errors import (
+    CORRUPT_FIX,
+    DatasetError,
+    SearchFailedError,
+    UserInputError,
+    corrupt_said,
+    last_line,
+)
 from raytune_loader.measuring.job import TrialJob
 from raytune_loader.measuring.measure import CEILING_WINDOWS
 from raytune_loader.measuring.outcomes import InputRate, TrialOutcome
@@ -89,6 +96,11 @@ def measure_ceilings(
         except UserInputError:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever failed, there is no ceiling
+            said = corrupt_said(last_line(exc))
+            if required and said:  # the data is at fault, not the search
+                raise DatasetError(
+                    f"cannot measure the model's ceiling on a {said}; {CORRUPT_FIX}"
+                ) from None
             if required:
                 raise SearchFailedError(
                     f"cannot measure the model's ceiling: {last_line(exc)}"

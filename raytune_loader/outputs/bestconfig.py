@@ -16,7 +16,13 @@ from typing import Any
 
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.engines import Verdict, engine_of
-from raytune_loader.errors import SearchFailedError
+from raytune_loader.errors import (
+    CORRUPT_FIX,
+    DatasetError,
+    RaytuneLoaderError,
+    SearchFailedError,
+    corrupt_said,
+)
 from raytune_loader.files import write_json
 from raytune_loader.machine import hardware
 from raytune_loader.measuring import records, shards, steady
@@ -187,6 +193,22 @@ def _hardware(ctx: SearchContext, records: list[TrialRecord]) -> dict[str, Any]:
     }
 
 
+def _all_failed(records: Sequence[TrialRecord]) -> RaytuneLoaderError:
+    """Every configuration failed: the first trial's reason whole, and how many others
+    ``trials.partial.csv`` (kept) holds. Where every one was a corrupt sample, the data
+    is at fault: a DatasetError naming the file (the checks before the trials read only
+    some)."""
+    reasons = list(dict.fromkeys(r.reason for r in records if r.reason))
+    if not reasons:
+        return SearchFailedError("every configuration failed: no trial finished")
+    others = len(reasons) - 1
+    more = f" ({others} other reason{'s' * (others > 1)} in trials.partial.csv)" if others else ""
+    said = [corrupt_said(r) for r in reasons if r.startswith("corrupt_sample: ")]
+    if len(said) == len(reasons) and said[0]:
+        return DatasetError(f"every configuration failed on a {said[0]}; {CORRUPT_FIX}{more}")
+    return SearchFailedError(f"every configuration failed: {reasons[0]}{more}")
+
+
 def best_config(
     ctx: SearchContext,
     candidates: list[Candidate],
@@ -200,8 +222,7 @@ def best_config(
     (:mod:`~raytune_loader.verdict.findings`)."""
     selection = select(candidates, ctx.opts.objective)
     if selection is None:
-        reasons = sorted({r.reason for r in records if r.reason}) or ["no trial finished"]
-        raise SearchFailedError(f"every configuration failed: {'; '.join(reasons)[:400]}")
+        raise _all_failed(records)
     by_name = {c.name: c for c in candidates}
     winner = selection.winner
     loader = _dataloader(selection, by_name)  # what .dataloader() builds
