@@ -31,6 +31,9 @@ def test_unknown_dataset_lists_the_known_ones() -> None:
 def test_missing_and_empty_folders_explain_the_layout(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="does not exist; expected the ImageFolder layout"):
         build_dataset(DatasetSpec("imagenet", str(tmp_path / "nowhere")))
+    (tmp_path / "photo.jpg").write_bytes(b"not a folder")
+    with pytest.raises(DatasetError, match="photo.jpg is a file, not a folder; expected the"):
+        build_dataset(DatasetSpec("imagefolder", str(tmp_path / "photo.jpg")))
     (tmp_path / "train").mkdir()
     with pytest.raises(DatasetError, match="no images under"):
         build_dataset(DatasetSpec("imagenet", str(tmp_path)))

@@ -186,6 +186,34 @@ def test_main_exit_status(results: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().out.strip() == str(results / "report.md")
 
 
+def test_a_folder_this_tool_did_not_write_is_one_line_and_exit_2(
+    results: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A file for the folder, a best_config.json that is not JSON or not this tool's, a
+    trials.csv that is not text or lacks the columns: each one line that says what to
+    pass, exit status 2, no traceback."""
+    import shutil
+
+    assert report.main([str(results / "best_config.json")]) == 2
+    said = capsys.readouterr().err
+    file = results / "best_config.json"
+    assert said == f"error: {file} is a file; pass the results folder that holds it ({results})\n"
+    bad = {
+        ("best_config.json", b"{oops"): "is not valid JSON",
+        ("best_config.json", b'{"name": "another tool"}'): "it is not a raytune_loader result",
+        ("trials.csv", b"garbage\x00\xff\n1,2\n"): "cannot be read (UnicodeDecodeError",
+        ("trials.csv", b"a,b\n1,2\n"): "lacks trial_id, status, pin_memory",
+    }
+    for i, ((name, content), why) in enumerate(bad.items()):
+        folder = tmp_path / f"bad{i}"
+        shutil.copytree(results, folder)
+        (folder / name).write_bytes(content)
+        assert report.main([str(folder)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {folder / name}") and why in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_an_interrupted_search_s_trials_never_break_the_report(tmp_path: Path) -> None:
     """Trials an interrupt ended before their first report have no metrics (and maybe no
     configuration): they are listed, never plotted, and the report is whole."""

@@ -54,6 +54,9 @@ def test_never_overwrites_a_folder_that_is_not_ours(tmp_path: Path, tiny_imagene
     with pytest.raises(DatasetError, match="pass --synthetic-images 96"):
         ensure_synthetic_imagenet(tiny_imagenet, 40, 4)
     assert len(list((tiny_imagenet / "train").rglob("*.JPEG"))) == 96
+    with pytest.raises(DatasetError, match="holiday.jpg is a file, not a folder; pass an"):
+        ensure_synthetic_imagenet(mine / "holiday.jpg", 40, 4)
+    assert (mine / "holiday.jpg").read_bytes() == b"precious"
 
 
 def test_image_i_is_in_class_i_mod_classes_under_its_own_name(tiny_imagenet: Path) -> None:

@@ -417,7 +417,10 @@ def load_best_config(path: str | os.PathLike[str]) -> BestConfig:
     except FileNotFoundError:
         raise ConfigError(f"{file} does not exist; run the search first") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{file} is not valid JSON ({exc}); re-run the search") from None
+        raise ConfigError(
+            f"{file} is not valid JSON ({exc}); pass a search's best_config.json, "
+            "or re-run the search"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{file} must hold a JSON object, not {type(data).__name__}")
     missing = [key for key in REQUIRED_KEYS if key not in data]

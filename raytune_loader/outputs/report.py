@@ -21,7 +21,7 @@ from raytune_loader.candidates.config import CONFIG_KEYS, LABELS, LoaderConfig
 from raytune_loader.candidates.structure import structure
 from raytune_loader.engines import config_from_settings, engine_named
 from raytune_loader.engines.dataloader import DataLoaderEngine
-from raytune_loader.errors import ConfigError
+from raytune_loader.errors import ConfigError, last_line
 from raytune_loader.files import atomic_write_text
 from raytune_loader.measuring.records import FAILED
 from raytune_loader.outputs.console import (
@@ -38,9 +38,22 @@ from raytune_loader.outputs.reader import load_best_config
 ORDERED = ("num_workers", "prefetch_factor", "batch_size")  # integers, ordered for importance
 
 
+# the columns every trials.csv this tool wrote has had, older ones too
+NEEDED_COLUMNS = ("trial_id", "status", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
 def load_trials(path: Path) -> pd.DataFrame:
-    """trials.csv in completion order, numbered from 1, with ``prefetch`` 0 when unused."""
-    trials = pd.read_csv(path, dtype={"trial_id": str, "reason": str, "baseline": str})
+    """trials.csv in completion order, numbered from 1, with ``prefetch`` 0 when unused; a
+    ConfigError in one line for a file this tool did not write."""
+    try:
+        trials = pd.read_csv(path, dtype={"trial_id": str, "reason": str, "baseline": str})
+        missing = [c for c in NEEDED_COLUMNS if c not in trials]
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ConfigError(f"{path} cannot be read ({last_line(exc)}); re-run the search") from None
+    if missing:
+        raise ConfigError(
+            f"{path} lacks {', '.join(missing)}; it is not a raytune_loader trials.csv"
+        )
     if "finished_at" in trials:  # older files lack it; their rows are already in order
         trials = trials.sort_values("finished_at", kind="stable")
     trials = trials.reset_index(drop=True)
@@ -471,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raytune_loader.report", description=__doc__)
     parser.add_argument("results", type=Path, help="a results/<dataset> folder")
     args = parser.parse_args(argv)
+    if args.results.is_file():
+        print(f"error: {args.results} is a file; pass the results folder that holds it "
+              f"({args.results.parent})", file=sys.stderr)  # fmt: skip
+        return 2
     missing = [n for n in ("best_config.json", "trials.csv") if not (args.results / n).exists()]
     if missing:
         print(
@@ -478,5 +495,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    print(write_report(args.results))
+    try:
+        print(write_report(args.results))
+    except ConfigError as exc:  # a file of the folder this tool did not write
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0

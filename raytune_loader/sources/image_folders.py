@@ -95,8 +95,9 @@ class ImageFolders(Source):
         folder = self.folder(spec)
         layout = f"{folder}/<class>/<image>.JPEG"
         if not folder.is_dir():
+            what = "is a file, not a folder" if folder.exists() else "does not exist"
             raise DatasetError(
-                f"{spec.name}: folder {folder} does not exist; expected the ImageFolder "
+                f"{spec.name}: folder {folder} {what}; expected the ImageFolder "
                 f"layout {layout} (pass the parent folder with --data-root)"
             )
         try:

@@ -71,6 +71,8 @@ def _meta(root: Path) -> dict[str, int] | None:
 
 def _check_replaceable(root: Path, num_images: int) -> None:
     """Refuse to overwrite anything but an empty folder or an older copy of ours."""
+    if root.exists() and not root.is_dir():
+        raise DatasetError(f"{root} is a file, not a folder; pass an empty or new --data-root")
     if not root.exists() or not any(root.iterdir()):
         return
     meta = _meta(root)
