@@ -234,9 +234,6 @@ def uneven_shards(tiny_imagenet: Path, tmp_path_factory: pytest.TempPathFactory)
     return write_uneven_shards(tiny_imagenet / "train", tmp_path_factory.mktemp("uneven"))
 
 
-GROUP_TRIES = 3  # gloo's full mesh, refused now and then under the tier's load
-
-
 class _Unformed:
     """What a rank puts on ``results`` when its gloo group did not form."""
 
@@ -305,7 +302,10 @@ def two_gloo_ranks(target: object, *args: object, timeout: float = 240) -> dict[
     group they make with :func:`gloo_group`; each puts ``(rank, what it read)`` on
     ``results``. The group meets in a file, not on a port: a free port picked here can be
     taken by another test's Ray before rank 0 binds it. A group that did not form is
-    formed again in a new meeting file, at most :data:`GROUP_TRIES` times."""
+    formed again in a new meeting file, as often as the product's rank runner does it
+    (:data:`raytune_loader.measuring.ranks.GROUP_TRIES`)."""
+    from raytune_loader.measuring.ranks import GROUP_TRIES
+
     for _ in range(GROUP_TRIES):
         got = _ranks_once(target, args, timeout)
         unformed = [why for why in got.values() if isinstance(why, _Unformed)]
