@@ -21,11 +21,25 @@ from raytune_loader.errors import OutputError
 if TYPE_CHECKING:
     pass
 
+# the process's umask, read once at import (reading it means setting it): a result file
+# gets the mode ``open`` would give it, where ``mkstemp``'s is 0600, readable by no one
+# else on a cluster's shared disk, unlike the plots and report beside it
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def temporary_beside(path: Path, suffix: str = "") -> tuple[int, str]:
+    """A temporary file (descriptor, name) in ``path``'s folder, to be renamed over
+    ``path``, with the mode a file newly opened for writing gets (0666 less the umask)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    return fd, tmp
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so readers see the old file or the new, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import stat
 
 import pytest
 
@@ -70,6 +71,22 @@ def test_the_record_says_how_the_search_ran(searched: Searched) -> None:
     assert reports == 2
     assert search["scheduler"] == f"ASHA(max_t={reports}, grace_period=1, reduction_factor=2)"
     assert search["trials"] == 4 and search["ok"] + search["stopped_early"] == 4
+
+
+def test_every_result_file_has_the_mode_a_file_opened_there_gets(searched: Searched) -> None:
+    """The folder's files are renamed from temporary files, whose mode is 0600: on a
+    cluster's shared disk nobody else could read best_config.json. Each has the mode
+    ``open`` gives a new file in the same folder (the umask's), as the plots' did."""
+    fresh = searched.folder / ".mode-probe"
+    fresh.write_text("")
+    try:
+        expected = stat.S_IMODE(fresh.stat().st_mode)
+    finally:
+        fresh.unlink()
+    files = [p for p in searched.folder.iterdir() if p.is_file()]
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in files}
+    assert {"best_config.json", "trials.csv", "report.md"} <= modes.keys()
+    assert modes == dict.fromkeys(modes, expected)
 
 
 def test_where_the_gpu_runs_pipeline_stages_the_objective_counts_training_only() -> None:

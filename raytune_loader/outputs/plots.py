@@ -8,7 +8,6 @@ timestamp and renamed into place, so the same trials give the same files.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from raytune_loader.files import temporary_beside
 from raytune_loader.measuring.records import FAILED, MEASURED
 
 MARKERS = "osD^vP*Xph"
@@ -39,7 +39,7 @@ def plot_points(trials: pd.DataFrame) -> pd.DataFrame:
 
 def _save_png(fig: Figure, path: Path) -> None:
     """Write without a timestamp or version stamp, then rename into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    fd, tmp = temporary_beside(path, ".png")
     os.close(fd)
     try:
         FigureCanvasAgg(fig).print_png(tmp, metadata={"Software": None})
