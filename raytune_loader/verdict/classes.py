@@ -130,8 +130,11 @@ def verify_class(
         on_start=lambda total: progress.count(what, 0, total),
     )
     if verified.rounds < opts.verify_repeats:
-        progress.stage(f"Verification decided after {verified.rounds} of {opts.verify_repeats} "
-                       "rounds: more runs could not change the winner")  # fmt: skip
+        # fewer than two measured decide at once: none, when every run failed
+        why = ("more runs could not change the winner" if any(c.ok for c in verified.candidates)
+               else "every run failed")  # fmt: skip
+        progress.stage(f"Verification ended after {verified.rounds} of {opts.verify_repeats} "
+                       f"rounds: {why}")  # fmt: skip
     verified = with_input_rates(verified, job, opts.objective, measurer, progress)
     rules = findings.Rules(opts.memory_share, opts.cpus_per_worker)
     return probes.probe(verified, job, opts.objective, class_records, measurer, progress, rules)
