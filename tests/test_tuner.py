@@ -236,6 +236,37 @@ def test_a_second_ctrl_c_interrupts_at_once(fake_tune: FakeTune, tmp_path: Path)
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_tune_s_hint_to_resume_with_its_own_api_is_left_out_and_its_other_lines_kept(
+    fake_tune: FakeTune, tmp_path: Path
+) -> None:
+    """On Ctrl-C Tune's run loop logs how to resume with ``Tuner.restore``; the command's
+    user resumes with --resume, which its last line says. Tune's warning that it is
+    stopping still shows; after the run its logger passes everything again."""
+    import logging
+
+    from ray.tune import tune as tune_loop
+
+    assert tune_loop.logger.name == tuner.TUNE_RUN_LOGGER  # the logger that says it
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    tune_loop.logger.addHandler(handler)
+    restore = 'Experiment has been interrupted...\nResume experiment with: Tuner.restore(path="x")'
+
+    def interrupted() -> None:
+        tune_loop.logger.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending")
+        tune_loop.logger.warning(restore)
+
+    fake_tune.during_fit = interrupted
+    try:
+        tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore)
+        assert seen == ["Stop signal received (e.g. via SIGINT/Ctrl+C), ending"]
+        tune_loop.logger.warning(restore)  # outside the run: not ours to leave out
+        assert seen[-1] == restore
+    finally:
+        tune_loop.logger.removeHandler(handler)
+
+
 def test_only_a_saved_experiment_can_be_resumed(searched: Searched) -> None:
     storage = searched.folder / "tune"
     (experiment,) = storage.glob("search-*")

@@ -415,6 +415,19 @@ class _InterruptMarker:
         raise KeyboardInterrupt
 
 
+# the logger of Tune's run loop (ray.tune.tune), which on Ctrl-C tells to resume with
+# ``Tuner.restore(path=..., trainable=...)``: a command-line user continues with
+# --resume, as the command's own last line says
+TUNE_RUN_LOGGER = "ray.tune.tune"
+
+
+class _NoRestoreHint(logging.Filter):
+    """Leaves out Tune's hint to resume with ``Tuner.restore``; its other lines pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tuner.restore(" not in record.getMessage()
+
+
 def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
     """``tuner.fit()`` and whether Ctrl-C ended it; afterwards Ctrl-C interrupts again.
 
@@ -433,10 +446,13 @@ def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0"
         and not ray.util.client.ray.is_connected()
     )
+    hint = _NoRestoreHint()
+    logging.getLogger(TUNE_RUN_LOGGER).addFilter(hint)
     try:
         grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
     finally:
+        logging.getLogger(TUNE_RUN_LOGGER).removeFilter(hint)
         for sig, handler in previous.items():
             if handler is not None:  # None: installed outside Python, cannot be restored
                 signal.signal(sig, handler)
