@@ -200,7 +200,10 @@ def _actors_page(url: str, token: str, screenshot: Path) -> dict[str, str]:
 
 
 def test_the_dashboard_needs_the_token(watched: Watched) -> None:
+    """Token authentication is on, asked for by the search: not Ray's default, which
+    warns how to turn it off."""
     assert watched.statuses == {"token": 200, "none": 401, "wrong": 403}
+    assert "Token authentication is enabled for this Ray cluster" not in watched.output
     assert watched.session.startswith("session_")
 
 

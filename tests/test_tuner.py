@@ -267,6 +267,33 @@ def test_tune_s_hint_to_resume_with_its_own_api_is_left_out_and_its_other_lines_
         tune_loop.logger.removeHandler(handler)
 
 
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [(None, "token in ~/.ray/auth_token"), ("disabled", "no token: RAY_AUTH_MODE=disabled")],
+)
+def test_the_dashboard_line_says_where_its_token_is_or_that_it_needs_none(
+    mode: str | None, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user who turned Ray's token authentication off is not sent to look for a token
+    (test_dashboard.py checks that the search's own Ray asks for one, and that Ray's
+    warning on how to turn it off, from this logger, is left out)."""
+    from ray._private.authentication import authentication_token_setup
+
+    from raytune_loader.tuning import setup
+
+    assert authentication_token_setup.logger.name == tuner.AUTH_SETUP_LOGGER
+
+    if mode is None:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    lines: list[str] = []
+    progress = SimpleNamespace(stage=lines.append, warn=lines.append)
+    cluster = SimpleNamespace(joined=False, dashboard_url="http://127.0.0.1:8265")
+    setup.announce_dashboard(cluster, progress)  # type: ignore[arg-type]
+    assert lines == [f"Ray dashboard: http://127.0.0.1:8265 ({said})"]
+
+
 def test_only_a_saved_experiment_can_be_resumed(searched: Searched) -> None:
     storage = searched.folder / "tune"
     (experiment,) = storage.glob("search-*")

@@ -200,6 +200,9 @@ class SearchOptions:
             )
 
 
+AUTH_MODE = "RAY_AUTH_MODE"  # Ray's switch for token authentication: token or disabled
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is this machine's loopback (the dashboard then reaches no one else)."""
     if host == "localhost":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,12 @@ from raytune_loader.tuning.bounds import (
     worker_bound,
 )
 from raytune_loader.tuning.costmodel import CostModel
-from raytune_loader.tuning.options import SearchOptions, is_loopback, job_from_options
+from raytune_loader.tuning.options import (
+    AUTH_MODE,
+    SearchOptions,
+    is_loopback,
+    job_from_options,
+)
 from raytune_loader.tuning.space import SearchSpace
 
 if TYPE_CHECKING:
@@ -176,7 +182,9 @@ def announce_dashboard(cluster: Any, progress: Progress) -> None:
     """Say where the Ray dashboard is (its token is in ``~/.ray/auth_token``)."""
     where = "the cluster's" if cluster.joined else "Ray"
     if cluster.dashboard_url:
-        progress.stage(f"{where} dashboard: {cluster.dashboard_url} (token in ~/.ray/auth_token)")
+        off = os.environ.get(AUTH_MODE, "").lower() == "disabled"
+        token = f"no token: {AUTH_MODE}=disabled" if off else "token in ~/.ray/auth_token"
+        progress.stage(f"{where} dashboard: {cluster.dashboard_url} ({token})")
     else:
         progress.warn("Ray dashboard not available (install ray[default] to watch trials)")
 

@@ -169,16 +169,19 @@ def start_ray(
                 "`ray start --head` or check the address"
             ) from None
     else:
-        # "local": start our own instance even when a `ray start` cluster runs here
-        context = ray.init(
-            address="local", num_cpus=num_cpus, dashboard_host=dashboard_host,
-            _system_config={
-                "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
-                "worker_niceness": WORKER_NICENESS,
-                "prestart_worker_first_driver": PRESTART_WORKERS,
-            },
-            **kwargs,
-        )  # fmt: skip
+        # "local": start our own instance even when a `ray start` cluster runs here;
+        # Ray turns token authentication on, and its warning on how to turn it off is
+        # left out (the dashboard's line says where the token is)
+        with _filtered(AUTH_SETUP_LOGGER, "Token authentication is enabled for this"):
+            context = ray.init(
+                address="local", num_cpus=num_cpus, dashboard_host=dashboard_host,
+                _system_config={
+                    "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
+                    "worker_niceness": WORKER_NICENESS,
+                    "prestart_worker_first_driver": PRESTART_WORKERS,
+                },
+                **kwargs,
+            )  # fmt: skip
     url = getattr(context, "dashboard_url", None) or None
     if url and not url.startswith("http"):
         url = f"http://{url}"
@@ -419,13 +422,31 @@ class _InterruptMarker:
 # ``Tuner.restore(path=..., trainable=...)``: a command-line user continues with
 # --resume, as the command's own last line says
 TUNE_RUN_LOGGER = "ray.tune.tune"
+# the logger of Ray's token set-up, which warns on a local start that token
+# authentication is on and how to turn it off: it stays on here
+AUTH_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
-class _NoRestoreHint(logging.Filter):
-    """Leaves out Tune's hint to resume with ``Tuner.restore``; its other lines pass."""
+class _Without(logging.Filter):
+    """Leaves out the lines that hold ``text``; the others pass."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Tuner.restore(" not in record.getMessage()
+        return self.text not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _filtered(logger: str, text: str) -> Iterator[None]:
+    """Inside, ``logger`` leaves out its lines that hold ``text``."""
+    without = _Without(text)
+    logging.getLogger(logger).addFilter(without)
+    try:
+        yield
+    finally:
+        logging.getLogger(logger).removeFilter(without)
 
 
 def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
@@ -446,13 +467,11 @@ def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0"
         and not ray.util.client.ray.is_connected()
     )
-    hint = _NoRestoreHint()
-    logging.getLogger(TUNE_RUN_LOGGER).addFilter(hint)
     try:
-        grid = tuner.fit()
+        with _filtered(TUNE_RUN_LOGGER, "Tuner.restore("):
+            grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
     finally:
-        logging.getLogger(TUNE_RUN_LOGGER).removeFilter(hint)
         for sig, handler in previous.items():
             if handler is not None:  # None: installed outside Python, cannot be restored
                 signal.signal(sig, handler)
