@@ -8,6 +8,7 @@ folder that cannot be written.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -23,16 +24,18 @@ if TYPE_CHECKING:
 
 # the process's umask, read once at import (reading it means setting it): a result file
 # gets the mode ``open`` would give it, where ``mkstemp``'s is 0600, readable by no one
-# else on a cluster's shared disk, unlike the plots and report beside it
+# else on a cluster's shared disk
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
 def temporary_beside(path: Path, suffix: str = "") -> tuple[int, str]:
     """A temporary file (descriptor, name) in ``path``'s folder, to be renamed over
-    ``path``, with the mode a file newly opened for writing gets (0666 less the umask)."""
+    ``path``, with the mode a file newly opened for writing gets (0666 less the umask)
+    where the file system keeps modes (a FAT disk refuses to change them: its own)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_UMASK)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666 & ~_UMASK)
     return fd, tmp
 
 

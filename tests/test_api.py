@@ -76,7 +76,7 @@ def test_the_record_says_how_the_search_ran(searched: Searched) -> None:
 def test_every_result_file_has_the_mode_a_file_opened_there_gets(searched: Searched) -> None:
     """The folder's files are renamed from temporary files, whose mode is 0600: on a
     cluster's shared disk nobody else could read best_config.json. Each has the mode
-    ``open`` gives a new file in the same folder (the umask's), as the plots' did."""
+    ``open`` gives a new file in the same folder (the umask's)."""
     fresh = searched.folder / ".mode-probe"
     fresh.write_text("")
     try:

@@ -200,8 +200,8 @@ def _actors_page(url: str, token: str, screenshot: Path) -> dict[str, str]:
 
 
 def test_the_dashboard_needs_the_token(watched: Watched) -> None:
-    """Token authentication is on, asked for by the search: not Ray's default, which
-    warns how to turn it off."""
+    """Token authentication is on (Ray's default for the instance a search starts), and
+    Ray's warning on how to turn it off is left out of the search's output."""
     assert watched.statuses == {"token": 200, "none": 401, "wrong": 403}
     assert "Token authentication is enabled for this Ray cluster" not in watched.output
     assert watched.session.startswith("session_")

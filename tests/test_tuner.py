@@ -242,11 +242,14 @@ def test_tune_s_hint_to_resume_with_its_own_api_is_left_out_and_its_other_lines_
     """On Ctrl-C Tune's run loop logs how to resume with ``Tuner.restore``; the command's
     user resumes with --resume, which its last line says. Tune's warning that it is
     stopping still shows; after the run its logger passes everything again."""
+    import inspect
     import logging
 
     from ray.tune import tune as tune_loop
 
     assert tune_loop.logger.name == tuner.TUNE_RUN_LOGGER  # the logger that says it
+    said = inspect.getsource(tune_loop)  # and how it says it
+    assert 'Tuner.restore(path="{path}"' in said and "with: {restore_entrypoint}" in said
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
@@ -269,19 +272,17 @@ def test_tune_s_hint_to_resume_with_its_own_api_is_left_out_and_its_other_lines_
 
 @pytest.mark.parametrize(
     ("mode", "said"),
-    [(None, "token in ~/.ray/auth_token"), ("disabled", "no token: RAY_AUTH_MODE=disabled")],
-)
+    [("token", "token in ~/.ray/auth_token"), ("disabled", "no token needed"),
+     ("off", "no token needed"), (None, "no token needed")],
+)  # fmt: skip
 def test_the_dashboard_line_says_where_its_token_is_or_that_it_needs_none(
     mode: str | None, said: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A user who turned Ray's token authentication off is not sent to look for a token
-    (test_dashboard.py checks that the search's own Ray asks for one, and that Ray's
-    warning on how to turn it off, from this logger, is left out)."""
-    from ray._private.authentication import authentication_token_setup
-
+    """Once Ray has started, its token authentication is on where RAY_AUTH_MODE is
+    ``token`` (Ray sets it so for the instance it starts); any other value turns it off,
+    and so does none on joining an address. A user who has it off is not sent to look
+    for a token (test_dashboard.py checks that the search's own Ray asks for one)."""
     from raytune_loader.tuning import setup
-
-    assert authentication_token_setup.logger.name == tuner.AUTH_SETUP_LOGGER
 
     if mode is None:
         monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
@@ -292,6 +293,55 @@ def test_the_dashboard_line_says_where_its_token_is_or_that_it_needs_none(
     cluster = SimpleNamespace(joined=False, dashboard_url="http://127.0.0.1:8265")
     setup.announce_dashboard(cluster, progress)  # type: ignore[arg-type]
     assert lines == [f"Ray dashboard: http://127.0.0.1:8265 ({said})"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "who"),
+    [(None, "anyone who can reach it and has the token in ~/.ray/auth_token can run code"),
+     ("disabled", "anyone who can reach it can run code on this machine (RAY_AUTH_MODE")],
+)  # fmt: skip
+def test_a_dashboard_others_can_reach_is_warned_of_with_or_without_its_token(
+    mode: str | None, who: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before Ray starts: unset, Ray turns the token on; turned off, anyone who reaches
+    the dashboard runs code, and the warning says that."""
+    from raytune_loader import SearchOptions
+    from raytune_loader.tuning import setup
+
+    if mode is None:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    warned: list[str] = []
+    progress = SimpleNamespace(stage=lambda *a, **k: None, warn=warned.append,
+                               count=lambda *a, **k: None)  # fmt: skip
+    opts = SearchOptions(dashboard_host="0.0.0.0", expose_dashboard=True,
+                         out=str(tmp_path / "out"))  # fmt: skip
+    setup.checked(opts, progress)  # type: ignore[arg-type]
+    (said,) = [w for w in warned if "listens on 0.0.0.0" in w]
+    assert who in said
+
+
+def test_ray_s_warning_on_how_to_turn_its_token_off_is_left_out_where_ray_starts() -> None:
+    """Ray's own warning, from its own code, inside the filter start_ray puts around
+    ``ray.init``: left out; its warning that authentication is off still passes."""
+    import logging
+
+    from ray._private.authentication import authentication_token_setup as setup_logs
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    setup_logs.logger.addHandler(handler)
+    try:
+        with tuner._filtered(tuner.AUTH_SETUP_LOGGER, tuner.AUTH_ON_WARNING):
+            setup_logs._warn_token_auth_enabled()
+            setup_logs._warn_token_auth_disabled()
+        assert len(seen) == 1 and "Token authentication is disabled" in seen[0]
+        setup_logs._warn_token_auth_enabled()  # outside: not ours to leave out
+        assert tuner.AUTH_ON_WARNING in seen[-1]
+    finally:
+        setup_logs.logger.removeHandler(handler)
 
 
 def test_only_a_saved_experiment_can_be_resumed(searched: Searched) -> None:

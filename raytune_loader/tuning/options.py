@@ -203,6 +203,15 @@ class SearchOptions:
 AUTH_MODE = "RAY_AUTH_MODE"  # Ray's switch for token authentication: token or disabled
 
 
+def token_auth_off(started: bool) -> bool:
+    """Whether Ray's dashboard takes no token: ``RAY_AUTH_MODE`` set to anything but
+    ``token``, the one value that turns it on. Unset, Ray turns it on for an instance it
+    starts (and sets ``token`` then) but not on joining an address: once Ray has
+    ``started``, unset means off."""
+    mode = os.environ.get(AUTH_MODE)
+    return started if mode is None else mode.lower() != "token"
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is this machine's loopback (the dashboard then reaches no one else)."""
     if host == "localhost":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,10 +37,10 @@ from raytune_loader.tuning.bounds import (
 )
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.options import (
-    AUTH_MODE,
     SearchOptions,
     is_loopback,
     job_from_options,
+    token_auth_off,
 )
 from raytune_loader.tuning.space import SearchSpace
 
@@ -96,10 +95,11 @@ def checked(opts: SearchOptions, progress: Progress) -> Checked:
     if not opts.address:  # on a cluster the bounds follow its nodes, known once joined
         worker_bound(opts, hardware.usable_cpus(), progress)
     if not is_loopback(opts.dashboard_host):
-        progress.warn(
-            f"the Ray dashboard listens on {opts.dashboard_host}: anyone who can reach it and "
-            "has the token in ~/.ray/auth_token can run code on this machine"
-        )
+        who = ("can reach it can run code on this machine (RAY_AUTH_MODE turns its token off)"
+               if token_auth_off(False)
+               else "can reach it and has the token in ~/.ray/auth_token can run code on "
+               "this machine")  # fmt: skip
+        progress.warn(f"the Ray dashboard listens on {opts.dashboard_host}: anyone who {who}")
     job = job_from_options(
         opts,
         opts.model or default_model(cuda),
@@ -182,8 +182,7 @@ def announce_dashboard(cluster: Any, progress: Progress) -> None:
     """Say where the Ray dashboard is (its token is in ``~/.ray/auth_token``)."""
     where = "the cluster's" if cluster.joined else "Ray"
     if cluster.dashboard_url:
-        off = os.environ.get(AUTH_MODE, "").lower() == "disabled"
-        token = f"no token: {AUTH_MODE}=disabled" if off else "token in ~/.ray/auth_token"
+        token = "no token needed" if token_auth_off(True) else "token in ~/.ray/auth_token"
         progress.stage(f"{where} dashboard: {cluster.dashboard_url} ({token})")
     else:
         progress.warn("Ray dashboard not available (install ray[default] to watch trials)")

@@ -172,7 +172,7 @@ def start_ray(
         # "local": start our own instance even when a `ray start` cluster runs here;
         # Ray turns token authentication on, and its warning on how to turn it off is
         # left out (the dashboard's line says where the token is)
-        with _filtered(AUTH_SETUP_LOGGER, "Token authentication is enabled for this"):
+        with _filtered(AUTH_SETUP_LOGGER, AUTH_ON_WARNING):
             context = ray.init(
                 address="local", num_cpus=num_cpus, dashboard_host=dashboard_host,
                 _system_config={
@@ -425,6 +425,7 @@ TUNE_RUN_LOGGER = "ray.tune.tune"
 # the logger of Ray's token set-up, which warns on a local start that token
 # authentication is on and how to turn it off: it stays on here
 AUTH_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
+AUTH_ON_WARNING = "Token authentication is enabled for this Ray cluster"
 
 
 class _Without(logging.Filter):
@@ -435,7 +436,10 @@ class _Without(logging.Filter):
         self.text = text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
+        try:
+            return self.text not in record.getMessage()
+        except (TypeError, ValueError):  # its arguments do not format: let its handler say
+            return True
 
 
 @contextlib.contextmanager

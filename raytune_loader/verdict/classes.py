@@ -130,9 +130,10 @@ def verify_class(
         on_start=lambda total: progress.count(what, 0, total),
     )
     if verified.rounds < opts.verify_repeats:
-        # fewer than two measured decide at once: none, when every run failed
-        why = ("more runs could not change the winner" if any(c.ok for c in verified.candidates)
-               else "every run failed")  # fmt: skip
+        # fewer than two measured decide at once (selection.decided): none, when every
+        # run failed
+        measured = any(c.stats(opts.objective) is not None for c in verified.candidates)
+        why = "more runs could not change the winner" if measured else "every run failed"
         progress.stage(f"Verification ended after {verified.rounds} of {opts.verify_repeats} "
                        f"rounds: {why}")  # fmt: skip
     verified = with_input_rates(verified, job, opts.objective, measurer, progress)
