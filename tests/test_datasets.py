@@ -39,6 +39,26 @@ def test_missing_and_empty_folders_explain_the_layout(tmp_path: Path) -> None:
         build_dataset(DatasetSpec("imagenet", str(tmp_path)))
 
 
+def test_a_folder_of_splits_is_refused_naming_the_folder_that_holds_the_classes(
+    tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """An image folder one level too high (its subfolders train/ and val/, each of class
+    folders): ImageFolder would take the two splits as two classes and train on both.
+    The folder of classes itself is read as ever."""
+    import shutil
+
+    for split in ("train", "val"):
+        shutil.copytree(tiny_imagenet / "train", tmp_path / "photos" / split)
+    with pytest.raises(DatasetError) as refused:
+        build_dataset(DatasetSpec("imagefolder", str(tmp_path / "photos")))
+    said = str(refused.value)
+    assert "the class folders of" in said and "are train, val: a dataset's splits" in said
+    assert f"such as {tmp_path / 'photos' / 'train'}, with --data-root" in said
+    assert "\n" not in said
+    classes = build_dataset(DatasetSpec("imagefolder", str(tmp_path / "photos" / "train")))
+    assert len(classes.classes) == 8  # type: ignore[attr-defined]
+
+
 def test_torchvision_dataset_absent_says_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="--download"):
         build_dataset(DatasetSpec("cifar10", str(tmp_path)))

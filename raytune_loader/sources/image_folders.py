@@ -63,6 +63,11 @@ def is_jpeg(path: str) -> bool:
         return handle.read(3) == b"\xff\xd8\xff"
 
 
+# folder names that are a dataset's splits: an ImageFolder root with these alone is the
+# folder above the one that holds the classes
+SPLITS = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
+
+
 class ImageFolders(Source):
     """One ImageFolder layout: under the data root itself or its ``subfolder``."""
 
@@ -102,12 +107,20 @@ class ImageFolders(Source):
             )
         try:
             transform = imagenet_train_transform(transfer, decode)
-            return ImageFolder(str(folder), transform=transform, loader=LOADERS[decode])
+            found = ImageFolder(str(folder), transform=transform, loader=LOADERS[decode])
         except (FileNotFoundError, RuntimeError) as exc:
             raise DatasetError(
                 f"{spec.name}: no images under {folder} ({exc}); expected the ImageFolder "
                 f"layout {layout}"
             ) from None
+        if set(found.classes) <= SPLITS:  # ImageFolder reads a split's subfolders as one class
+            split = "train" if "train" in found.classes else found.classes[0]
+            raise DatasetError(
+                f"{spec.name}: the class folders of {folder} are {', '.join(found.classes)}: "
+                f"a dataset's splits, not its classes; pass the folder that holds the class "
+                f"folders, such as {folder / split}, with --data-root"
+            )
+        return found
 
     def accesses(self, spec: Spec) -> tuple[str, ...]:
         return ("map",)
