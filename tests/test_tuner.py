@@ -344,6 +344,36 @@ def test_ray_s_warning_on_how_to_turn_its_token_off_is_left_out_where_ray_starts
         setup_logs.logger.removeHandler(handler)
 
 
+@pytest.mark.parametrize(
+    ("pointer", "said"),
+    [(None, "no interrupted search under"), ("{cut", "does not say which search to resume"),
+     ('["a", "list"]', "does not say which search to resume")],
+)  # fmt: skip
+def test_resume_with_no_search_to_continue_says_why_and_starts_a_new_one(
+    pointer: str | None, said: str, tmp_path: Path
+) -> None:
+    """--resume where no search was interrupted, or where last_search.json is not the
+    record a search writes: one warning saying which, and a new search recorded."""
+    import json
+
+    from raytune_loader import SearchOptions
+    from raytune_loader.tuning import setup
+
+    out = tmp_path / "out"
+    out.mkdir()
+    if pointer is not None:
+        (out / setup.RESUME_POINTER).write_text(pointer)
+    warned: list[str] = []
+    cluster = SimpleNamespace(joined=False, nodes=1)
+    name, _, resume = setup.experiment(
+        out, SearchOptions(resume=True), cluster, SimpleNamespace(warn=warned.append)
+    )  # type: ignore[arg-type]
+    assert not resume and name.startswith("search-")
+    assert len(warned) == 1 and said in warned[0], warned
+    assert warned[0].endswith("; starting a new one")
+    assert json.loads((out / setup.RESUME_POINTER).read_text())["name"] == name
+
+
 def test_only_a_saved_experiment_can_be_resumed(searched: Searched) -> None:
     storage = searched.folder / "tune"
     (experiment,) = storage.glob("search-*")

@@ -243,14 +243,21 @@ def experiment(
 
     pointer = out_dir / RESUME_POINTER
     if opts.resume:
+        name = storage = ""
+        why = f"no interrupted search under {out_dir} to resume"
         try:
             last = json.loads(pointer.read_text())
             name, storage = str(last["name"]), str(last["storage"])
-        except (OSError, ValueError, KeyError):
-            name, storage = "", ""
+        except OSError:
+            pass  # none: no search ran there, or the last one ended
+        except (ValueError, KeyError, TypeError):  # not JSON, or not this tool's record
+            why = (
+                f"{pointer} does not say which search to resume (not the record a search "
+                f"writes); searches saved before stay under {out_dir / 'tune'}"
+            )
         if name and can_resume(storage, name):
             return name, storage, True
-        progress.warn(f"no interrupted search under {out_dir} to resume; starting a new one")
+        progress.warn(f"{why}; starting a new one")
     name = "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     storage = _storage(opts, out_dir, cluster, progress)
     write_json(pointer, {"name": name, "storage": storage})
