@@ -30,6 +30,7 @@ def main() -> None:
                 loss.backward()
                 optimizer.step()
         record.dump(out)
+    dist.barrier()  # both ranks done before either takes the group down (streams_ddp.py)
     dist.destroy_process_group()
 
 

@@ -82,6 +82,10 @@ def ranked(rank: int, port: int, out: Path, data: Path, cases: list[str]) -> Non
     try:
         for case in cases:
             run_case(out, data, case, None)
+        # both ranks done with the group before either takes it down: a rank that did
+        # while its peer's gloo thread still read aborted the peer ("terminate called
+        # without an active exception", SIGABRT) after every case had passed
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
