@@ -205,13 +205,19 @@ def test_a_ray_data_actor_fetches_its_map_call_s_objects_together(server: S3Serv
     assert made["label"].tolist() == [dataset[i][1] for i in indices]
     assert made["image"].shape == (len(indices), *dataset[3][0].shape)  # augmented anew
     # each row's time holds its share of the call's one wait (a batch's cost is its
-    # rows' sum): together they hold the wait once, not once a row
+    # rows' sum)
     times = made["_made"] - made["_started"]
-    assert times.min() >= 0.05 / len(indices) and 0.05 <= times.sum() < 2 * 0.05 + 0.2
+    assert times.min() >= 0.05 / len(indices) and times.sum() >= 0.05
     server.proxy.peak_in_flight = 0
     one_by_one = make_samples({"index": np.array(indices)}, "uint8", "tensor", Indexed(dataset))
     assert server.proxy.peak_in_flight == 1
     assert one_by_one["label"].tolist() == made["label"].tolist()
+    alone = one_by_one["_made"] - one_by_one["_started"]
+    assert alone.min() >= 0.05  # each row waited for its own request
+    # together the call's rows hold the wait once, not once a row: 7 waits less than
+    # one at a time, asked with a margin of half of that for the tier's load (an upper
+    # bound on the call's own seconds failed under it: 0.301 s against 0.3)
+    assert alone.sum() - times.sum() >= 0.5 * (len(indices) - 1) * 0.05
 
 
 def test_a_ray_data_actor_says_what_its_map_calls_asked_of_the_store(
