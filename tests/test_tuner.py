@@ -27,7 +27,7 @@ from conftest import TESTS, Searched, ray_processes
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
 from raytune_loader.sources.datasets import DatasetSpec
-from raytune_loader.tuning import tuner
+from raytune_loader.tuning import ray_logs, tuner
 from raytune_loader.tuning.space import SearchSpace
 
 JOB = TrialJob(
@@ -247,7 +247,7 @@ def test_tune_s_hint_to_resume_with_its_own_api_is_left_out_and_its_other_lines_
 
     from ray.tune import tune as tune_loop
 
-    assert tune_loop.logger.name == tuner.TUNE_RUN_LOGGER  # the logger that says it
+    assert tune_loop.logger.name == ray_logs.TUNE_RUN_LOGGER  # the logger that says it
     said = inspect.getsource(tune_loop)  # and how it says it
     assert 'Tuner.restore(path="{path}"' in said and "with: {restore_entrypoint}" in said
     seen: list[str] = []
@@ -334,12 +334,12 @@ def test_ray_s_warning_on_how_to_turn_its_token_off_is_left_out_where_ray_starts
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
     setup_logs.logger.addHandler(handler)
     try:
-        with tuner._filtered(tuner.AUTH_SETUP_LOGGER, tuner.AUTH_ON_WARNING):
+        with ray_logs.filtered(ray_logs.AUTH_SETUP_LOGGER, ray_logs.AUTH_ON_WARNING):
             setup_logs._warn_token_auth_enabled()
             setup_logs._warn_token_auth_disabled()
         assert len(seen) == 1 and "Token authentication is disabled" in seen[0]
         setup_logs._warn_token_auth_enabled()  # outside: not ours to leave out
-        assert tuner.AUTH_ON_WARNING in seen[-1]
+        assert ray_logs.AUTH_ON_WARNING in seen[-1]
     finally:
         setup_logs.logger.removeHandler(handler)
 

@@ -40,6 +40,13 @@ from raytune_loader.measuring.profile import Profile, receiver
 from raytune_loader.measuring.records import TrialRecord, record_from_report
 from raytune_loader.raydata.reservation import is_remote, remote_cpus
 from raytune_loader.tuning.costmodel import CostModel
+from raytune_loader.tuning.ray_logs import (
+    AUTH_ON_WARNING,
+    AUTH_SETUP_LOGGER,
+    RESTORE_HINT,
+    TUNE_RUN_LOGGER,
+    filtered,
+)
 from raytune_loader.tuning.searcher import LoaderSearcher
 from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.tuning.trainable import (
@@ -172,7 +179,7 @@ def start_ray(
         # "local": start our own instance even when a `ray start` cluster runs here;
         # Ray turns token authentication on, and its warning on how to turn it off is
         # left out (the dashboard's line says where the token is)
-        with _filtered(AUTH_SETUP_LOGGER, AUTH_ON_WARNING):
+        with filtered(AUTH_SETUP_LOGGER, AUTH_ON_WARNING):
             context = ray.init(
                 address="local", num_cpus=num_cpus, dashboard_host=dashboard_host,
                 _system_config={
@@ -418,41 +425,6 @@ class _InterruptMarker:
         raise KeyboardInterrupt
 
 
-# the logger of Tune's run loop (ray.tune.tune), which on Ctrl-C tells to resume with
-# ``Tuner.restore(path=..., trainable=...)``: a command-line user continues with
-# --resume, as the command's own last line says
-TUNE_RUN_LOGGER = "ray.tune.tune"
-# the logger of Ray's token set-up, which warns on a local start that token
-# authentication is on and how to turn it off: it stays on here
-AUTH_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
-AUTH_ON_WARNING = "Token authentication is enabled for this Ray cluster"
-
-
-class _Without(logging.Filter):
-    """Leaves out the lines that hold ``text``; the others pass."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            return self.text not in record.getMessage()
-        except (TypeError, ValueError):  # its arguments do not format: let its handler say
-            return True
-
-
-@contextlib.contextmanager
-def _filtered(logger: str, text: str) -> Iterator[None]:
-    """Inside, ``logger`` leaves out its lines that hold ``text``."""
-    without = _Without(text)
-    logging.getLogger(logger).addFilter(without)
-    try:
-        yield
-    finally:
-        logging.getLogger(logger).removeFilter(without)
-
-
 def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
     """``tuner.fit()`` and whether Ctrl-C ended it; afterwards Ctrl-C interrupts again.
 
@@ -472,7 +444,7 @@ def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
         and not ray.util.client.ray.is_connected()
     )
     try:
-        with _filtered(TUNE_RUN_LOGGER, "Tuner.restore("):
+        with filtered(TUNE_RUN_LOGGER, RESTORE_HINT):
             grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
     finally:
