@@ -15,12 +15,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raytune_loader.errors import OutputError
-
-if TYPE_CHECKING:
-    pass
 
 # the process's umask, read once at import (reading it means setting it): a result file
 # gets the mode ``open`` would give it, where ``mkstemp``'s is 0600, readable by no one

@@ -37,6 +37,7 @@ from raytune_loader.tuning.bounds import (
 )
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.options import (
+    AUTH_MODE,
     SearchOptions,
     is_loopback,
     job_from_options,
@@ -95,7 +96,7 @@ def checked(opts: SearchOptions, progress: Progress) -> Checked:
     if not opts.address:  # on a cluster the bounds follow its nodes, known once joined
         worker_bound(opts, hardware.usable_cpus(), progress)
     if not is_loopback(opts.dashboard_host):
-        who = ("can reach it can run code on this machine (RAY_AUTH_MODE turns its token off)"
+        who = (f"can reach it can run code on this machine ({AUTH_MODE} turns its token off)"
                if token_auth_off(False)
                else "can reach it and has the token in ~/.ray/auth_token can run code on "
                "this machine")  # fmt: skip
