@@ -212,6 +212,26 @@ def test_the_profile_s_untimed_samples_of_a_stream_skip_its_shuffle_buffer(
     assert server.proxy.gets - gets >= 4  # with the buffer: every shard first
 
 
+def test_the_ceiling_s_resident_batch_skips_a_stream_s_shuffle_buffer(server: S3Server) -> None:
+    """The ceiling trains on one batch of the data's shape: it reads it from the stream
+    without its shuffle buffer, a shard's GET, where filling the buffer read every shard
+    first (a bucket's 8 shards of 5 MB: 5 of an 11.5 s ceiling)."""
+    from raytune_loader.measuring import profile
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.measuring.measure import measure_ceiling
+
+    spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
+    job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
+                   samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
+    config = LoaderConfig.from_dict({"access": "stream"}, batch_size=8)
+    profile.prepare(job, 0, config, check=False)  # the shards counted, as the driver had
+    gets = server.proxy.gets
+    size, rate = measure_ceiling(job, 8, windows=1)
+    assert size == 8 and rate > 0
+    # the first shard twice: to check a sample, then for the batch; the buffer read all 4
+    assert server.proxy.gets - gets == 2
+
+
 def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
