@@ -205,7 +205,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--warmup-steps",
         type=int,
         default=SearchOptions.warmup_steps,
-        help="unmeasured steps first",
+        help="unmeasured steps first, on the first batch",
     )
     p.add_argument(
         "--report-every",

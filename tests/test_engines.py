@@ -94,8 +94,9 @@ def test_a_ray_data_drain_counts_the_prefetched_batches_and_each_actors_calls() 
     spec = SegmentSpec(warmup_steps=3, steps=10)
     one = RayDataConfig(32).candidate()
     engine = engine_of(one)
-    assert warmup_batches(engine, spec) == 3 + 1 + 1 + 2  # warm-up, prefetch, formatting, calls
-    assert segment_samples(engine, spec) == 32 * (3 + 4 + 10)
+    # the first batch (the warm-up steps train on it), prefetch, formatting, calls
+    assert warmup_batches(engine, spec) == 1 + 1 + 1 + 2
+    assert segment_samples(engine, spec) == 32 * (1 + 4 + 10)
 
 
 # -- what it reserves -----------------------------------------------------------------------

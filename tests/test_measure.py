@@ -276,8 +276,9 @@ def test_a_dataset_smaller_than_a_batch_is_a_reasoned_failure() -> None:
 
 
 def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -> None:
-    """16 samples in batches of 4 are 4 batches an epoch; the segment's 22 steps (2 of
-    warm-up, 8 draining what two workers hold, 12 measured) must not restart workers.
+    """16 samples in batches of 4 are 4 batches an epoch; the segment's 21 batches (the
+    first, on which 2 warm-up steps train, 8 draining what two workers hold, 12
+    measured) must not restart workers.
     After the window one more batch starts the next epoch: without persistent workers,
     in new worker processes, and that start is timed."""
     from datasets_for_tests import ReaderPids
@@ -288,7 +289,7 @@ def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -
     metrics = train_segment(ReaderPids(str(log)), _trainer(), config, spec)
     readers = log.read_text().split()
     segment = warmup_batches(engine_of(config), spec) + spec.steps
-    assert segment == 22
+    assert segment == 21
     assert metrics.samples == 4 * 12
     assert len(readers) >= 4 * (segment + 1)  # every sample of the segment was read
     assert len(set(readers[: 4 * segment])) == 2  # the same two workers from start to end
@@ -326,7 +327,9 @@ def test_a_trial_in_a_reused_process_trains_as_a_fresh_one_would(
     measurement: the same initial weights, the same batches in the same order, its
     worker processes gone, the compute threads set again."""
     job = replace(
-        _job("synthetic-imagenet", str(tiny_imagenet)), model="datasets_for_tests:recording_model"
+        _job("synthetic-imagenet", str(tiny_imagenet)),
+        model="datasets_for_tests:recording_model",
+        segment=SegmentSpec(warmup_steps=2, steps=4, report_every=2),
     )
     config = LoaderConfig.from_dict({"num_workers": workers}, batch_size=8)
     records, before = [], _children()
@@ -338,10 +341,11 @@ def test_a_trial_in_a_reused_process_trains_as_a_fresh_one_would(
         records.append((tmp_path / f"run{run}").read_text().splitlines())
         assert _children() <= before
     assert records[0] == records[1]
-    trained = (
-        warmup_batches(engine_of(config), job.segment) + job.segment.steps
-    )  # warm-up, drain, window
+    # the warm-up's steps on the first batch, the drain, the window
+    trained = job.segment.warmup_steps + engine_of(config).in_flight() + job.segment.steps
     assert records[0][0].startswith("init ") and len(records[0]) == 1 + trained
+    # both warm-up steps train the first batch; the drain's first is the loader's next
+    assert records[0][1] == records[0][2] != records[0][3]
 
 
 @pytest.mark.parametrize(

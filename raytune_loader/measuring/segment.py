@@ -1,12 +1,12 @@
 """The training segment a measurement times: warm-up, drain, then the steady window.
 
-:func:`train_segment` trains warm-up steps (not measured), then as many more batches as
-the candidate holds (:func:`warmup_batches`: the drain, so the window reads none of the
-stock its workers built meanwhile), then the measured steps. The loop times how long it
-is blocked waiting for the next batch apart from the rest of the step, which gives
-``data_wait_frac`` and the median and 99th percentile of a step's wait; ``util`` comes
-from NVML per-process samples on a GPU and from the same step timing on a CPU; the
-rate is the window's steady one (:mod:`raytune_loader.measuring.steady`). A
+:func:`train_segment` trains warm-up steps on its first batch (not measured), then as
+many more batches as the candidate holds (:func:`warmup_batches`: the drain, so the
+window reads none of the stock its workers built meanwhile), then the measured steps.
+The loop times how long it is blocked waiting for the next batch apart from the rest of
+the step, which gives ``data_wait_frac`` and the median and 99th percentile of a step's
+wait; ``util`` comes from NVML per-process samples on a GPU and from the same step
+timing on a CPU; the rate is the window's steady one (:mod:`raytune_loader.measuring.steady`). A
 :class:`~raytune_loader.machine.watch.Watcher` reads the processes' memory and threads
 meanwhile, the engine's own watch what its makers did, and after the window one more
 batch times the start of the next epoch. The batches come from the candidate's engine
@@ -243,11 +243,11 @@ def segment_samples(engine: Engine, spec: SegmentSpec) -> int:
 
 
 def warmup_batches(engine: Engine, spec: SegmentSpec) -> int:
-    """Batches trained before the window: the warm-up steps, then every batch the
-    candidate can hold (its engine's
+    """Batches read before the window: the first, on which the warm-up steps train,
+    then every batch the candidate can hold (its engine's
     :meth:`~raytune_loader.engines.base.Engine.in_flight`), so the window reads none of
     the stock the workers built while the first steps were slow."""
-    return spec.warmup_steps + engine.in_flight()
+    return min(spec.warmup_steps, 1) + engine.in_flight()
 
 
 def train_segment(
@@ -296,11 +296,18 @@ def train_segment(
             trainer.sync()
             first_batch_s = time.perf_counter() - started  # workers' start-up, shards opened
             scope = _scope(dataset, sample_nbytes(first) // max(1, batch_samples(first)))
-            warm_up = warmup_batches(batches.engine, spec)
-            for done in range(warm_up):
-                trainer.step(first if done == 0 else fetch()[0])
-                _check_deadline(deadline, spec, f"{done + 1} of {warm_up} warm-up steps")
-            first = None if warm_up else first  # trained in the warm-up, or measured
+            # the step's own first costs (compilation, autotuning, allocation) on the
+            # batch read: a batch the loader makes for each would time the loader too, and
+            # a rule of thumb 80 ms from a bucket took 8 s for its five
+            for done in range(spec.warmup_steps):
+                trainer.step(first)
+                _check_deadline(deadline, spec, f"{done + 1} of {spec.warmup_steps} warm-up steps")
+            drain = batches.engine.in_flight()  # the stock built meanwhile, read out
+            for done in range(drain):
+                trainer.step(first if done == 0 and not spec.warmup_steps else fetch()[0])
+                _check_deadline(deadline, spec, f"{done + 1} of {drain} batches drained")
+            # trained in the warm-up or the drain, or measured
+            first = None if warmup_batches(batches.engine, spec) else first
             trainer.sync()
             watcher.window_started()
             for each in watches:

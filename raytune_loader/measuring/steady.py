@@ -7,8 +7,8 @@ allocation, ``torch.compile``). A window that starts then is served from that st
 and measures how deep the queue is, not how fast batches are made: the deeper the
 queue, the "faster" the loader. Three rules keep the stock out of every figure:
 
-1. **The warm-up drains what the loader holds.** After the warm-up steps, the loop
-   trains as many more batches as the candidate holds
+1. **The warm-up drains what the loader holds.** After the warm-up steps (on the
+   first batch), the loop trains as many more batches as the candidate holds
    (:meth:`~raytune_loader.engines.base.Engine.in_flight`: every slot it has: ready,
    pinned, or in the making) before the window starts, so nothing made while the first
    steps were slow is left for the window.
