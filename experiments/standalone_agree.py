@@ -40,7 +40,6 @@ import json, sys, time, torch
 from raytune_loader import load_best_config
 from raytune_loader.measuring.job import SegmentSpec
 from raytune_loader.engines import engine_of
-from raytune_loader.measuring.segment import warmup_batches
 from raytune_loader.measuring.models import build_model
 
 path = sys.argv[1]
@@ -115,7 +114,7 @@ def loop(best_path: Path) -> float:
     code = (
         LOOP
         + """
-warm = warmup_batches(engine_of(config), spec)
+warm = spec.warmup_steps + engine_of(config).in_flight()  # a trial's steps before its window
 steps = spec.steps
 batches = iter(tuned.dataloader(dataset))
 for i in range(warm + steps):

@@ -275,6 +275,42 @@ def test_a_dataset_smaller_than_a_batch_is_a_reasoned_failure() -> None:
         train_segment(TensorImages(16), _trainer(), LoaderConfig(batch_size=32), SPEC)
 
 
+@pytest.mark.parametrize(("warmup", "workers"), [(0, 0), (0, 2), (3, 2)])
+def test_the_first_batch_is_trained_before_the_drain_and_measured_only_without_one(
+    warmup: int, workers: int
+) -> None:
+    """The warm-up steps train the first batch again; with none, it is trained once
+    where a drain follows (the window starts after the whole stock) and is the window's
+    first step where none does. Every other step trains a batch of its own."""
+
+    class Indexed(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 256
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+            return torch.zeros(3, 8, 8), index
+
+    class Seen:
+        def __init__(self) -> None:
+            self.labels: list[tuple[int, ...]] = []
+
+        def __call__(self, batch: object) -> None:
+            self.labels.append(tuple(batch[1].tolist()))  # type: ignore[index]
+
+    seen = Seen()
+    config = LoaderConfig(4, num_workers=workers, prefetch_factor=2 if workers else None)
+    spec = SegmentSpec(warmup_steps=warmup, steps=6, report_every=6)
+    metrics = train_segment(Indexed(), Trainer(seen, torch.device("cpu")), config, spec)
+    drain = engine_of(config).in_flight()
+    on_first = warmup or min(drain, 1)
+    assert metrics.samples == 4 * spec.steps
+    assert len(seen.labels) == on_first + drain + spec.steps
+    assert len(set(seen.labels[:on_first])) == min(on_first, 1)  # the first, again
+    assert len(set(seen.labels[on_first:])) == drain + spec.steps  # each batch once
+    assert seen.labels[0] not in seen.labels[on_first:] or not on_first
+    assert warmup_batches(engine_of(config), spec) == min(on_first, 1) + drain
+
+
 def test_the_segment_is_one_epoch_so_workers_are_not_restarted(tmp_path: Path) -> None:
     """16 samples in batches of 4 are 4 batches an epoch; the segment's 21 batches (the
     first, on which 2 warm-up steps train, 8 draining what two workers hold, 12
@@ -491,7 +527,7 @@ def test_a_pipeline_whose_rate_changes_in_the_window_is_marked_not_steady() -> N
 
     config = LoaderConfig(8)
     spec = SegmentSpec(warmup_steps=2, steps=16, report_every=16)
-    middle = (2 + 8) * 8  # reads before the window's second half (one more: the first batch)
+    middle = (1 + 8) * 8  # reads before the window's second half: the warm-up's batch, 8
     dataset = Paced(256, delay_s=0.001, slow_after=middle, slow_delay_s=0.006)
     metrics = train_segment(dataset, Trainer(SlowFirstStep(0.0), torch.device("cpu")), config, spec)
     assert metrics.steady is False and metrics.steady_ratio > 2

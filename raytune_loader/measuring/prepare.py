@@ -50,10 +50,10 @@ def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> Trial
         )
     if not job.train_step:  # the user's own step takes batches of any structure
         datasets.check_sample(spec, full)
-    read = largest_batch * (job.segment.warmup_steps + job.segment.steps)
+    read = largest_batch * (min(job.segment.warmup_steps, 1) + job.segment.steps)
     if job.cold and job.samples_per_trial < read:
         progress.warn(
-            f"--cold: a trial reads up to {read} samples but its block holds "
+            f"--cold: a trial reads at least {read} samples but its block holds "
             f"{job.samples_per_trial}, so it reads some twice, from the page cache; "
             f"raise --samples-per-trial to {read} for every read to be cold"
         )

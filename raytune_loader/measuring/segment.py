@@ -247,7 +247,15 @@ def warmup_batches(engine: Engine, spec: SegmentSpec) -> int:
     then every batch the candidate can hold (its engine's
     :meth:`~raytune_loader.engines.base.Engine.in_flight`), so the window reads none of
     the stock the workers built while the first steps were slow."""
-    return min(spec.warmup_steps, 1) + engine.in_flight()
+    drain = engine.in_flight()
+    return min(_steps_on_first(spec, drain), 1) + drain
+
+
+def _steps_on_first(spec: SegmentSpec, drain: int) -> int:
+    """Steps trained on the first batch before the window: the warm-up steps, or one
+    where there are none but a drain follows (the window then starts after the whole
+    stock, the first batch not in it); none where the window starts at once."""
+    return spec.warmup_steps or min(drain, 1)
 
 
 def train_segment(
@@ -299,15 +307,15 @@ def train_segment(
             # the step's own first costs (compilation, autotuning, allocation) on the
             # batch read: a batch the loader makes for each would time the loader too, and
             # a rule of thumb 80 ms from a bucket took 8 s for its five
-            for done in range(spec.warmup_steps):
-                trainer.step(first)
-                _check_deadline(deadline, spec, f"{done + 1} of {spec.warmup_steps} warm-up steps")
             drain = batches.engine.in_flight()  # the stock built meanwhile, read out
+            on_first = _steps_on_first(spec, drain)
+            for done in range(on_first):
+                trainer.step(first)
+                _check_deadline(deadline, spec, f"{done + 1} of {on_first} warm-up steps")
             for done in range(drain):
-                trainer.step(first if done == 0 and not spec.warmup_steps else fetch()[0])
+                trainer.step(fetch()[0])
                 _check_deadline(deadline, spec, f"{done + 1} of {drain} batches drained")
-            # trained in the warm-up or the drain, or measured
-            first = None if warmup_batches(batches.engine, spec) else first
+            first = None if on_first else first  # trained before the window, or measured
             trainer.sync()
             watcher.window_started()
             for each in watches:
