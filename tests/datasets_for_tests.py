@@ -366,18 +366,21 @@ def python_objects() -> Dataset:
 
 
 class CollectsInWorker(TensorImages):
-    """Each worker runs one full garbage collection at its 80th sample, as Python does
-    on its own once a worker's allocations pass the thresholds it inherited."""
+    """Each worker runs one full garbage collection at its 300th sample, as Python does
+    on its own once a worker's allocations pass the thresholds it inherited; 2 ms a
+    sample, so that the collection falls well inside a window of a few hundred
+    batches of 8, between the watcher's private-memory readings (spaced by their cost:
+    its first comes at 0.2 s)."""
 
     def __init__(self) -> None:
-        super().__init__(length=1024)
+        super().__init__(length=1024, delay_s=0.002)
         self.served = 0
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         import gc
 
         self.served += 1  # in the worker's copy of the dataset
-        if self.served == 80:
+        if self.served == 300:
             gc.collect()
         return super().__getitem__(index)
 

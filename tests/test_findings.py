@@ -305,7 +305,9 @@ def test_a_worker_s_garbage_collection_copies_none_of_the_main_process_s_heap() 
     from raytune_loader.measuring.memoryfit import _still_shared
 
     heap = [[i] for i in range(1_000_000)]  # about 90 MB of objects the collector tracks
-    job = _job("datasets_for_tests:collects_in_worker", steps=40, samples=1024)
+    # a window long enough for private-memory readings on both sides of the collection
+    # (spaced by their cost, 1% of the CPUs): 40 steps of 8 without delay held one
+    job = _job("datasets_for_tests:collects_in_worker", steps=120, samples=1024)
     outcome = run_trial(job, PROCESSES.with_batch_size(8))
     assert outcome.metrics is not None and outcome.metrics.watch is not None, outcome.detail
     shared = [_still_shared(r) for r in outcome.metrics.watch.readings
