@@ -6,11 +6,11 @@ window reads none of the stock its workers built meanwhile), then the measured s
 The loop times how long it is blocked waiting for the next batch apart from the rest of
 the step, which gives ``data_wait_frac`` and the median and 99th percentile of a step's
 wait; ``util`` comes from NVML per-process samples on a GPU and from the same step
-timing on a CPU; the rate is the window's steady one (:mod:`raytune_loader.measuring.steady`). A
-:class:`~raytune_loader.machine.watch.Watcher` reads the processes' memory and threads
-meanwhile, the engine's own watch what its makers did, and after the window one more
-batch times the start of the next epoch. The batches come from the candidate's engine
-(:func:`segment_batches`).
+timing on a CPU; the rate is the window's steady one
+(:mod:`raytune_loader.measuring.steady`). A :class:`~raytune_loader.machine.watch.Watcher`
+reads the processes' memory and threads meanwhile, the engine's own watch what its
+makers did, and after the window one more batch times the start of the next epoch.
+The batches come from the candidate's engine (:func:`segment_batches`).
 """
 
 from __future__ import annotations
