@@ -46,6 +46,7 @@ from typing import Any
 
 from _common import save
 from raytune_loader import load_best_config
+from raytune_loader.candidates.structure import Structure
 from raytune_loader.sources import synthetic
 from to_shards import images_of, write_webdataset
 
@@ -273,8 +274,8 @@ def _worker_cpu(trials: Path) -> dict[str, float]:
         for row in csv.DictReader(handle):
             if row["status"] != "ok" or not row["worker_cpu_s"] or not row["samples"]:
                 continue
-            side = f"{row['decode']}/{row['transfer']}"
-            side = f"{side}/stream/{row['batching']}" if row["access"] == "stream" else side
+            side = Structure(row["decode"], row["transfer"], row["workers"], row["access"],
+                             row["batching"]).worker_side  # fmt: skip
             cost = float(row["worker_cpu_s"]) / float(row["samples"])
             seen[side] = min(cost, seen.get(side, cost))
     return seen
