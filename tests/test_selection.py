@@ -61,6 +61,20 @@ def test_the_runs_not_a_fixed_cap_say_what_is_within_noise() -> None:
     assert selection is not None and selection.winner is cheap and selection.decided_by_cost
 
 
+def test_a_best_with_tight_runs_does_not_beat_a_cheaper_one_whose_runs_reach_past_it() -> None:
+    """A real search's figures: two workers measured three runs within 1%, no workers
+    three runs 13% apart around them. The old rule (the cheaper's median against the
+    best's lowest run alone) chose the workers; either median inside the other's runs
+    says the runs cannot tell them apart."""
+    tight = _candidate("two", 2, [0.96, 0.966, 0.966])
+    spread = _candidate("none", 0, [0.887, 1.022, 0.951])
+    selection = select([tight, spread], "util")
+    assert selection is not None and selection.best_by_objective is tight
+    assert selection.winner is spread and selection.decided_by_cost
+    below = _candidate("none", 0, [0.887, 0.95, 0.951])  # no run reaches the best's median
+    assert select([tight, below], "util").winner is tight  # type: ignore[union-attr]
+
+
 def test_rounds_stop_when_the_runs_decide() -> None:
     apart = [_candidate("best", 2, [0.9, 0.92]), _candidate("far", 0, [0.4, 0.42])]
     assert decided(apart, "util")  # separated after two rounds
