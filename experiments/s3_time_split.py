@@ -2,6 +2,7 @@
 
     python experiments/s3_time_split.py [--ttfb 0.03] [--images 512] [--rounds 2]
     python experiments/s3_time_split.py --shards 8 --windows default --rounds 1
+    python experiments/s3_time_split.py --ttfb 0.08 --windows default --rounds 2
 
 Runs s3_search.py's search (its flags, the default dataset's JPEG files as single
 objects in moto's S3 behind the tests' proxy, ``--ttfb`` to the first byte and
@@ -15,7 +16,8 @@ short windows (the fewest batches a steady window has), and with the windows the
 product's defaults measure, as a user's search runs them. Each pair runs ``--rounds``
 times, rotated (the bucket first, then local first), and the ratio is the rounds'
 median. With ``--shards N`` the images are N webdataset shards instead, searched in
-the bucket and on local disk (results/benchmarks/s3_time_split_shards.json);
+the bucket and on local disk (results/benchmarks/s3_time_split_shards.json); a
+``--ttfb`` other than 30 ms adds it to the file's name (s3_time_split_80ms.json);
 ``--windows`` runs one kind of windows alone.
 """
 
@@ -48,12 +50,13 @@ PHASES = (
     ("probes", r"probing the tuned loader"),
     ("report", r"^\s*config\s+workers"),
 )
+DEFAULT_TTFB = 0.03  # another --ttfb names its file: s3_time_split_80ms.json
 TRIAL = re.compile(r"\[(\d+)/\d+\] (done|stopped early|failed): (.*?) (\d+) samples/s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ttfb", type=float, default=0.03)
+    parser.add_argument("--ttfb", type=float, default=DEFAULT_TTFB)
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--shards", type=int, default=0, help="webdataset shards (0: objects)")
@@ -90,6 +93,7 @@ def main() -> None:
             median = round(statistics.median(r["time_vs_local"] for r in rounds), 3)
             windows[window] = {"flags": flags, "rounds": rounds, "time_vs_local": median}
     name = "s3_time_split_shards" if args.shards else "s3_time_split"
+    name += "" if args.ttfb == DEFAULT_TTFB else f"_{round(args.ttfb * 1000)}ms"
     save(name, {"ttfb_s": args.ttfb, "images": args.images, "shards": args.shards,
                 "rounds": args.rounds, "windows": windows})  # fmt: skip
 
