@@ -32,7 +32,7 @@ def test_nearly_free_samples_need_no_workers(tmp_path: Path) -> None:
     # Workers only add IPC for samples that cost nothing: the cheapest config within
     # noise of the best is the one without workers. This 2-vCPU machine now and then
     # holds a state for a whole search in which one process alone computes ~15% slower
-    # than beside worker processes (2 searches in 13 here: the in-process loader at 0.87
+    # than beside worker processes (2 searches in 20 here: the in-process loader at 0.87
     # of the ceiling, two workers at 1.0 in every round); the selection then follows what
     # it measured. Such a state twice in a row is rare: one of two searches must agree.
     picks = []
