@@ -181,16 +181,25 @@ def test_the_report_says_where_the_limit_is(searched: Searched) -> None:
 
 def test_the_default_dataset_gives_no_finding_and_every_place_says_so(searched: Searched) -> None:
     """The summary line, the report's Findings with its plot, the JSON's list, and what
-    was watched in the winner's runs, the probe's epoch start beside its own."""
+    was watched in the winner's runs, the probe's epoch start beside its own. The one
+    finding such data may call for: 96 images are an epoch of a fraction of a second,
+    which a winner that starts its worker processes again each epoch may take longer to
+    start than to train."""
     best = _best(searched)
-    assert best["findings"] == []
-    assert "no findings:" in searched.result.stdout and "epoch start:" in searched.result.stdout
+    tuned = load_best_config(searched.folder / "best_config.json").loader
+    restarts = tuned.num_workers > 0 and tuned.workers == "process" and not tuned.persistent_workers
+    kinds = [f["kind"] for f in best["findings"]]
+    assert kinds in ([], ["epoch_start"] if restarts else [])
+    if kinds:
+        assert best["findings"][0]["fix"].startswith("persistent_workers=True saves")
+    else:
+        assert "no findings:" in searched.result.stdout
+    assert "epoch start:" in searched.result.stdout
     report = (searched.folder / "report.md").read_text()
     assert "## Findings" in report and "(plots/memory.png)" in report
     assert (searched.folder / "plots" / "memory.png").stat().st_size > 0
     watch = best["watch"]
     assert watch["runs"] == 2 and watch["first_batch_s"] > 0 and watch["memory"]["series"]
-    tuned = load_best_config(searched.folder / "best_config.json").loader
     if tuned.num_workers and tuned.workers == "process":  # the other setting was probed
         assert None not in watch["epoch_start_s"].values()
 
