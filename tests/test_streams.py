@@ -460,10 +460,13 @@ def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object
         loader = build_dataloader(RankStream((10, 7), 8), config, drop_last=False)
         out["len"] = len(loader)
         out["read"] = [_labels(loader) for _ in range(2)]  # rank 1 runs out: it repeats
-        # spawned: a worker forked from a process holding gloo's threads aborted at exit
-        # (SIGABRT, 1 run in many), as fork after threads may
-        spawned = LoaderConfig(4, 2, 2, access="stream", multiprocessing_context="spawn")
-        processes = build_dataloader(RankStream((10, 7), 8), spawned)
+        # from a fork server: a worker forked from a process holding gloo's threads
+        # aborted at exit (SIGABRT, 1 run in many), as fork after threads may, and so did
+        # a spawned one ("terminate called without an active exception": a spawned
+        # process ends through the interpreter's exit, which runs C++'s static
+        # destructors; a fork server's child ends in os._exit, as a forked one does)
+        served = LoaderConfig(4, 2, 2, access="stream", multiprocessing_context="forkserver")
+        processes = build_dataloader(RankStream((10, 7), 8), served)
         out["processes"] = [len(b) for b in _labels(processes)]
         for name, build in (
             ("no length", lambda: build_dataloader(RankStream((10, 7), None), config)),
