@@ -48,16 +48,17 @@ def test_slow_data_shows_as_waiting_trivial_data_does_not() -> None:
 @pytest.mark.alone
 def test_a_window_far_below_the_ceiling_ends_once_its_halves_can_be_compared() -> None:
     """A configuration under a tenth of the ceiling (a rule-of-thumb baseline on a bucket)
-    ends its window at ten times what its steps take at the ceiling, once it holds the
-    16 batches its halves need: measured on fewer samples, at the rate the whole window
-    would have said, still judged steady. One within a tenth runs every step."""
-    from raytune_loader.measuring.steady import HALF_BATCHES
+    ends its window at ten times what its steps take at the ceiling, once its halves
+    hold two batches each (one maker): measured on fewer samples, at the rate the whole
+    window would have said, still judged. One within a tenth runs every step."""
+    from raytune_loader.measuring.steady import short_half
 
     config, spec = LoaderConfig(batch_size=4), replace(SPEC, steps=32, report_every=32)
     dataset = TensorImages(64, delay_s=0.01)  # 100 samples/s
     cut = train_segment(dataset, _trainer(), config, spec, ceiling=10_000.0)
     whole = train_segment(dataset, _trainer(), config, spec, ceiling=200.0)
-    assert cut.samples == 2 * HALF_BATCHES * 4 and cut.steady is not None
+    assert cut.samples == 2 * short_half(1) * 4 == 16 and cut.steady is not None
+    assert cut.epoch_start_s is None and whole.epoch_start_s is not None
     assert whole.samples == 32 * 4
     assert cut.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
 
@@ -499,6 +500,36 @@ def test_a_slow_first_step_does_not_make_a_deep_queue_look_fast(workers: int, ki
     assert 0.9 * true <= metrics.samples_per_s <= 1.1 * true
     assert metrics.steady
     assert metrics.data_wait_frac > 0.8  # the step costs nothing: the loop waits
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize("first_s", [0.0, 1.5])
+def test_a_drain_far_below_the_ceiling_ends_once_no_stock_is_left(first_s: float) -> None:
+    """Two process workers deliver 80 samples/s (25 ms a sample, asleep) and hold 20
+    batches (prefetch 8); a step takes 30 ms, slowed from its 2 ms at the ceiling (4,000/s)
+    as by workers on its cores, so the drain may end after 0.4 s. With a first step that
+    costs nothing they build no stock: the drain ends at its budget, at a batch the loop
+    waited for longer than a step, and the window, cut at its budget too, did not end
+    the epoch (no epoch start). With a first step of 1.5 s they fill their 16 slots (and
+    may hold a batch each in their hands): reading that stock takes past the budget, but
+    no batch of it keeps the loop waiting a step, so the drain reads all of it and none
+    reaches the window. Either way the window measures the workers' own rate."""
+    from datasets_for_tests import Paced, SlowFirstStep
+
+    config = LoaderConfig.from_dict({"num_workers": 2, "prefetch_factor": 8}, batch_size=8)
+    spec = SegmentSpec(warmup_steps=1, steps=24, report_every=24)
+    step = SlowFirstStep(first_s, every_s=0.03)
+    metrics = train_segment(
+        Paced(512, delay_s=0.025), Trainer(step, torch.device("cpu")), config, spec,
+        ceiling=4000.0,
+    )  # fmt: skip
+    drain = engine_of(config).in_flight()
+    drained = step.calls - spec.warmup_steps - metrics.samples // 8
+    assert metrics.samples < 8 * spec.steps  # the window cut at its budget
+    assert drained < drain / 2 if first_s == 0.0 else 2 * 8 <= drained <= drain
+    assert metrics.epoch_start_s is None
+    assert 0.85 * 80 <= metrics.samples_per_s <= 1.1 * 80
+    assert metrics.steady is not None
 
 
 @pytest.mark.alone

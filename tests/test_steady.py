@@ -8,8 +8,10 @@ from raytune_loader.measuring.steady import (
     Consumed,
     above_bound,
     above_ceiling,
+    drained,
     over_budget,
     rate,
+    short_half,
     steadiness,
     window_budget_s,
 )
@@ -82,8 +84,34 @@ def test_ranks_are_steady_together_and_report_the_worst_ratio() -> None:
 def test_a_window_may_end_past_its_budget_only_once_its_halves_can_be_compared() -> None:
     budget = window_budget_s(1536, 1000.0)  # 48 steps of 32 at a ceiling of 1000/s
     assert budget == pytest.approx(15.36)
-    slow = _batches([None] * 16, step_s=1.0)  # 32 samples/s: 16 s for 16 batches
-    assert over_budget(slow, 0.0, budget)
-    assert not over_budget(slow[:15], 0.0, budget)  # past it, but halves of 7 and 8
-    assert not over_budget(slow, 0.0, 16.5)  # the halves, not yet the budget
-    assert not over_budget(slow, 0.0, window_budget_s(1536, None))  # no ceiling: every step
+    slow = _batches([None] * 16, step_s=4.0)  # 8 samples/s: 16 s for 4 batches
+    assert over_budget(slow[:4], 0.0, budget, makers=1)
+    assert not over_budget(slow[:3], 0.0, budget, makers=1)  # past it, but halves of 1 and 2
+    assert not over_budget(slow[:3], 0.0, 10.0, makers=1)
+    assert not over_budget(slow[:4], 0.0, 16.5, makers=1)  # the halves, not yet the budget
+    assert not over_budget(slow, 0.0, window_budget_s(1536, None), makers=1)  # no ceiling
+    # a batch from each maker in each half: four makers at once, halves of four
+    assert not over_budget(slow[:7], 0.0, budget, makers=4) and over_budget(
+        slow[:8], 0.0, budget, 4
+    )
+    assert short_half(1) == 2 and short_half(4) == 4 and short_half(32) == 8  # never past 8
+
+
+def test_a_cut_window_judges_its_short_halves() -> None:
+    """Four batches: too short for a whole window's halves, judged with a cut one's."""
+    even = _batches([0.1] * 4, 0.1)
+    assert steadiness(even, 0.0, 1).steady is None
+    assert steadiness(even, 0.0, 1, least=short_half(1)).steady is True
+    ends = [0.1, 0.2, 0.6, 1.0]  # the second half 4x slower
+    moved = [Consumed(32, end, 0.1) for end in ends]
+    assert steadiness(moved, 0.0, 1, least=2).steady is False
+
+
+def test_a_drain_ends_early_only_past_its_budget_and_once_the_loop_waited_a_step() -> None:
+    step = 0.032  # a step of 32 at a ceiling of 1000/s, or the loop's own last
+    budget = window_budget_s(8 * 32, 1000.0)  # 2.56 s for a drain of 8 batches
+    assert drained(0.5, 3.0, budget, step)
+    assert not drained(0.5, 2.0, budget, step)  # waited, but within its budget
+    assert not drained(0.03, 3.0, budget, step)  # within a step: a batch of the stock
+    assert not drained(0.5, 3.0, budget, 0.6)  # a step slower than the wait
+    assert not drained(0.5, 3.0, None, step)  # no ceiling, or several ranks

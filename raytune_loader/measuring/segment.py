@@ -9,7 +9,10 @@ wait; ``util`` comes from NVML per-process samples on a GPU and from the same st
 timing on a CPU; the rate is the window's steady one
 (:mod:`raytune_loader.measuring.steady`). A :class:`~raytune_loader.machine.watch.Watcher`
 reads the processes' memory and threads meanwhile, the engine's own watch what its
-makers did, and after the window one more batch times the start of the next epoch.
+makers did, and after the window one more batch times the start of the next epoch. A
+configuration far below the ceiling ends its drain and its window early
+(:func:`steady.drained`, :func:`steady.over_budget`); its epoch then did not end, and
+no epoch start is timed.
 The batches come from the candidate's engine (:func:`segment_batches`).
 """
 
@@ -173,6 +176,7 @@ class _Window:
         self.cuda = device.type == "cuda"
         self.threads = compute_threads
         self.makers = makers  # the engine's makers of batches at once
+        self.least = steady.HALF_BATCHES  # a half's fewest batches (fewer once cut)
         self.ceiling = ceiling
         self.batches: list[steady.Consumed] = []
         self.wait_s = 0.0
@@ -192,7 +196,7 @@ class _Window:
         self.waits.append(seconds)
 
     def steadiness(self) -> steady.Steadiness:
-        return steady.steadiness(self.batches, self.start, self.makers)
+        return steady.steadiness(self.batches, self.start, self.makers, self.least)
 
     def wait_figures(self, wall: float) -> dict[str, Any]:
         """A step's wait for its batch: median, 99th percentile, the share of the window
@@ -269,8 +273,9 @@ def train_segment(
     ceiling: float | None = None,
 ) -> SegmentMetrics:
     """Warm up and drain (:func:`warmup_batches`), then train ``spec.steps`` measured
-    steps, fewer where the window ran past its budget (:func:`steady.over_budget`: a
-    configuration far below the ceiling; never with several ranks); report every
+    steps, fewer where the drain or the window ran past its budget
+    (:func:`steady.drained`, :func:`steady.over_budget`: a configuration far below the
+    ceiling; never with several ranks); report every
     ``report_every``. The figures are the window's steady ones
     (:mod:`raytune_loader.measuring.steady`)."""
     size = None if isinstance(dataset, IterableDataset) else len(dataset)  # type: ignore[arg-type]
@@ -292,15 +297,17 @@ def train_segment(
         counted = counts if counts and not batches.engine.remote else None
         watches = [w for w in (engine_watch, counted and StoreWatch(counted)) if w is not None]
 
-        def fetch() -> tuple[Any, Stamped]:  # the next batch on the device, its stamps
+        def fetch() -> tuple[Any, Stamped, float]:  # the next batch on the device, its
+            asked = time.monotonic()  # stamps, and the loop's wait for it (not the copy)
             stamped = next(batches)
+            waited = time.monotonic() - asked
             on_device = batch_on_device(trainer, stamped.batch, non_blocking, config)
             watcher.reads += batch_samples(on_device)
-            return on_device, stamped
+            return on_device, stamped, waited
 
         try:
             started = time.perf_counter()
-            first, first_stamps = fetch()
+            first, first_stamps, _ = fetch()
             trainer.sync()
             first_batch_s = time.perf_counter() - started  # workers' start-up, shards opened
             scope = _scope(dataset, sample_nbytes(first) // max(1, batch_samples(first)))
@@ -312,9 +319,29 @@ def train_segment(
             for done in range(on_first):
                 trainer.step(first)
                 _check_deadline(deadline, spec, f"{done + 1} of {on_first} warm-up steps")
+            # several ranks step together (DDP's all-reduce in every step): one ending its
+            # drain or window on its own clock would leave the others waiting in a step
+            alone = process_group()[1] == 1
+            at_ceiling_s = config.batch_size / ceiling if ceiling else 0.0  # a step's
+            drain_samples = drain * config.batch_size
+            drain_budget_s = steady.window_budget_s(drain_samples, ceiling) if alone else None
+            cut, drain_start, step_s = False, time.monotonic(), 0.0
             for done in range(drain):
-                trainer.step(fetch()[0])
+                on_device, _, waited = fetch()
+                stepped = time.monotonic()
+                trainer.step(on_device)
                 _check_deadline(deadline, spec, f"{done + 1} of {drain} batches drained")
+                no_stock = steady.drained(
+                    waited, stepped - drain_start, drain_budget_s, max(at_ceiling_s, step_s)
+                )
+                step_s = time.monotonic() - stepped
+                if no_stock and done + 1 < drain:
+                    log.info(
+                        "%s: drain ended after %d of %d batches: the loop waited %.3fs, no stock",
+                        config.label(), done + 1, drain, waited,
+                    )  # fmt: skip
+                    cut = True
+                    break
             first = None if on_first else first  # trained before the window, or measured
             trainer.sync()
             watcher.window_started()
@@ -324,9 +351,6 @@ def train_segment(
             sampler.start()  # stopped in finally on any failure, so no NVML thread is left
             makers = batches.engine.producers()
             window = _Window(trainer.device, makers, spec.compute_threads, ceiling)
-            # several ranks step together (DDP's all-reduce in every step): one ending its
-            # window on its own clock would leave the others waiting in the next step
-            alone = process_group()[1] == 1
             window_samples = spec.steps * config.batch_size
             budget_s = steady.window_budget_s(window_samples, ceiling) if alone else None
             for step in range(1, spec.steps + 1):
@@ -348,7 +372,8 @@ def train_segment(
                 if step == spec.steps // 2:
                     trainer.sync()  # the halves split where the device is, not the host
                 window.batches.append(steady.Consumed.of(stamped, batch_samples(on_device)))
-                if steady.over_budget(window.batches, window.start, budget_s):
+                if steady.over_budget(window.batches, window.start, budget_s, makers):
+                    window.least, cut = steady.short_half(makers), True
                     log.info(
                         "%s: window ended after %d of %d steps, at %gx its time at the ceiling",
                         config.label(), step, spec.steps, steady.WINDOW_BUDGET,
@@ -363,7 +388,8 @@ def train_segment(
             watcher.window_ended()
             for each in watches:
                 each.window_ended()
-            epoch_start_s = _epoch_start(batches, fetch, trainer)
+            # a segment cut short did not end its epoch: the next batch would not start one
+            epoch_start_s = None if cut else _epoch_start(batches, fetch, trainer)
         finally:
             if sampler is not None:
                 sampler.stop()  # idempotent: returns the same reading after a normal stop

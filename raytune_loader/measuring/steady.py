@@ -24,10 +24,14 @@ queue, the "faster" the loader. Three rules keep the stock out of every figure:
 3. **The halves agree.** The window's first half and second half, each measured the
    same way, must be within :data:`STEADY_TOLERANCE` of each other; a window whose
    rate moved is marked not steady, and is not ranked as if it were.
-4. **No window is long for nothing.** A window ends before its steps once it holds
-   the batches its halves need and has lasted :data:`WINDOW_BUDGET` times what its
-   steps take at the ceiling (:func:`over_budget`): a configuration that slow is
-   measured on fewer samples, not on minutes of them.
+4. **No window is long for nothing.** A window ends before its steps once it has
+   lasted :data:`WINDOW_BUDGET` times what its steps take at the ceiling and its halves
+   hold the fewest batches a cut half needs (:func:`short_half`: two, and a batch from
+   each maker at once) (:func:`over_budget`); the drain before it ends the same way
+   once the loop has had to wait for a batch, as no stock is left (:func:`drained`). A
+   configuration that slow (a rule-of-thumb baseline reading a bucket a request at a
+   time) is measured on fewer samples, not on minutes of them: its batches come at the
+   pace of its requests, one like the next.
 
 Nothing trains faster than the model on a resident batch (the ceiling) or than its input
 pipeline alone: :func:`above_bound` says when a figure beats either beyond
@@ -46,28 +50,49 @@ if TYPE_CHECKING:  # the stamps' type only: this module stays free of torch
 
 STEADY_TOLERANCE = 0.20  # the halves' rates may differ by this share and still be steady
 HALF_BATCHES = 8  # the fewest batches a half needs for its rate to say anything
+# ... and a half of a window cut at its budget (at least a batch from each maker at once):
+# at 80 ms a request, a baseline's sixteen batches took 23 s of a 30 s trial
+SHORT_HALF_BATCHES = 2
 BOUND_TOLERANCE = 0.05  # a figure this far above its bound is a defect, not noise
-# A window ends once it has lasted this many times what its steps take at the ceiling,
-# and holds the batches its halves need: a configuration under a tenth of the ceiling
-# (a rule-of-thumb baseline reading a bucket at 19 samples/s, 40 s of a search's 176)
-# is measured on fewer samples, still steady or marked, and no window takes longer
+# A window (or a drain) ends once it has lasted this many times what its batches take at
+# the ceiling, and holds the batches its halves need: a configuration under a tenth of
+# the ceiling (a rule-of-thumb baseline reading a bucket at 19 samples/s, 40 s of a
+# search's 176) is measured on fewer samples, still steady or marked, and no window
+# takes longer
 WINDOW_BUDGET = 10.0
 
 
 def window_budget_s(samples: int, ceiling: float | None) -> float | None:
-    """The longest a window of ``samples`` runs (:data:`WINDOW_BUDGET`), once it holds
-    ``2 * HALF_BATCHES`` batches; None without a ceiling (nothing to be held to)."""
+    """The longest a window (or a drain) of ``samples`` runs (:data:`WINDOW_BUDGET`), once
+    its halves can be compared; None without a ceiling (nothing to be held to)."""
     return WINDOW_BUDGET * samples / ceiling if ceiling else None
 
 
-def over_budget(batches: Sequence[Consumed], start: float, budget_s: float | None) -> bool:
-    """Whether a window of ``batches`` from ``start`` may end before its steps: it ran
-    past its budget and its halves can be compared."""
+def short_half(makers: int) -> int:
+    """The fewest batches a half of a window cut at its budget holds: two, a batch from
+    each of the ``makers`` at once, and no more than a whole window's half needs."""
+    return min(HALF_BATCHES, max(SHORT_HALF_BATCHES, makers))
+
+
+def over_budget(
+    batches: Sequence[Consumed], start: float, budget_s: float | None, makers: int
+) -> bool:
+    """Whether a window of ``batches`` from ``start``, made by ``makers`` at once, may end
+    before its steps: it ran past its budget and its halves can be compared."""
     return (
         budget_s is not None
-        and len(batches) >= 2 * HALF_BATCHES
+        and len(batches) >= 2 * short_half(makers)
         and batches[-1].ended - start >= budget_s
     )
+
+
+def drained(waited_s: float, lasted_s: float, budget_s: float | None, step_s: float) -> bool:
+    """Whether a drain may end before the stock it could hold: it has lasted ``lasted_s``,
+    past its budget, and the loop just waited ``waited_s`` for a batch, longer than a
+    step takes (``step_s``: the loop's last, or one at the ceiling, the longer): no batch
+    was ready, so none made during the first steps is left for the window. (A batch of
+    the stock comes in well under a step, however slow the step.)"""
+    return budget_s is not None and lasted_s >= budget_s and waited_s > step_s
 
 
 @dataclass(frozen=True)
@@ -140,12 +165,15 @@ def within(ratio: float) -> bool:
     return max(ratio, 1.0 / ratio) <= 1.0 + STEADY_TOLERANCE
 
 
-def steadiness(batches: Sequence[Consumed], start: float, makers: int) -> Steadiness:
+def steadiness(
+    batches: Sequence[Consumed], start: float, makers: int, least: int = HALF_BATCHES
+) -> Steadiness:
     """The window's rate and its halves' ratio (none when a half would hold fewer than
-    :data:`HALF_BATCHES`: an interim report's, or a short window's)."""
+    ``least``: an interim report's, or a short window's; a window cut at its budget
+    passes :func:`short_half`)."""
     whole = rate(batches, start, makers)
     half = len(batches) // 2
-    if half < HALF_BATCHES:
+    if half < least:
         return Steadiness(whole, None)
     first = rate(batches[:half], start, makers)
     second = rate(batches[half:], batches[half - 1].ended, makers)
