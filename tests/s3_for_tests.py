@@ -54,9 +54,14 @@ class SlowProxy:
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
 
+    def reseed(self) -> None:
+        """Start the draws of faults again from the seed: which GETs from now on are
+        throttled or cut does not depend on how many GETs came before."""
+        self._random = random.Random(self.seed)
+
     def start(self) -> SlowProxy:
         ready = threading.Event()
-        self._random = random.Random(self.seed)
+        self.reseed()
 
         def run() -> None:
             self._loop = asyncio.new_event_loop()
@@ -100,7 +105,8 @@ class SlowProxy:
                 self.requests += 1
                 fetch = method == b"GET" and b"?" not in target  # an object's GET, not a list
                 self.gets += fetch
-                if fetch and self._random.random() < self.throttle:
+                # a fault is drawn only where it is on: one kind's draws do not move the other's
+                if fetch and self.throttle and self._random.random() < self.throttle:
                     self.throttled += 1
                     out.write(
                         b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
@@ -118,7 +124,7 @@ class SlowProxy:
                     if self.ttfb_s:
                         await asyncio.sleep(self.ttfb_s)
                     out.write(reply)
-                    if fetch and payload and self._random.random() < self.cut:
+                    if fetch and payload and self.cut and self._random.random() < self.cut:
                         self.cuts += 1
                         out.write(payload[: len(payload) // 2])
                         await out.drain()
@@ -240,7 +246,7 @@ class S3Server:
         store_shards.COUNTED.clear()
         self.proxy.ttfb_s = self.proxy.throttle = self.proxy.cut = 0.0
         self.proxy.peak_in_flight = 0
-        self.proxy._random = random.Random(self.proxy.seed)
+        self.proxy.reseed()
 
     def upload_folder(self, folder: Path, bucket: str, prefix: str) -> int:
         """Every file under ``folder`` as ``prefix/<its path under folder>``; how many."""

@@ -53,14 +53,42 @@ def test_a_window_far_below_the_ceiling_ends_once_its_halves_can_be_compared() -
     window would have said, still judged. One within a tenth runs every step."""
     from raytune_loader.measuring.steady import short_half
 
+    class Counted(TensorImages):  # read in this process: no workers
+        reads = 0
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            self.reads += 1
+            return super().__getitem__(index)
+
     config, spec = LoaderConfig(batch_size=4), replace(SPEC, steps=32, report_every=32)
-    dataset = TensorImages(64, delay_s=0.01)  # 100 samples/s
+    dataset = Counted(64, delay_s=0.01)  # 100 samples/s
     cut = train_segment(dataset, _trainer(), config, spec, ceiling=10_000.0)
+    # the first batch (its warm-up steps) and the window's four: no batch read after it
+    # to time an epoch start that a segment cut inside its epoch cannot have
+    assert dataset.reads == 4 * (1 + 4)
     whole = train_segment(dataset, _trainer(), config, spec, ceiling=200.0)
     assert cut.samples == 2 * short_half(1) * 4 == 16 and cut.steady is not None
     assert cut.epoch_start_s is None and whole.epoch_start_s is not None
+    # a window of four steps crosses its budget on its last: it ran whole, not cut
+    four = train_segment(dataset, _trainer(), config, replace(spec, steps=4), ceiling=10_000.0)
+    assert four.samples == 16 and four.epoch_start_s is not None and four.steady is None
     assert whole.samples == 32 * 4
     assert cut.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
+
+
+def test_an_engine_whose_figures_need_its_whole_epoch_is_never_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray Data reports its backpressure and its actors' memory for an execution read to
+    its end (``Engine.whole``): far below the ceiling, such an engine's segment still
+    runs every step, ends its epoch, and times the next one's start."""
+    from raytune_loader.engines.dataloader import DataLoaderEngine
+
+    monkeypatch.setattr(DataLoaderEngine, "whole", True)
+    spec = replace(SPEC, steps=20, report_every=20)
+    dataset = TensorImages(64, delay_s=0.01)
+    whole = train_segment(dataset, _trainer(), LoaderConfig(batch_size=4), spec, ceiling=1e5)
+    assert whole.samples == 20 * 4 and whole.epoch_start_s is not None
 
 
 def test_a_rank_of_several_runs_every_step_of_its_window(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,11 +74,14 @@ class Engine(abc.ABC):
     ``remote`` says its batches are made by processes of the cluster beyond the trial's
     own (their CPUs reserved in bundles of their own): such a candidate is measured with
     one rank per trial, its receiving costs timed from one of them, and verified beside
-    the DataLoaders; ``columns`` are the configuration's fields that mean something for
+    the DataLoaders; ``whole`` says its segment's figures need the segment's epoch read
+    to its end (Ray Data's own figures of an execution), so its drain and window are
+    never cut short; ``columns`` are the configuration's fields that mean something for
     it (tables show them); ``use`` is the line that tells a user how to train with it."""
 
     name: ClassVar[str]
     remote: ClassVar[bool]
+    whole: ClassVar[bool] = False
     columns: ClassVar[tuple[str, ...]]
     use: ClassVar[str]
 

@@ -35,6 +35,7 @@ class RayDataEngine(Engine):
 
     name = "raydata"
     remote = True
+    whole = True  # backpressure and Ray's USS come with an execution read to its end
     columns = CONFIG_KEYS
     use = (
         "dataset = tuned.raydata_dataset() (Ray Train: datasets={'train': dataset}, "

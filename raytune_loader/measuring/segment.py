@@ -320,8 +320,9 @@ def train_segment(
                 trainer.step(first)
                 _check_deadline(deadline, spec, f"{done + 1} of {on_first} warm-up steps")
             # several ranks step together (DDP's all-reduce in every step): one ending its
-            # drain or window on its own clock would leave the others waiting in a step
-            alone = process_group()[1] == 1
+            # drain or window on its own clock would leave the others waiting in a step;
+            # an engine whose figures need its epoch read to its end runs it whole
+            alone = process_group()[1] == 1 and not batches.engine.whole
             at_ceiling_s = config.batch_size / ceiling if ceiling else 0.0  # a step's
             drain_samples = drain * config.batch_size
             drain_budget_s = steady.window_budget_s(drain_samples, ceiling) if alone else None
@@ -372,7 +373,10 @@ def train_segment(
                 if step == spec.steps // 2:
                     trainer.sync()  # the halves split where the device is, not the host
                 window.batches.append(steady.Consumed.of(stamped, batch_samples(on_device)))
-                if steady.over_budget(window.batches, window.start, budget_s, makers):
+                # a window whose last step crosses its budget ran whole: not cut
+                if step < spec.steps and steady.over_budget(
+                    window.batches, window.start, budget_s, makers
+                ):
                     window.least, cut = steady.short_half(makers), True
                     log.info(
                         "%s: window ended after %d of %d steps, at %gx its time at the ceiling",

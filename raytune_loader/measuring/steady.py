@@ -5,13 +5,15 @@ A loader's workers fill every slot they have while the training loop does not re
 while the workers start, and while the first steps are slow (cuDNN's autotuning,
 allocation, ``torch.compile``). A window that starts then is served from that stock
 and measures how deep the queue is, not how fast batches are made: the deeper the
-queue, the "faster" the loader. Three rules keep the stock out of every figure:
+queue, the "faster" the loader. Three rules keep the stock out of every figure, and a
+fourth keeps the slowest configurations from taking minutes:
 
 1. **The warm-up drains what the loader holds.** After the warm-up steps (on the
    first batch), the loop trains as many more batches as the candidate holds
    (:meth:`~raytune_loader.engines.base.Engine.in_flight`: every slot it has: ready,
    pinned, or in the making) before the window starts, so nothing made while the first
-   steps were slow is left for the window.
+   steps were slow is left for the window; a configuration far below the ceiling may
+   stop sooner, once the loop has waited for its next batch (rule 4).
 2. **The rate is the slower of consuming and producing.** Every batch carries when its
    worker began reading its first sample and when it finished the batch
    (:class:`~raytune_loader.loaders.batches.Stamped`): the worker's own time for it, not the
@@ -28,7 +30,7 @@ queue, the "faster" the loader. Three rules keep the stock out of every figure:
    lasted :data:`WINDOW_BUDGET` times what its steps take at the ceiling and its halves
    hold the fewest batches a cut half needs (:func:`short_half`: two, and a batch from
    each maker at once) (:func:`over_budget`); the drain before it ends the same way
-   once the loop has had to wait for a batch, as no stock is left (:func:`drained`). A
+   once the loop has had to wait a step for its next batch (:func:`drained`). A
    configuration that slow (a rule-of-thumb baseline reading a bucket a request at a
    time) is measured on fewer samples, not on minutes of them: its batches come at the
    pace of its requests, one like the next.
@@ -63,8 +65,9 @@ WINDOW_BUDGET = 10.0
 
 
 def window_budget_s(samples: int, ceiling: float | None) -> float | None:
-    """The longest a window (or a drain) of ``samples`` runs (:data:`WINDOW_BUDGET`), once
-    its halves can be compared; None without a ceiling (nothing to be held to)."""
+    """The longest a window (once its halves can be compared) or a drain (once the loop
+    waited a step) of ``samples`` runs (:data:`WINDOW_BUDGET`); None without a ceiling
+    (nothing to be held to)."""
     return WINDOW_BUDGET * samples / ceiling if ceiling else None
 
 
@@ -89,9 +92,11 @@ def over_budget(
 def drained(waited_s: float, lasted_s: float, budget_s: float | None, step_s: float) -> bool:
     """Whether a drain may end before the stock it could hold: it has lasted ``lasted_s``,
     past its budget, and the loop just waited ``waited_s`` for a batch, longer than a
-    step takes (``step_s``: the loop's last, or one at the ceiling, the longer): no batch
-    was ready, so none made during the first steps is left for the window. (A batch of
-    the stock comes in well under a step, however slow the step.)"""
+    step takes (``step_s``: the loop's last, or one at the ceiling, the longer): the
+    batch next in order was not ready, so the stock built during the first steps is
+    spent (a batch of it comes in well under a step, however slow the step). Batches
+    other makers finished out of turn may still be held; the window's rate counts the
+    time their makers took (rule 2), not how soon the loop got them."""
     return budget_s is not None and lasted_s >= budget_s and waited_s > step_s
 
 
