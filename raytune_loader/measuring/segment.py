@@ -275,7 +275,8 @@ def train_segment(
     """Warm up and drain (:func:`warmup_batches`), then train ``spec.steps`` measured
     steps, fewer where the drain or the window ran past its budget
     (:func:`steady.drained`, :func:`steady.over_budget`: a configuration far below the
-    ceiling; never with several ranks); report every
+    ceiling; never with several ranks, nor for an engine that needs its whole epoch:
+    :attr:`~raytune_loader.engines.base.Engine.whole`); report every
     ``report_every``. The figures are the window's steady ones
     (:mod:`raytune_loader.measuring.steady`)."""
     size = None if isinstance(dataset, IterableDataset) else len(dataset)  # type: ignore[arg-type]
@@ -322,10 +323,10 @@ def train_segment(
             # several ranks step together (DDP's all-reduce in every step): one ending its
             # drain or window on its own clock would leave the others waiting in a step;
             # an engine whose figures need its epoch read to its end runs it whole
-            alone = process_group()[1] == 1 and not batches.engine.whole
+            may_cut = process_group()[1] == 1 and not batches.engine.whole
             at_ceiling_s = config.batch_size / ceiling if ceiling else 0.0  # a step's
             drain_samples = drain * config.batch_size
-            drain_budget_s = steady.window_budget_s(drain_samples, ceiling) if alone else None
+            drain_budget_s = steady.window_budget_s(drain_samples, ceiling) if may_cut else None
             cut, drain_start, step_s = False, time.monotonic(), 0.0
             for done in range(drain):
                 on_device, _, waited = fetch()
@@ -353,7 +354,7 @@ def train_segment(
             makers = batches.engine.producers()
             window = _Window(trainer.device, makers, spec.compute_threads, ceiling)
             window_samples = spec.steps * config.batch_size
-            budget_s = steady.window_budget_s(window_samples, ceiling) if alone else None
+            budget_s = steady.window_budget_s(window_samples, ceiling) if may_cut else None
             for step in range(1, spec.steps + 1):
                 _check_deadline(deadline, spec, f"{step - 1} of {spec.steps} measured steps")
                 fetch_start = time.monotonic()
