@@ -523,9 +523,9 @@ def test_a_ray_data_epoch_reads_a_bucket_s_shards_with_ray_s_own_reader(
         "remote": _stream(PATTERN),
         "local": _stream(str(tiny_shards / "shard-{0000..0003}.tar")),
     }
-    # the faults' draws from their seed once the shards are counted (each count a GET):
-    # of the read's four GETs the fourth draw (0.26) is throttled, however many GETs
-    # came before (drawn on from the counts' GETs, the next four are all above 0.3)
+    # throttling on once the shards are counted (each count a GET, unthrottled), its
+    # draws from the seed: of the read's four GETs the fourth draw (0.26) is throttled,
+    # however many GETs came before
     server.proxy.throttle = 0.3
     server.proxy.reseed()
     before_ray = ray_processes()
