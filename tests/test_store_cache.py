@@ -417,3 +417,56 @@ def test_the_profile_s_untimed_samples_from_a_store_are_fetched_all_in_flight(
     assert server.proxy.peak_in_flight > 4
     size = len(remote)  # type: ignore[arg-type]
     assert [label for _, label in got] == [remote[i % size][1] for i in range(20)]
+
+
+def test_the_profile_fetches_an_object_once_and_its_other_worker_sides_take_the_get_s_cost(
+    server: S3Server,
+) -> None:
+    """Four structures' worker sides read the same 32 objects: each fetching its own took
+    4 s of a 17 s profile 80 ms away. The first makes every GET, the profile keeps the
+    objects, and the others read them kept: no request, and each sample's CPU is its own
+    work plus the whole CPU a GET cost the first (its reads timed again, kept, against
+    them), not the GET's own clock alone, which left 7% of a variant's CPU out."""
+    from raytune_loader.measuring import profile
+    from raytune_loader.stores.kept import kept
+
+    server.proxy.ttfb_s = 0.03
+    first = build_dataset(DatasetSpec("imagenet", ROOT), "float32", "pil")
+    other = build_dataset(DatasetSpec("imagenet", ROOT), "uint8", "tensor")
+    gets, blobs = profile.Gets(), {}
+    sent = server.proxy.requests
+    with kept(blobs, serve=False):
+        _, request_s, per_sample = profile._worker_side(first, gets)
+    # every read a GET: the warm-up's 8, a connection for each reader, the 32 timed
+    assert server.proxy.requests - sent == 8 + profile.READERS + profile.SAMPLES
+    assert len(blobs) == profile.SAMPLES and gets.request_s == request_s >= 0.03
+    assert gets.per_sample == per_sample == 1.0
+    assert gets.cpu_s is not None and gets.cpu_s > 0
+    sent = server.proxy.requests
+    with kept(blobs):
+        rate, kept_request_s, kept_per_sample = profile._worker_side(other, gets)
+        alone = profile._worker_side(other, profile.Gets(0.0, request_s))[0]
+    assert server.proxy.requests == sent  # nothing fetched again
+    assert (kept_request_s, kept_per_sample) == (request_s, per_sample)
+    assert 1 / rate - 1 / alone == pytest.approx(gets.cpu_s, rel=0.5)
+
+
+def test_a_profile_of_a_bucket_s_objects_fetches_each_once(
+    server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole profile of two structures: the first worker side's GETs, and none after
+    (the untimed samples and the second worker side read what it fetched)."""
+    from raytune_loader.measuring import profile
+
+    monkeypatch.setattr(profile, "top_rate", lambda store, keys, per_thread: 100.0)
+    monkeypatch.setattr(profile, "latency", lambda store, keys, served: None)
+    server.proxy.ttfb_s = 0.01
+    segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)
+    job = TrialJob(dataset=DatasetSpec("imagenet", ROOT), model="small-cnn", segment=segment,
+                   samples_per_trial=48, node_cpus=2)  # fmt: skip
+    configs = [_config(num_workers=1, decode=d) for d in ("pil", "tensor")]
+    profile.prepare(job, 0, configs[0], check=False)  # listed, as the driver had
+    sent = server.proxy.requests
+    found = profile.profile(job, configs, 2)
+    assert server.proxy.requests - sent == 8 + profile.READERS + profile.SAMPLES
+    assert len(found.per_core) == 2 and found.fetch_s >= 0.01

@@ -18,6 +18,7 @@ from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.loaders.shard_stream import StreamVariant
 from raytune_loader.sources import store_shards, webdataset_shards
 from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.stores.kept import kept as kept_objects
 from raytune_loader.stores.store import count_requests
 
 pytest.importorskip("botocore")
@@ -280,15 +281,15 @@ def test_a_worker_side_that_made_no_get_takes_the_first_one_s_get_figures(
                    stream_shards=4)  # fmt: skip
     config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
     stream = unbuffered(profile.prepare(job, 0, config, check=False)[0])
-    gets, kept = profile.StreamGets(), {}
-    with store_shards.kept(kept):
+    gets, kept = profile.Gets(), {}
+    with kept_objects(kept):
         rate, request_s, per_sample = profile._stream_side(stream, count_requests(stream), gets)
         assert gets.request_s == request_s >= 0.05 and gets.cpu_s is not None
         fetched = server.proxy.gets
         again = profile._stream_side(stream, count_requests(stream), gets)
     assert server.proxy.gets == fetched and len(kept) == 2  # shards 0 and 1, kept
     assert again[1:] == (request_s, per_sample) and again[0] > 0
-    other = profile._stream_side(stream, count_requests(stream), profile.StreamGets())
+    other = profile._stream_side(stream, count_requests(stream), profile.Gets())
     assert server.proxy.gets == fetched + 2 and other[1] >= 0.05  # its own, outside
 
 
@@ -324,11 +325,11 @@ def test_a_kept_shard_is_fetched_once_inside_the_block_and_again_outside(
     store, url = Store(parse(f"s3://{BUCKET}/wds")), f"s3://{BUCKET}/wds/shard-0000.tar"
     kept: dict[str, bytes] = {}
     gets = server.proxy.gets
-    with store_shards.kept(kept):
+    with kept_objects(kept):
         first = store_shards.fetched(store, url, "webdataset")
         assert store_shards.fetched(store, url, "webdataset") == first
     assert server.proxy.gets - gets == 1 and kept == {url: first}
-    with pytest.raises(KeyError), store_shards.kept(kept):
+    with pytest.raises(KeyError), kept_objects(kept):
         raise KeyError("inside")
     assert store_shards.fetched(store, url, "webdataset") == first
     assert server.proxy.gets - gets == 2  # outside: fetched

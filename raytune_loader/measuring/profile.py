@@ -45,8 +45,10 @@ from raytune_loader.measuring.shards import opened, unbuffered
 from raytune_loader.measuring.step import Trainer
 from raytune_loader.pipeline.device import collate_encoded
 from raytune_loader.raydata.receive_cost import in_placement_group, receive_seconds
-from raytune_loader.sources import datasets, store_shards
+from raytune_loader.sources import datasets
 from raytune_loader.sources.remote_folder import keys_of
+from raytune_loader.stores.kept import kept as kept_objects
+from raytune_loader.stores.kept import served
 from raytune_loader.stores.store import (
     Counts,
     count_requests,
@@ -110,16 +112,19 @@ class Profile:
 
 
 @dataclass
-class StreamGets:
-    """A stream's GET figures, from the first structure's worker side that made GETs:
-    the reading thread's CPU a GET and a GET's seconds, first byte to last. The other
-    structures' worker sides read the shards it fetched, which the profile kept
-    (:func:`store_shards.kept`), and take these where they made no GET of their own: a
-    shard's GET costs the same whatever decodes its samples (each structure fetching
-    its own again took 7 s of a 22 s profile on a bucket's shards)."""
+class Gets:
+    """A worker side's GET figures, from the first structure's that made GETs: the
+    reading thread's CPU a GET, a GET's seconds, first byte to last, and the GETs a
+    sample took. The other structures' worker sides read the objects it fetched, which
+    the profile kept (:func:`~raytune_loader.stores.kept.kept`), and take these where
+    they made no GET of their own: an object's GET costs the same whatever decodes it
+    (each structure fetching its own again took 7 s of a 22 s profile on a bucket's
+    shards, and 4 s of 17 s on its single objects 80 ms away). One for single objects,
+    one for streams."""
 
     cpu_s: float | None = None  # None: no worker side has made a GET yet
     request_s: float = 0.0
+    per_sample: float = 1.0
 
 
 def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profile:
@@ -141,7 +146,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     remote = any(engine_of(c).remote for c in structures)
     beside_an_actor = remote and in_placement_group()  # the search's: an actor's too
     kept: dict[str, bytes] = {}
-    gets = StreamGets()
+    gets = {kind: Gets() for kind in ("objects", "stream")}
     try:
         for config in structures:
             config = config.with_batch_size(batch)
@@ -157,11 +162,12 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
             # the worker side alone); what a sample costs does not depend on it
             untimed = unbuffered(dataset) if asked[0] or asked[2] else None
             if untimed is not None and asked[0]:
-                # the shards the first stream's worker side fetched are kept (once
-                # fetched: the GETs it times are whole), and the others' read them and
+                # the objects the first worker side fetched are kept (once fetched: the
+                # GETs it times are all made, and whole), and the others' read them and
                 # take its GET figures
-                with store_shards.kept(kept):
-                    per_core[key], request_s, per_sample = _worker_side(untimed, gets)
+                got = gets["stream" if isinstance(untimed, IterableDataset) else "objects"]
+                with kept_objects(kept, serve=got.cpu_s is not None):
+                    per_core[key], request_s, per_sample = _worker_side(untimed, got)
                 if request_s > fetch_s:
                     fetch_s, requests_per_sample = request_s, per_sample
                 store = store_of(dataset)
@@ -170,7 +176,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                     measured = latency(store, keys, served=True)
                     store_latency = measured.as_dict() if measured else {}
                     store_rate = top_rate(store, keys, ramp_per_thread(measured))
-            with store_shards.kept(kept):  # untimed: a shard's GET once, not a structure's
+            with kept_objects(kept):  # untimed: an object's GET once, not a structure's
                 samples = _samples(untimed, batch, config) if untimed is not None else []
             if untimed is not None and asked[0]:
                 collate_s[key] = _timed(lambda s=samples, c=config: _collate(c)(s))
@@ -204,9 +210,7 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
     )
 
 
-def _worker_side(
-    dataset: Dataset[Any], gets: StreamGets | None = None
-) -> tuple[float, float, float]:
+def _worker_side(dataset: Dataset[Any], gets: Gets | None = None) -> tuple[float, float, float]:
     """One core's samples/s on the worker side, the mean seconds of an object store's
     request (0 for local data), and the requests a sample takes (a GET an object; a
     stream's shards over their samples, :func:`_shard_requests`). From a store the rate
@@ -218,19 +222,17 @@ def _worker_side(
     away a sample's 2 ms of decoding drowns in its 32 ms.) A stream is read in order,
     one sample at a time (:func:`_stream_side`, which takes its GET figures from
     ``gets`` where it made no GET, and fills them where it made the first); single
-    objects by :data:`READERS` threads (:func:`_objects_side`)."""
+    objects by :data:`READERS` threads (:func:`_objects_side`, likewise)."""
     counts = count_requests(dataset)
     if counts is not None and not isinstance(dataset, IterableDataset):
-        return _objects_side(dataset, counts)
+        return _objects_side(dataset, counts, gets or Gets())
     if counts is None:
         read, seconds = worker_side_read(dataset, SAMPLES)
         return read / seconds, 0.0, 1.0
-    return _stream_side(dataset, counts, gets or StreamGets())
+    return _stream_side(dataset, counts, gets or Gets())
 
 
-def _stream_side(
-    dataset: Dataset[Any], counts: Counts, gets: StreamGets
-) -> tuple[float, float, float]:
+def _stream_side(dataset: Dataset[Any], counts: Counts, gets: Gets) -> tuple[float, float, float]:
     """:func:`_worker_side` of a stream from a store, given without its shuffle buffer
     (filling it read every shard for each structure: 38 s of a 62 s profile on a
     bucket's 5 MB shards). Its requests are timed from the first, made in the warm-up
@@ -276,42 +278,68 @@ def _shard_requests(dataset: Dataset[Any]) -> float | None:
     return None
 
 
-def _objects_side(dataset: Dataset[Any], counts: Counts) -> tuple[float, float, float]:
+def _objects_side(dataset: Dataset[Any], counts: Counts, gets: Gets) -> tuple[float, float, float]:
     """:func:`_worker_side` of a store's single objects. A request's seconds are timed
     one at a time, as before the threads, over the warm-up's GETs after its first
     (which opens the connection); the CPU rate over the timed samples, read by
     :data:`READERS` threads that each open a connection with one GET first and then time
     their own CPU, so that their waits overlap. (Read one at a time, a variant's CPU rate
-    came out within the run-to-run noise of this, 1-7% apart.)"""
+    came out within the run-to-run noise of this, 1-7% apart.)
+
+    Where its reads made no GET (the objects kept by the profile), its CPU is the
+    samples' own work plus what a GET cost the first (``gets``) for each GET a sample
+    took there. The first reads its timed samples again, kept, and a GET's cost is the
+    difference over its GETs: all a request costs the thread, where the GET's own clock
+    (:func:`thread_gets`) left 7% of a variant's CPU out."""
     samples = min(SAMPLES, len(dataset))  # type: ignore[arg-type]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker's
     try:
         dataset[0]  # warm the code paths and a connection
         before = counts.totals()
-        warm = range(1, min(WARM_SAMPLES, samples))
-        for i in warm:
+        for i in range(1, min(WARM_SAMPLES, samples)):
             dataset[i]
         after = counts.totals()
-        ready = threading.Barrier(READERS)
-
-        def read(first: int) -> float:
-            dataset[first % samples]  # this thread's connection
-            ready.wait()
-            started = time.thread_time()
-            for i in range(first, samples, READERS):
-                dataset[i]
-            return time.thread_time() - started
-
-        with ThreadPoolExecutor(READERS, "raytune-profile") as pool:
-            cpu_s = sum(pool.map(read, range(READERS)))
+        cpu_s, got, get_cpu_s = _read_by_threads(dataset, samples)
         timed = counts.totals()
+        if not got and gets.cpu_s is not None:  # every object kept: the first's GETs
+            per_sample = gets.per_sample
+            return 1 / (cpu_s / samples + gets.cpu_s * per_sample), gets.request_s, per_sample
+        requests = after["requests"] - before["requests"]
+        request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests if requests else 0.0
+        fetched = timed["requests"] - after["requests"] - READERS  # the timed samples' GETs
+        per_sample = min(1.0, max(fetched, 0) / samples) or 1.0
+        if got and gets.cpu_s is None:
+            whole = 0.0  # outside a kept block (a worker side alone): its clock's
+            with served() as kept_here:
+                if kept_here:
+                    kept_cpu_s, again, _ = _read_by_threads(dataset, samples)
+                    whole = (cpu_s - kept_cpu_s) / got if not again else 0.0
+            gets.cpu_s, gets.request_s = max(whole, get_cpu_s / got), request_s
+            gets.per_sample = per_sample
     finally:
         torch.set_num_threads(threads)
-    requests = after["requests"] - before["requests"]
-    request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests if requests else 0.0
-    fetched = timed["requests"] - after["requests"] - READERS  # the timed samples' GETs
-    return samples / max(cpu_s, 1e-6), request_s, min(1.0, max(fetched, 0) / samples) or 1.0
+    return samples / max(cpu_s, 1e-6), request_s, per_sample
+
+
+def _read_by_threads(dataset: Dataset[Any], samples: int) -> tuple[float, int, float]:
+    """The first ``samples`` read by :data:`READERS` threads at once, each after one read
+    of its own first (a connection): their CPU-seconds, and the GETs they made and the
+    CPU-seconds those took them."""
+    ready = threading.Barrier(READERS)
+
+    def read(first: int) -> tuple[float, int, float]:
+        dataset[first % samples]  # this thread's connection
+        ready.wait()
+        started, (got, get_cpu_s) = time.thread_time(), thread_gets()
+        for i in range(first, samples, READERS):
+            dataset[i]
+        now, (got_after, get_cpu_after) = time.thread_time(), thread_gets()
+        return now - started, got_after - got, get_cpu_after - get_cpu_s
+
+    with ThreadPoolExecutor(READERS, "raytune-profile") as pool:
+        cpu_s, got, get_cpu_s = map(sum, zip(*pool.map(read, range(READERS)), strict=True))
+    return cpu_s, got, get_cpu_s
 
 
 def _warm_side(job: TrialJob, dataset: Dataset[Any], config: LoaderConfig) -> float | None:

@@ -15,7 +15,6 @@ latency.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -125,41 +124,15 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def fetched(store: Store, url: str, what: str) -> bytes:
-    """The shard at ``url``, one GET (retried and counted by the store); a DatasetError
-    naming it where it is not there. Inside :func:`kept`, a shard it keeps is not
-    fetched again."""
-    kept = _KEPT  # once: a fetch thread may outlive the block that set it
-    if kept is not None and url in kept:
-        return kept[url]
+    """The shard at ``url``, one GET (retried and counted by the store, and kept inside
+    :func:`~raytune_loader.stores.kept.kept`); a DatasetError naming it where it is not
+    there."""
     try:
-        blob = store.get(parse(url).prefix)
+        return store.get(parse(url).prefix)
     except CorruptSampleError:  # listed, or named by the pattern, but not there
         raise DatasetError(
             f"{what}: shard {url} does not exist; check the pattern or the prefix"
         ) from None
-    if kept is not None and sum(map(len, kept.values())) + len(blob) <= KEPT_BYTES:
-        kept[url] = blob
-    return blob
-
-
-KEPT_BYTES = 256 << 20  # the most :func:`kept` holds
-_KEPT: dict[str, bytes] | None = None
-
-
-@contextlib.contextmanager
-def kept(shards: dict[str, bytes]) -> Iterator[None]:
-    """Inside, the shards fetched are kept in ``shards`` (by URL, up to
-    :data:`KEPT_BYTES` in all) and one kept there is not fetched again, in any thread:
-    for the profile's reads of the same shards again (a structure's first batch, the
-    same first shard for each, 0.5 s a 5 MB shard's GET, 12 times a profile; and each
-    structure's worker side: the first times its GETs, which are whole before a shard
-    is kept, and the others take its figures). Never around a measurement."""
-    global _KEPT
-    previous, _KEPT = _KEPT, shards
-    try:
-        yield
-    finally:
-        _KEPT = previous
 
 
 def counted(count: Callable[[str], Any], shards: Sequence[str], remote: bool) -> list[Any]:

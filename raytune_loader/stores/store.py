@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
+from raytune_loader.stores import kept
 from raytune_loader.stores.colocated import ServerClock, server_on_this_node
 from raytune_loader.stores.refusals import first_line, refusal
 from raytune_loader.stores.url import StoreUrl
@@ -243,7 +244,12 @@ class Store:
     def get(self, key: str) -> bytes:
         """The object ``key``, retried with backoff where the store throttled, timed out
         or dropped the connection (each retry counted); a CorruptSampleError naming it
-        where it is gone, a DatasetError for what no retry mends (access denied)."""
+        where it is gone, a DatasetError for what no retry mends (access denied). Inside
+        :func:`~raytune_loader.stores.kept.kept`, kept, and answered from there."""
+        url = self.url.of(key)
+        found = kept.held(url)  # the profile's reads again (stores.kept)
+        if found is not None:
+            return found
         transport = self._transport()  # its client made outside the request's clocks
         for attempt in range(ATTEMPTS):
             started, cpu_started = time.perf_counter(), time.thread_time()
@@ -251,6 +257,7 @@ class Store:
             if status == 200:
                 self._count(requests=1, busy_us=_us(time.perf_counter() - started))
                 _thread_got(time.thread_time() - cpu_started)
+                kept.keep(url, data)
                 return data
             if cause is None or attempt == ATTEMPTS - 1:
                 raise self._failed(status, data, key)
