@@ -113,14 +113,15 @@ class Profile:
 
 @dataclass
 class Gets:
-    """A worker side's GET figures, from the first structure's that made GETs: the
-    reading thread's CPU a GET, a GET's seconds, first byte to last, and the GETs a
-    sample took. The other structures' worker sides read the objects it fetched, which
-    the profile kept (:func:`~raytune_loader.stores.kept.kept`), and take these where
-    they made no GET of their own: an object's GET costs the same whatever decodes it
-    (each structure fetching its own again took 7 s of a 22 s profile on a bucket's
-    shards, and 4 s of 17 s on its single objects 80 ms away). One for single objects,
-    one for streams."""
+    """A worker side's GET figures, from the first structure's that made GETs: what a
+    GET cost the reading thread's CPU (a stream's, by the GET's own clock; single
+    objects', by the difference its reads made, :func:`_objects_side`), a GET's
+    seconds, first byte to last, and the GETs a sample took. The other structures'
+    worker sides read the objects it fetched, which the profile kept
+    (:func:`~raytune_loader.stores.kept.kept`), and take these: an object's GET costs
+    the same whatever decodes it (each structure fetching its own again took 7 s of a
+    22 s profile on a bucket's shards, and 4 s of 17 s on its single objects 80 ms
+    away). One for single objects, one for streams."""
 
     cpu_s: float | None = None  # None: no worker side has made a GET yet
     request_s: float = 0.0
@@ -286,11 +287,13 @@ def _objects_side(dataset: Dataset[Any], counts: Counts, gets: Gets) -> tuple[fl
     their own CPU, so that their waits overlap. (Read one at a time, a variant's CPU rate
     came out within the run-to-run noise of this, 1-7% apart.)
 
-    Where its reads made no GET (the objects kept by the profile), its CPU is the
-    samples' own work plus what a GET cost the first (``gets``) for each GET a sample
+    After the first (``gets`` filled), its reads are of the objects the profile kept,
+    and its CPU is the samples' own work (any GET it still made, past the kept bytes,
+    taken out by the GET's clock) plus what a GET cost the first, for each GET a sample
     took there. The first reads its timed samples again, kept, and a GET's cost is the
     difference over its GETs: all a request costs the thread, where the GET's own clock
-    (:func:`thread_gets`) left 7% of a variant's CPU out."""
+    (:func:`thread_gets`) left 7% of a variant's CPU out; never less than that clock
+    (two CPU totals' difference, under noise)."""
     samples = min(SAMPLES, len(dataset))  # type: ignore[arg-type]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker's
@@ -302,9 +305,10 @@ def _objects_side(dataset: Dataset[Any], counts: Counts, gets: Gets) -> tuple[fl
         after = counts.totals()
         cpu_s, got, get_cpu_s = _read_by_threads(dataset, samples)
         timed = counts.totals()
-        if not got and gets.cpu_s is not None:  # every object kept: the first's GETs
-            per_sample = gets.per_sample
-            return 1 / (cpu_s / samples + gets.cpu_s * per_sample), gets.request_s, per_sample
+        if gets.cpu_s is not None:  # the objects kept (any it fetched, past the
+            # block's bytes, taken out by their clock): the first's GETs
+            work_s = (cpu_s - get_cpu_s) / samples
+            return 1 / (work_s + gets.cpu_s * gets.per_sample), gets.request_s, gets.per_sample
         requests = after["requests"] - before["requests"]
         request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests if requests else 0.0
         fetched = timed["requests"] - after["requests"] - READERS  # the timed samples' GETs

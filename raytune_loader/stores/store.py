@@ -245,9 +245,10 @@ class Store:
         """The object ``key``, retried with backoff where the store throttled, timed out
         or dropped the connection (each retry counted); a CorruptSampleError naming it
         where it is gone, a DatasetError for what no retry mends (access denied). Inside
-        :func:`~raytune_loader.stores.kept.kept`, kept, and answered from there."""
-        url = self.url.of(key)
-        found = kept.held(url)  # the profile's reads again (stores.kept)
+        a :func:`~raytune_loader.stores.kept.kept` block, kept, and answered from there
+        where the block serves its objects."""
+        url, keeping = self.url.of(key), kept.current()  # the profile's (stores.kept)
+        found = keeping.held(url) if keeping is not None else None
         if found is not None:
             return found
         transport = self._transport()  # its client made outside the request's clocks
@@ -257,7 +258,8 @@ class Store:
             if status == 200:
                 self._count(requests=1, busy_us=_us(time.perf_counter() - started))
                 _thread_got(time.thread_time() - cpu_started)
-                kept.keep(url, data)
+                if keeping is not None:
+                    keeping.keep(url, data)
                 return data
             if cause is None or attempt == ATTEMPTS - 1:
                 raise self._failed(status, data, key)
