@@ -304,14 +304,13 @@ def _objects_side(dataset: Dataset[Any], counts: Counts, gets: Gets) -> tuple[fl
             dataset[i]
         after = counts.totals()
         cpu_s, got, get_cpu_s = _read_by_threads(dataset, samples)
-        timed = counts.totals()
         if gets.cpu_s is not None:  # the objects kept (any it fetched, past the
             # block's bytes, taken out by their clock): the first's GETs
             work_s = (cpu_s - get_cpu_s) / samples
             return 1 / (work_s + gets.cpu_s * gets.per_sample), gets.request_s, gets.per_sample
         requests = after["requests"] - before["requests"]
         request_s = (after["busy_us"] - before["busy_us"]) / 1e6 / requests if requests else 0.0
-        fetched = timed["requests"] - after["requests"] - READERS  # the timed samples' GETs
+        fetched = counts.totals()["requests"] - after["requests"] - READERS  # timed samples' GETs
         per_sample = min(1.0, max(fetched, 0) / samples) or 1.0
         if got and gets.cpu_s is None:
             whole = 0.0  # outside a kept block (a worker side alone): its clock's
