@@ -464,7 +464,7 @@ def test_a_profile_of_a_bucket_s_objects_fetches_each_once(
     (the untimed samples and the second worker side read what it fetched)."""
     from raytune_loader.measuring import profile
 
-    monkeypatch.setattr(profile, "top_rate", lambda store, keys, per_thread: 100.0)
+    monkeypatch.setattr(profile, "top_rate", lambda store, keys, per_thread, enough: 100.0)
     monkeypatch.setattr(profile, "latency", lambda store, keys, served: None)
     server.proxy.ttfb_s = 0.01
     segment = SegmentSpec(warmup_steps=1, steps=4, report_every=2)

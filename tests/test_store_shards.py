@@ -5,6 +5,8 @@ local shards give it, read-ahead puts shards in flight together, every GET is co
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -246,7 +248,7 @@ def test_the_profile_reads_a_stream_s_first_shards_not_its_shuffle_buffer(
     from raytune_loader.measuring import profile
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
 
-    monkeypatch.setattr(profile, "top_rate", lambda store, keys, per_thread: 100.0)
+    monkeypatch.setattr(profile, "top_rate", lambda store, keys, per_thread, enough: 100.0)
     monkeypatch.setattr(profile, "latency", lambda store, keys, served: None)
     server.proxy.ttfb_s = 0.03
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
@@ -400,6 +402,35 @@ def test_the_latency_probe_of_large_objects_stops_at_its_budget(
     assert stores.latency(bucket, keys, requests=12).requests == 12  # type: ignore[union-attr]
 
 
+def test_the_latency_probe_reads_a_large_object_s_first_bytes_and_tells_its_whole_get(
+    server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each probe GET asks for the object's first bytes alone (a 5 MB shard read whole
+    held the probe 0.43 s a GET): its first byte is the whole object's, and its body
+    gives the bandwidth, at which a whole GET's seconds are told."""
+    from raytune_loader.stores import store as stores
+    from raytune_loader.stores.url import parse
+
+    bucket = stores.Store(parse(f"s3://{BUCKET}/wds"))
+    keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
+    transport = bucket._transport()
+    whole = transport.timed(BUCKET, keys[0])[4]
+    monkeypatch.setattr(stores, "LATENCY_BYTES", whole // 8)
+    server.proxy.ttfb_s, server.proxy.bytes_per_s = 0.02, 8e6  # 64 Mbit/s a request
+    try:
+        whole_s = statistics.median(transport.timed(BUCKET, key)[2] for key in keys[:3])
+        started = time.perf_counter()
+        found = stores.latency(bucket, keys, requests=8)
+        probed_s = (time.perf_counter() - started) / 8
+    finally:
+        server.proxy.bytes_per_s = None
+    assert whole_s > 0.02 + whole / 8e6 * 0.9  # the cap holds a whole GET (1.9 MB)
+    assert found is not None and found.ttfb_p50_s >= 0.02
+    assert found.mbit_per_s is not None and 64 / 2 < found.mbit_per_s <= 64 * 1.1
+    assert probed_s < 0.02 + whole / 8e6 / 2  # an eighth of each object read
+    assert found.request_s == pytest.approx(whole_s, rel=0.25)
+
+
 def test_the_ramp_s_threads_make_fewer_gets_where_a_request_takes_long(
     server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -422,17 +453,28 @@ def test_the_ramp_s_threads_make_fewer_gets_where_a_request_takes_long(
     gets = server.proxy.gets
     assert stores.top_rate(bucket, keys, per_thread=1) > 0
     assert server.proxy.gets - gets in (4, 4 + 16, 4 + 16 + 64)  # a GET a thread, a step
-    ramped: list[int] = []
+    gets = server.proxy.gets
+    assert stores.top_rate(bucket, keys, per_thread=1, enough=1.0) > 1.0
+    assert server.proxy.gets - gets == 4  # the first step answered enough
+    ramped: list[tuple[int, float]] = []
     monkeypatch.setattr(profile, "latency", lambda store, keys, served: probe(0.3))
-    monkeypatch.setattr(
-        profile, "top_rate", lambda s, k, per_thread: ramped.append(per_thread) or 1.0
-    )
+
+    def ramp(store: object, keys: object, per_thread: int, enough: float) -> float:
+        ramped.append((per_thread, enough))
+        return 1.0
+
+    monkeypatch.setattr(profile, "top_rate", ramp)
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
     job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
-                   samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
+                   samples_per_trial=48, node_cpus=2, stream_shards=4,
+                   ceilings={8: 300.0, 16: 400.0}, ranks=2)  # fmt: skip
     config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
     profile.prepare(job, 0, config, check=False)
-    assert profile.profile(job, [config], 2).store_rate == 1.0 and ramped == [3]
+    found = profile.profile(job, [config], 2)
+    assert found.store_rate == 1.0 and [per_thread for per_thread, _ in ramped] == [3]
+    # past twice what both ranks at the faster step ask for, a store bounds no candidate
+    enough = profile.RAMP_ENOUGH * 2 * 400.0 * found.requests_per_sample
+    assert ramped[0][1] == pytest.approx(enough) and found.requests_per_sample == 1 / 24
 
 
 def test_what_the_driver_listed_and_counted_is_handed_on_not_redone(server: S3Server) -> None:

@@ -16,6 +16,7 @@ actor on another node (:func:`raytune_loader.raydata.receive_cost.receive_second
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -176,7 +177,8 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
                     # one request at a time first: what a request takes sizes the ramp's
                     measured = latency(store, keys, served=True)
                     store_latency = measured.as_dict() if measured else {}
-                    store_rate = top_rate(store, keys, ramp_per_thread(measured))
+                    store_rate = top_rate(store, keys, ramp_per_thread(measured),
+                                          _enough(job, requests_per_sample))  # fmt: skip
             with kept_objects(kept):  # untimed: an object's GET once, not a structure's
                 samples = _samples(untimed, batch, config) if untimed is not None else []
             if untimed is not None and asked[0]:
@@ -209,6 +211,20 @@ def profile(job: TrialJob, structures: list[LoaderConfig], cores: int) -> Profil
         store_latency=store_latency,
         seconds=time.perf_counter() - started,
     )
+
+
+# the ramp stops at this many times the GETs a second the step's top rate asks for
+RAMP_ENOUGH = 2.0
+
+
+def _enough(job: TrialJob, requests_per_sample: float) -> float:
+    """GETs a second past which a store bounds no candidate: :data:`RAMP_ENOUGH` times
+    what every rank at its fastest step (the ceiling: nothing trains faster) asks for;
+    unbounded where no ceiling was measured. On a bucket's 5 MB shards the ramp's step
+    of 64 in flight (2.4 s) went on past three times that."""
+    if not job.ceilings:
+        return math.inf
+    return RAMP_ENOUGH * job.ranks * max(job.ceilings.values()) * requests_per_sample
 
 
 def _worker_side(dataset: Dataset[Any], gets: Gets | None = None) -> tuple[float, float, float]:

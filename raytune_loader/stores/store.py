@@ -372,21 +372,36 @@ class Transport:
         cause = {429: "throttled", 503: "throttled", 500: "reset", 502: "reset", 504: "timeout"}
         return status, answer.data, cause.get(status)
 
-    def timed(self, bucket: str, key: str) -> tuple[int, float, float, int]:
-        """One GET, timed: (status, seconds to its first byte, seconds to its last, bytes);
-        status 0 where no answer came."""
+    def timed(
+        self, bucket: str, key: str, first_bytes: int | None = None
+    ) -> tuple[int, float, float, int, int]:
+        """One GET, timed: (status, seconds to its first byte, seconds to its last, bytes,
+        the object's bytes); status 0 where no answer came. With ``first_bytes``, of the
+        object's first bytes alone (a ranged GET: its first byte is the whole object's)."""
         import urllib3
 
         url = self.url(bucket, key)
+        headers = self._signed(url)
+        if first_bytes is not None:  # not signed: S3 signs what the signer was given
+            headers["Range"] = f"bytes=0-{first_bytes - 1}"
         started = time.perf_counter()
         try:
-            answer = self.pool.request("GET", url, headers=self._signed(url), preload_content=False)
+            answer = self.pool.request("GET", url, headers=headers, preload_content=False)
             first = time.perf_counter() - started  # the status line and headers are in
             size = len(answer.read())
             answer.release_conn()
         except urllib3.exceptions.HTTPError:
-            return 0, 0.0, 0.0, 0
-        return answer.status, first, time.perf_counter() - started, size
+            return 0, 0.0, 0.0, 0, 0
+        whole = answer.headers.get("Content-Range", "").rpartition("/")[2]
+        # 206: the bytes asked for; 416: none, of an empty object
+        status = 200 if answer.status in (206, 416) else answer.status
+        return (
+            status,
+            first,
+            time.perf_counter() - started,
+            size,
+            int(whole) if whole.isdigit() else size,
+        )
 
     def lister(self) -> Any:
         """botocore's S3 client, for listing (with botocore's standard retries)."""
@@ -462,10 +477,13 @@ def ramp_per_thread(measured: Latency | None) -> int:
     return max(RAMP_LEAST_PER_THREAD, min(RAMP_PER_THREAD, fit))
 
 
-def top_rate(store: Store, keys: Sequence[str], per_thread: int = RAMP_PER_THREAD) -> float:
+def top_rate(
+    store: Store, keys: Sequence[str], per_thread: int = RAMP_PER_THREAD, enough: float = math.inf
+) -> float:
     """The most GETs a second the store answered this process, its requests in flight
     ramped through :data:`RAMP` until a step gains less than 10% (the store's limit, or
-    this node's path to it, as a trial would meet it); each thread makes ``per_thread``
+    this node's path to it, as a trial would meet it) or answers ``enough`` (more than
+    any candidate could ask: a higher top bounds none); each thread makes ``per_thread``
     GETs (:func:`ramp_per_thread`)."""
     best = 0.0
     for threads in RAMP:
@@ -476,23 +494,28 @@ def top_rate(store: Store, keys: Sequence[str], per_thread: int = RAMP_PER_THREA
                 pass
             rate = len(chosen) / (time.perf_counter() - started)
         gained, best = rate >= best * RAMP_GAIN, max(best, rate)
-        if not gained:
+        if not gained or best >= enough:
             break
     return best
 
 
 LATENCY_REQUESTS = 48  # GETs the latency probe times, one at a time
-# ... within about this many seconds, and at least LATENCY_LEAST: a bucket's 5 MB shards
-# at 100 Mbit/s took 0.43 s each, 34 s for the 48 (small objects at 30 ms take ~2 s)
+# ... within about this many seconds, and at least LATENCY_LEAST: small objects at 30 ms
+# take ~2 s for the 48
 LATENCY_BUDGET_S = 2.5
 LATENCY_LEAST = 8
+# each asks for an object's first MiB: its first byte is the whole object's, and a MiB's
+# body tells the bandwidth. Read whole, a bucket's 5 MB shards held the probe 0.43 s a
+# GET (3.6 s of a 15 s profile for its 8); a 100 MB shard would hold it 8 s a GET
+LATENCY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class Latency:
     """A store's latency as one request at a time meets it: time to first byte (median
     and 99th percentile, the slowest where fewer than a hundred were timed) and the
-    bandwidth of one request, its bytes over the time from first byte to last."""
+    bandwidth of one request, its bytes over the time from first byte to last (of an
+    object's first :data:`LATENCY_BYTES`)."""
 
     ttfb_p50_s: float
     ttfb_p99_s: float
@@ -500,7 +523,9 @@ class Latency:
     requests: int
     # a server on this node: its CPU-seconds a request (None: the store is elsewhere)
     server_cpu_s: float | None = None
-    request_s: float = 0.0  # a request's mean seconds, sent to its last byte
+    # a request's mean seconds, sent to its last byte: of a whole object (its bytes past
+    # the probe's first MiB at the probe's bandwidth)
+    request_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """Its figures, rounded for a JSON file."""
@@ -516,10 +541,11 @@ def latency(
 ) -> Latency | None:
     """The store's :class:`Latency` from ``requests`` GETs of ``keys`` (cycled), one at a
     time so that none waits behind another, fewer (at least :data:`LATENCY_LEAST`) where
-    large objects take more than :data:`LATENCY_BUDGET_S`; None where none was answered.
-    With ``served`` (the profile's), where the store's server runs on this node, its
-    CPU-seconds a request too."""
-    firsts, bodies, totals, bytes_read, sent = [], 0.0, 0.0, 0, 0
+    they take more than :data:`LATENCY_BUDGET_S`, each of an object's first
+    :data:`LATENCY_BYTES`; None where none was answered. With ``served`` (the
+    profile's), where the store's server runs on this node, its CPU-seconds a request
+    too (a request of those bytes: of a larger object, less than its whole GET's)."""
+    firsts, bodies, totals, bytes_read, wholes, sent = [], 0.0, 0.0, 0, 0, 0
     transport = store._transport()
     servers = server_on_this_node(transport.options.endpoint_url) if served else []
     clock = ServerClock(servers) if servers else None
@@ -530,20 +556,25 @@ def latency(
         if index >= LATENCY_LEAST and time.perf_counter() - started > LATENCY_BUDGET_S:
             break
         sent += 1
-        status, first, total, size = transport.timed(store.url.bucket, keys[index % len(keys)])
+        key = keys[index % len(keys)]
+        status, first, total, size, whole = transport.timed(store.url.bucket, key, LATENCY_BYTES)
         if status != 200:
             continue
         firsts.append(first)
-        bodies, totals, bytes_read = bodies + (total - first), totals + total, bytes_read + size
+        bodies, totals = bodies + (total - first), totals + total
+        bytes_read, wholes = bytes_read + size, wholes + whole
     server_s = clock.seconds() if clock is not None else None
     if not firsts:
         return None
     firsts.sort()
     p99 = firsts[min(len(firsts) - 1, math.ceil(0.99 * len(firsts)) - 1)]
     # a body that came in one read takes no measurable time: no bandwidth to tell
-    bandwidth = bytes_read * 8 / 1e6 / bodies if bodies > 1e-3 * len(firsts) else None
+    told = bodies > 1e-3 * len(firsts)
+    bandwidth = bytes_read * 8 / 1e6 / bodies if told else None
     per_request = server_s / sent if server_s is not None else None
-    mean_s = totals / len(firsts)
+    # the objects' bytes past those read, at the bandwidth the read ones came at
+    unread_s = (wholes - bytes_read) * bodies / bytes_read if told else 0.0
+    mean_s = (totals + unread_s) / len(firsts)
     return Latency(statistics.median(firsts), p99, bandwidth, len(firsts), per_request, mean_s)
 
 
