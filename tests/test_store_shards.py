@@ -20,6 +20,7 @@ from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.loaders.shard_stream import StreamVariant
 from raytune_loader.sources import store_shards, webdataset_shards
 from raytune_loader.sources.datasets import DatasetSpec
+from raytune_loader.stores import probe
 from raytune_loader.stores.kept import kept as kept_objects
 from raytune_loader.stores.store import count_requests
 
@@ -394,12 +395,12 @@ def test_the_latency_probe_of_large_objects_stops_at_its_budget(
     server.proxy.ttfb_s = 0.05
     bucket = stores.Store(parse(f"s3://{BUCKET}/wds"))
     keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
-    monkeypatch.setattr(stores, "LATENCY_BUDGET_S", 0.2)
-    found = stores.latency(bucket, keys)
-    assert found is not None and found.requests == stores.LATENCY_LEAST
+    monkeypatch.setattr(probe, "LATENCY_BUDGET_S", 0.2)
+    found = probe.latency(bucket, keys)
+    assert found is not None and found.requests == probe.LATENCY_LEAST
     assert found.ttfb_p50_s >= 0.05
-    monkeypatch.setattr(stores, "LATENCY_BUDGET_S", 60.0)
-    assert stores.latency(bucket, keys, requests=12).requests == 12  # type: ignore[union-attr]
+    monkeypatch.setattr(probe, "LATENCY_BUDGET_S", 60.0)
+    assert probe.latency(bucket, keys, requests=12).requests == 12  # type: ignore[union-attr]
 
 
 def test_the_latency_probe_reads_a_large_object_s_first_bytes_and_tells_its_whole_get(
@@ -415,12 +416,12 @@ def test_the_latency_probe_reads_a_large_object_s_first_bytes_and_tells_its_whol
     keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
     transport = bucket._transport()
     whole = transport.timed(BUCKET, keys[0])[4]
-    monkeypatch.setattr(stores, "LATENCY_BYTES", whole // 8)
+    monkeypatch.setattr(probe, "LATENCY_BYTES", whole // 8)
     server.proxy.ttfb_s, server.proxy.bytes_per_s = 0.02, 8e6  # 64 Mbit/s a request
     try:
         whole_s = statistics.median(transport.timed(BUCKET, key)[2] for key in keys[:3])
         started = time.perf_counter()
-        found = stores.latency(bucket, keys, requests=8)
+        found = probe.latency(bucket, keys, requests=8)
         probed_s = (time.perf_counter() - started) / 8
     finally:
         server.proxy.bytes_per_s = None
@@ -443,21 +444,21 @@ def test_the_ramp_s_threads_make_fewer_gets_where_a_request_takes_long(
     from raytune_loader.stores import store as stores
     from raytune_loader.stores.url import parse
 
-    def probe(request_s: float) -> stores.Latency:
-        return stores.Latency(0.03, 0.03, None, 8, None, request_s)
+    def probed(request_s: float) -> probe.Latency:
+        return probe.Latency(0.03, 0.03, None, 8, None, request_s)
 
-    found = [stores.ramp_per_thread(m) for m in (None, probe(0.03), probe(0.3), probe(0.43))]
-    assert found == [4, 4, 3, 2] and stores.ramp_per_thread(probe(3.0)) == 2  # at least 2
+    found = [probe.ramp_per_thread(m) for m in (None, probed(0.03), probed(0.3), probed(0.43))]
+    assert found == [4, 4, 3, 2] and probe.ramp_per_thread(probed(3.0)) == 2  # at least 2
     bucket = stores.Store(parse(f"s3://{BUCKET}/wds"))
     keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
     gets = server.proxy.gets
-    assert stores.top_rate(bucket, keys, per_thread=1) > 0
+    assert probe.top_rate(bucket, keys, per_thread=1) > 0
     assert server.proxy.gets - gets in (4, 4 + 16, 4 + 16 + 64)  # a GET a thread, a step
     gets = server.proxy.gets
-    assert stores.top_rate(bucket, keys, per_thread=1, enough=1.0) > 1.0
+    assert probe.top_rate(bucket, keys, per_thread=1, enough=1.0) > 1.0
     assert server.proxy.gets - gets == 4  # the first step answered enough
     ramped: list[tuple[int, float]] = []
-    monkeypatch.setattr(profile, "latency", lambda store, keys, served: probe(0.3))
+    monkeypatch.setattr(profile, "latency", lambda store, keys, served: probed(0.3))
 
     def ramp(store: object, keys: object, per_thread: int, enough: float) -> float:
         ramped.append((per_thread, enough))

@@ -521,7 +521,7 @@ def test_a_config_tuned_on_local_files_warns_on_a_bucket_and_the_other_way_round
 def test_the_latency_probe_times_the_first_byte_and_a_request_s_bandwidth(
     server: S3Server,
 ) -> None:
-    from raytune_loader.stores.store import latency
+    from raytune_loader.stores.probe import latency
 
     store = Store(parse(f"s3://{BUCKET}/imagenet"), StoreOptions())
     keys = [key for key, _, _ in store.list()]

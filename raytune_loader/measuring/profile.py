@@ -50,15 +50,8 @@ from raytune_loader.sources import datasets
 from raytune_loader.sources.remote_folder import keys_of
 from raytune_loader.stores.kept import kept as kept_objects
 from raytune_loader.stores.kept import served
-from raytune_loader.stores.store import (
-    Counts,
-    count_requests,
-    latency,
-    ramp_per_thread,
-    store_of,
-    thread_gets,
-    top_rate,
-)
+from raytune_loader.stores.probe import latency, ramp_per_thread, top_rate
+from raytune_loader.stores.store import Counts, count_requests, store_of, thread_gets
 from raytune_loader.wrapped import wrapped
 
 SAMPLES = 32  # samples a variant's worker side is timed on, after warming its code paths

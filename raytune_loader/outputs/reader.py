@@ -306,7 +306,8 @@ class BestConfig:
         first byte (a few GETs timed here) is over twice, or under half, the one the
         config was tuned against: its requests in flight were chosen for that latency."""
         from raytune_loader.sources.remote_folder import keys_of
-        from raytune_loader.stores.store import latency, store_of
+        from raytune_loader.stores.probe import latency
+        from raytune_loader.stores.store import store_of
 
         tuned = ((self.data.get("source") or {}).get("store") or {}).get("ttfb_p50_s")
         store, keys = store_of(dataset), keys_of(dataset)

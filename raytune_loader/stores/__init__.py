@@ -5,6 +5,8 @@ S3-compatible endpoint).
 keeps it whole; :mod:`~raytune_loader.stores.store` lists a bucket once and reads its
 objects with its own signed GETs, each retry backed off, with jitter, and counted by cause, and
 what a measured window asked of the store (:class:`~raytune_loader.stores.store.StoreWatch`);
+:mod:`~raytune_loader.stores.probe` measures the store for the profile (time to first
+byte, a request's bandwidth, the top rate as requests in flight ramp);
 :mod:`~raytune_loader.stores.kept` keeps what the profile reads again, so that each
 object is fetched once;
 :mod:`~raytune_loader.stores.arrow` is the bucket as Arrow's S3 filesystem, for Ray
