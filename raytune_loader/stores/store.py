@@ -378,7 +378,7 @@ class Transport:
 
         url = self.url(bucket, key)
         headers = self._signed(url)
-        if first_bytes is not None:  # not signed: S3 signs what the signer was given
+        if first_bytes is not None:  # after signing: S3 takes a Range the signature leaves out
             headers["Range"] = f"bytes=0-{first_bytes - 1}"
         started = time.perf_counter()
         try:
