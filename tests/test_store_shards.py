@@ -301,20 +301,28 @@ def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer
 ) -> None:
     """Every trial, verification run and ceiling checks its first sample (its bytes, and
     that it decodes): with a shuffle buffer of 1000 that read all four shards first (3-4 s
-    of a 7.5 s trial on a bucket's 5 MB shards); from the stream without it, one."""
+    of a 7.5 s trial on a bucket's 5 MB shards); from the stream without it, one. A
+    process checks a variant's first shard once: the next measurement of it in a reused
+    process makes no GET before its segment; another variant's, one."""
+    from raytune_loader.measuring import measure
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
-    from raytune_loader.measuring.measure import prepare
 
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
     job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
                    samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
     config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
-    prepare(job, 0, config, check=False)  # the shards counted, as the driver had
+    measure.prepare(job, 0, config, check=False)  # the shards counted, as the driver had
+    measure._CHECKED.clear()  # this process's earlier tests checked the same shards
     gets = server.proxy.gets
-    stream, nbytes = prepare(job, 0, config)
+    stream, nbytes = measure.prepare(job, 0, config)
     assert server.proxy.gets - gets == 1
     assert nbytes == 3 * 224 * 224 * 4 + 8  # a float32 image and its int64 class
     assert stream.shuffle_buffer == 1000  # the trial's own stream keeps its buffer
+    assert measure.prepare(job, 0, config)[1] == nbytes and server.proxy.gets - gets == 1
+    uint8 = LoaderConfig.from_dict({"num_workers": 2, "access": "stream", "transfer": "uint8"},
+                                   batch_size=8)  # fmt: skip
+    assert measure.prepare(job, 0, uint8)[1] == 3 * 224 * 224 + 8
+    assert server.proxy.gets - gets == 2
 
 
 def test_a_kept_shard_is_fetched_once_inside_the_block_and_again_outside(
