@@ -72,7 +72,8 @@ def prepare(
     """What a measurement of ``config`` reads, with the worker-side stages of its
     pipeline variant: the trial's subset, or its stream over the trial's shards; and
     the bytes of one of its samples, read to check it (0 without ``check``; a stream's
-    from the stream without its shuffle buffer, :func:`~shards.unbuffered`)."""
+    from the stream without its shuffle buffer, :func:`~shards.unbuffered`, once a
+    process for each variant and first shard)."""
     config = config or LoaderConfig(batch_size=1)
     datasets.adopt_listing(job.dataset, job.listing)  # the driver's: no listing again here
     config = engine_of(config).source_variant(job.dataset.source.accesses(job.dataset))
