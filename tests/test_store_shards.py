@@ -422,7 +422,7 @@ def test_the_latency_probe_reads_a_large_object_s_first_bytes_and_tells_its_whol
 
     bucket = stores.Store(parse(f"s3://{BUCKET}/wds"))
     keys = [f"wds/shard-{i:04d}.tar" for i in range(4)]
-    transport = bucket._transport()
+    transport = bucket.transport()
     whole = transport.timed(BUCKET, keys[0])[4]
     monkeypatch.setattr(probe, "LATENCY_BYTES", whole // 8)
     server.proxy.ttfb_s, server.proxy.bytes_per_s = 0.02, 8e6  # 64 Mbit/s a request

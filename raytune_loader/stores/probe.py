@@ -110,7 +110,7 @@ def latency(
     profile's), where the store's server runs on this node, its CPU-seconds a request
     too (a request of those bytes: of a larger object, less than its whole GET's)."""
     firsts, bodies, totals, bytes_read, wholes, sent = [], 0.0, 0.0, 0, 0, 0
-    transport = store._transport()
+    transport = store.transport()
     servers = server_on_this_node(transport.options.endpoint_url) if served else []
     clock = ServerClock(servers) if servers else None
     if clock is not None and not clock.start():

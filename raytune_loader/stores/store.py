@@ -247,7 +247,7 @@ class Store:
         found = keeping.held(url) if keeping is not None else None
         if found is not None:
             return found
-        transport = self._transport()  # its client made outside the request's clocks
+        transport = self.transport()  # its client made outside the request's clocks
         for attempt in range(ATTEMPTS):
             started, cpu_started = time.perf_counter(), time.thread_time()
             status, data, cause = transport.get(self.url.bucket, key)
@@ -275,7 +275,7 @@ class Store:
                 "check the prefix"
             )
 
-    def _transport(self) -> Transport:
+    def transport(self) -> Transport:
         """This process's transport (opened on first use, again after a fork)."""
         if self._client is None or self._pid != os.getpid():
             self._client, self._pid = Transport(self.options.resolved()), os.getpid()
@@ -286,7 +286,7 @@ class Store:
         errors in one line naming the bucket and the credentials' source."""
         where = query.get("Prefix", "")
         try:
-            pages = self._transport().lister().get_paginator("list_objects_v2")
+            pages = self.transport().lister().get_paginator("list_objects_v2")
             yield from pages.paginate(Bucket=self.url.bucket, **query)
         except Exception as exc:  # noqa: BLE001 - botocore's errors, said in one line
             raise self._refused(exc, where) from None
