@@ -46,6 +46,7 @@ class SlowProxy:
     port: int = field(default_factory=free_port)
     requests: int = 0
     gets: int = 0  # of them, objects' GETs (not listings)
+    sent: int = 0  # the bytes of the objects' GETs' bodies
     throttled: int = 0
     cuts: int = 0
     answered: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -130,6 +131,7 @@ class SlowProxy:
                         await out.drain()
                         return  # the connection dropped mid-body
                     await self._paced(out, payload)
+                    self.sent += len(payload) if fetch else 0
                 finally:
                     self.in_flight -= fetch
                 if fetch and reply.split(b" ", 2)[1] in (b"200", b"206"):

@@ -297,25 +297,29 @@ def test_a_worker_side_that_made_no_get_takes_the_first_one_s_get_figures(
 
 
 def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer(
-    server: S3Server,
+    server: S3Server, tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every trial, verification run and ceiling checks its first sample (its bytes, and
     that it decodes): with a shuffle buffer of 1000 that read all four shards first (3-4 s
-    of a 7.5 s trial on a bucket's 5 MB shards); from the stream without it, one. A
-    process checks a variant's first shard once: the next measurement of it in a reused
-    process makes no GET before its segment; another variant's, one."""
+    of a 7.5 s trial on a bucket's 5 MB shards); from the stream without it, the first
+    shard's first bytes, one ranged GET. A process checks a variant's first shard once:
+    the next measurement of it in a reused process makes no GET before its segment;
+    another variant's, one."""
     from raytune_loader.measuring import measure
     from raytune_loader.measuring.job import SegmentSpec, TrialJob
 
+    shard_bytes = (tiny_shards / "shard-0000.tar").stat().st_size
+    monkeypatch.setattr(store_shards, "HEAD_BYTES", shard_bytes // 3)  # a few samples' worth
     spec = DatasetSpec("webdataset", PATTERN, shuffle_buffer=1000)
     job = TrialJob(dataset=spec, model="small-cnn", segment=SegmentSpec(1, 4, 2),
                    samples_per_trial=48, node_cpus=2, stream_shards=4)  # fmt: skip
     config = LoaderConfig.from_dict({"num_workers": 2, "access": "stream"}, batch_size=8)
     measure.prepare(job, 0, config, check=False)  # the shards counted, as the driver had
     measure._CHECKED.clear()  # this process's earlier tests checked the same shards
-    gets = server.proxy.gets
+    gets, sent = server.proxy.gets, server.proxy.sent
     stream, nbytes = measure.prepare(job, 0, config)
     assert server.proxy.gets - gets == 1
+    assert server.proxy.sent - sent == shard_bytes // 3  # not the whole shard
     assert nbytes == 3 * 224 * 224 * 4 + 8  # a float32 image and its int64 class
     assert stream.shuffle_buffer == 1000  # the trial's own stream keeps its buffer
     assert measure.prepare(job, 0, config)[1] == nbytes and server.proxy.gets - gets == 1
@@ -323,6 +327,48 @@ def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer
                                    batch_size=8)  # fmt: skip
     assert measure.prepare(job, 0, uint8)[1] == 3 * 224 * 224 + 8
     assert server.proxy.gets - gets == 2
+
+
+def test_a_shard_s_head_grows_until_its_samples_are_whole_and_ends_with_the_shard(
+    server: S3Server, tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check reads a shard from ranged GETs of its first bytes: a range that cuts a
+    sample in a header or in its data gives it only once a larger one holds it whole;
+    read on, the ranges grow fourfold up to the whole shard, and the samples come once
+    each, in the shard's order, as its whole GET gives them."""
+    import tarfile
+
+    from raytune_loader.stores.store import Store
+    from raytune_loader.stores.url import parse
+
+    url = f"s3://{BUCKET}/wds/shard-0000.tar"
+    reader = webdataset_shards._TarShards(Store(parse(f"s3://{BUCKET}/wds")))
+    whole = list(reader.read(url, 0, 24))
+    shard_bytes = (tiny_shards / "shard-0000.tar").stat().st_size
+    with tarfile.open(tiny_shards / "shard-0000.tar") as tar:
+        members = tar.getmembers()
+    second = next(m for m in members if m.name.split(".")[0] != members[0].name.split(".")[0])
+    enough = second.offset + 512  # the first sample is whole once the next one's header is in
+    assert members[1].name.split(".")[0] == members[0].name.split(".")[0]  # its class
+    cuts = {
+        "in the first header": 300,
+        "in the first member's data": members[0].offset_data + 9,
+        "in its class's header": members[1].offset + 100,
+        "in the second sample's header": second.offset + 100,
+        "just enough": enough,
+    }
+    for where, cut in cuts.items():
+        monkeypatch.setattr(store_shards, "HEAD_BYTES", cut)
+        gets = server.proxy.gets
+        assert next(reader.read_head(url)) == whole[0], where
+        tries = next(k for k in range(1, 10) if cut * 4 ** (k - 1) >= enough)
+        assert server.proxy.gets - gets == tries, where
+    monkeypatch.setattr(store_shards, "HEAD_BYTES", 1024)
+    gets, sent = server.proxy.gets, server.proxy.sent
+    assert list(reader.read_head(url)) == whole
+    tries = server.proxy.gets - gets
+    assert 1024 * 4 ** (tries - 2) < shard_bytes <= 1024 * 4 ** (tries - 1)
+    assert server.proxy.sent - sent < 2 * shard_bytes  # geometric: at most 4/3 of it, and all
 
 
 def test_a_kept_shard_is_fetched_once_inside_the_block_and_again_outside(

@@ -21,7 +21,7 @@ import itertools
 import logging
 import random
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -247,6 +247,36 @@ def unbuffered(stream: Any) -> Any:
     found = copy.copy(stream)
     found.shuffle_buffer, found.shuffle = 0, False
     return found
+
+
+def checked_head(stream: Any) -> Any:
+    """:func:`unbuffered` ``stream``, whose shards in a store are read from their first
+    bytes alone where its reader can (its ``read_head``: ranged GETs, not the whole
+    shard), for a check of its first sample or batch; any other as :func:`unbuffered`."""
+    found = unbuffered(stream)
+    if not isinstance(found, ShardStream) or found.store is None:
+        return found
+    if not hasattr(found.reader, "read_head"):
+        return found
+    found = copy.copy(found) if found is stream else found
+    found.reader = _Heads(found.reader)
+    return found
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """A reader of its shards' first samples (``read_head``), none ahead of the next."""
+
+    reader: Any
+
+    def count(self, path: str) -> int:
+        return int(self.reader.count(path))
+
+    def read(self, path: str, start: int, stop: int) -> Iterator[Any]:
+        return itertools.islice(self.reader.read_head(path), start, stop)
+
+    def ray_reader(self, paths: Any) -> str | None:
+        return None
 
 
 def stream_for_trial(job: TrialJob, config: LoaderConfig, slot: int = 0) -> IterableDataset[Any]:

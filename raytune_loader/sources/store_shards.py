@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from raytune_loader.sources.base import Spec
 
 COUNT_THREADS = 16  # a store's shards counted at once (a whole shard's GET each)
+HEAD_BYTES = 256 * 1024  # read_head's first ranged GET: two ImageNet JPEGs of 110 KB
 LISTED: dict[tuple[str, StoreOptions], tuple[str, ...]] = {}  # this process's listings
 COUNTED: dict[str, Any] = {}  # a shard's URL -> what reading it once taught (its samples)
 
@@ -123,16 +124,36 @@ def expand_braces(pattern: str) -> list[str]:
     return list(braceexpand(pattern))
 
 
-def fetched(store: Store, url: str, what: str) -> bytes:
+def fetched(store: Store, url: str, what: str, first_bytes: int | None = None) -> bytes:
     """The shard at ``url``, one GET (retried and counted by the store, and kept inside
-    :func:`~raytune_loader.stores.kept.kept`); a DatasetError naming it where it is not
-    there."""
+    :func:`~raytune_loader.stores.kept.kept`), or its ``first_bytes`` alone; a
+    DatasetError naming it where it is not there."""
     try:
-        return store.get(parse(url).prefix)
+        return store.get(parse(url).prefix, first_bytes)
     except CorruptSampleError:  # listed, or named by the pattern, but not there
         raise DatasetError(
             f"{what}: shard {url} does not exist; check the pattern or the prefix"
         ) from None
+
+
+def read_head(
+    store: Store, url: str, what: str, complete: Callable[[bytes, bool], list[Any]]
+) -> Iterator[Any]:
+    """The shard's samples in order, from ranged GETs of its first bytes, each four times
+    the last (from :data:`HEAD_BYTES`), as far as they are read: a check of a stream's
+    first sample without the whole shard's GET (a 5 MB shard 100 Mbit/s away: 0.4 s,
+    before each first measurement of a variant). ``complete(blob, whole)`` gives the
+    samples complete in ``blob``, the shard's first bytes (all of it where ``whole``)."""
+    done, size = 0, HEAD_BYTES
+    while True:
+        blob = fetched(store, url, what, size)
+        whole = len(blob) < size
+        found = complete(blob, whole)
+        yield from found[done:]
+        done = max(done, len(found))
+        if whole:
+            return
+        size *= 4
 
 
 def counted(count: Callable[[str], Any], shards: Sequence[str], remote: bool) -> list[Any]:

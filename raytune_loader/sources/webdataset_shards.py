@@ -34,6 +34,7 @@ import re
 import tarfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,14 @@ class _TarShards:
             blob = store_shards.fetched(self.store, path, WHAT)
         yield from itertools.islice(_keyed(path, read=True, first=start, blob=blob), stop - start)
 
+    def read_head(self, path: str) -> Iterator[dict[str, Any]]:
+        """The shard's samples from its first bytes on, as far as they are read: ranged
+        GETs from a store (:func:`~store_shards.read_head`), for a check of its first."""
+        if self.store is None:
+            yield from _keyed(path, read=True)
+            return
+        yield from store_shards.read_head(self.store, path, WHAT, partial(_complete, path))
+
     def reads(self, wanted: Iterable[tuple[str, int, int]], ahead: int) -> Iterator[Any]:
         """The samples of ``wanted`` spans (shard, start, stop; a list, or a run without
         end) in order, ``ahead`` shards fetched at once from a store while the first of
@@ -264,6 +273,23 @@ def _keyed(
             f"webdataset: shard {path} is truncated or not a tar file ({last_line(exc)}); "
             "rewrite it or leave it out"
         ) from None
+
+
+def _complete(path: str, blob: bytes, whole: bool) -> list[dict[str, Any]]:
+    """The samples complete in ``blob``, the shard's first bytes (all of it where
+    ``whole``). A sample comes out once the next one's first member began, or the tar
+    ended: one cut in a member's data fails its read, and the samples before it are
+    whole; one cut in a header ends as if the shard did, and its last sample may lack a
+    member."""
+    if whole:
+        return list(_keyed(path, read=True, blob=blob))
+    found: list[dict[str, Any]] = []
+    try:
+        for sample in _keyed(path, read=True, blob=blob):
+            found.append(sample)
+    except DatasetError:
+        return found
+    return found[:-1]
 
 
 def _sample(

@@ -237,24 +237,25 @@ class Store:
             found += [p["Prefix"].rstrip("/") for p in page.get("CommonPrefixes", ())]
         return sorted(found)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, first_bytes: int | None = None) -> bytes:
         """The object ``key``, retried with backoff where the store throttled, timed out
         or dropped the connection (each retry counted); a CorruptSampleError naming it
         where it is gone, a DatasetError for what no retry mends (access denied). Inside
         a :func:`~raytune_loader.stores.kept.kept` block, kept, and answered from there
-        where the block serves its objects."""
+        where the block serves its objects. With ``first_bytes``, its first bytes alone
+        (a ranged GET; fewer where the object is shorter), never kept."""
         url, keeping = self.url.of(key), kept.current()  # the profile's (stores.kept)
         found = keeping.held(url) if keeping is not None else None
         if found is not None:
-            return found
+            return found if first_bytes is None else found[:first_bytes]
         transport = self.transport()  # its client made outside the request's clocks
         for attempt in range(ATTEMPTS):
             started, cpu_started = time.perf_counter(), time.thread_time()
-            status, data, cause = transport.get(self.url.bucket, key)
+            status, data, cause = transport.get(self.url.bucket, key, first_bytes)
             if status == 200:
                 self._count(requests=1, busy_us=_us(time.perf_counter() - started))
                 _thread_got(time.thread_time() - cpu_started)
-                if keeping is not None:
+                if keeping is not None and first_bytes is None:
                     keeping.keep(url, data)
                 return data
             if cause is None or attempt == ATTEMPTS - 1:
@@ -352,21 +353,25 @@ class Transport:
         parts = urlparse(endpoint)
         return f"{parts.scheme}://{bucket}.{parts.netloc}/{path}"
 
-    def get(self, bucket: str, key: str) -> tuple[int, bytes, str | None]:
+    def get(
+        self, bucket: str, key: str, first_bytes: int | None = None
+    ) -> tuple[int, bytes, str | None]:
         """One GET: (status, body, why it is worth another try or None); status 0 where
-        no answer came (the body then says why)."""
+        no answer came (the body then says why). With ``first_bytes``, of the object's
+        first bytes alone (status 200 for its 206, and for an empty object's 416)."""
         import urllib3
 
         url = self.url(bucket, key)
+        headers = _ranged(self._signed(url), first_bytes)
         try:
-            answer = self.pool.request("GET", url, headers=self._signed(url))
+            answer = self.pool.request("GET", url, headers=headers)
         except urllib3.exceptions.TimeoutError as exc:
             return 0, first_line(exc).encode(), "timeout"
         except urllib3.exceptions.HTTPError as exc:  # reset, cut mid-body, refused
             return 0, first_line(exc).encode(), "reset"
-        status = answer.status
+        status = _whole_or_part(answer.status, first_bytes)
         cause = {429: "throttled", 503: "throttled", 500: "reset", 502: "reset", 504: "timeout"}
-        return status, answer.data, cause.get(status)
+        return status, answer.data if answer.status != 416 else b"", cause.get(status)
 
     def timed(
         self, bucket: str, key: str, first_bytes: int | None = None
@@ -377,9 +382,7 @@ class Transport:
         import urllib3
 
         url = self.url(bucket, key)
-        headers = self._signed(url)
-        if first_bytes is not None:  # after signing: S3 takes a Range the signature leaves out
-            headers["Range"] = f"bytes=0-{first_bytes - 1}"
+        headers = _ranged(self._signed(url), first_bytes)
         started = time.perf_counter()
         try:
             answer = self.pool.request("GET", url, headers=headers, preload_content=False)
@@ -389,8 +392,7 @@ class Transport:
         except urllib3.exceptions.HTTPError:
             return 0, 0.0, 0.0, 0, 0
         whole = answer.headers.get("Content-Range", "").rpartition("/")[2]
-        # 206: the bytes asked for; 416: none, of an empty object
-        status = 200 if answer.status in (206, 416) else answer.status
+        status = _whole_or_part(answer.status, first_bytes)
         return (
             status,
             first,
@@ -427,6 +429,20 @@ class Transport:
         request = AWSRequest(method="GET", url=url)
         S3SigV4Auth(self.credentials.get_frozen_credentials(), "s3", self.region).add_auth(request)
         return dict(request.headers.items())
+
+
+def _ranged(headers: dict[str, str], first_bytes: int | None) -> dict[str, str]:
+    """``headers`` asking for the object's first bytes alone, with ``first_bytes``; added
+    after signing: S3 takes a Range the signature leaves out."""
+    if first_bytes is not None:
+        headers["Range"] = f"bytes=0-{first_bytes - 1}"
+    return headers
+
+
+def _whole_or_part(status: int, first_bytes: int | None) -> int:
+    """200 for what a ranged GET answered: 206, the bytes asked for; 416, none, of an
+    empty object."""
+    return 200 if first_bytes is not None and status in (206, 416) else status
 
 
 def _us(seconds: float) -> int:
