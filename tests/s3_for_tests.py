@@ -130,8 +130,8 @@ class SlowProxy:
                         out.write(payload[: len(payload) // 2])
                         await out.drain()
                         return  # the connection dropped mid-body
+                    self.sent += len(payload) if fetch else 0  # before the client has it
                     await self._paced(out, payload)
-                    self.sent += len(payload) if fetch else 0
                 finally:
                     self.in_flight -= fetch
                 if fetch and reply.split(b" ", 2)[1] in (b"200", b"206"):

@@ -367,8 +367,36 @@ def test_a_shard_s_head_grows_until_its_samples_are_whole_and_ends_with_the_shar
     gets, sent = server.proxy.gets, server.proxy.sent
     assert list(reader.read_head(url)) == whole
     tries = server.proxy.gets - gets
-    assert 1024 * 4 ** (tries - 2) < shard_bytes <= 1024 * 4 ** (tries - 1)
-    assert server.proxy.sent - sent < 2 * shard_bytes  # geometric: at most 4/3 of it, and all
+    assert 1024 * 4 ** (tries - 2) <= shard_bytes < 1024 * 4 ** (tries - 1)
+    ranged = sum(1024 * 4**k for k in range(tries - 1))  # under 4/3 of the shard
+    assert server.proxy.sent - sent == ranged + shard_bytes
+
+
+def test_a_check_of_a_batch_sizes_its_ranges_for_the_batch_and_a_mid_shard_span_reads_whole(
+    server: S3Server, tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch made in the workers needs its samples whole: the next range is sized for
+    them from the bytes a sample took so far, in fewer GETs than growing fourfold; a
+    span that starts inside a shard (a rank's after the first) reads it whole, in one
+    GET, not its head again from the first byte."""
+    from raytune_loader.measuring.shards import _Heads
+    from raytune_loader.stores.store import Store
+    from raytune_loader.stores.url import parse
+
+    url = f"s3://{BUCKET}/wds/shard-0000.tar"
+    reader = webdataset_shards._TarShards(Store(parse(f"s3://{BUCKET}/wds")))
+    whole = list(reader.read(url, 0, 24))
+    shard_bytes = (tiny_shards / "shard-0000.tar").stat().st_size
+    monkeypatch.setattr(store_shards, "HEAD_BYTES", 1024)
+    tries = {}
+    for need in (1, 8):
+        gets = server.proxy.gets
+        assert list(_Heads(reader, need).read(url, 0, 8)) == whole[:8]
+        tries[need] = server.proxy.gets - gets
+    assert tries[8] < tries[1]
+    gets, sent = server.proxy.gets, server.proxy.sent
+    assert list(_Heads(reader, 8).read(url, 5, 7)) == whole[5:7]
+    assert (server.proxy.gets - gets, server.proxy.sent - sent) == (1, shard_bytes)
 
 
 def test_a_kept_shard_is_fetched_once_inside_the_block_and_again_outside(

@@ -72,9 +72,9 @@ def prepare(
     """What a measurement of ``config`` reads, with the worker-side stages of its
     pipeline variant: the trial's subset, or its stream over the trial's shards; and
     the bytes of one of its samples, read to check it (0 without ``check``; a stream's
-    from the stream without its shuffle buffer, and from a store its first shard's first
-    bytes, :func:`~shards.checked_head`, once a process for each variant and first
-    shard)."""
+    from the stream without its shuffle buffer, and from a store the first bytes of
+    its first shard where its span starts there, :func:`~shards.checked_head`, once a
+    process for each variant and first shard)."""
     config = config or LoaderConfig(batch_size=1)
     datasets.adopt_listing(job.dataset, job.listing)  # the driver's: no listing again here
     config = engine_of(config).source_variant(job.dataset.source.accesses(job.dataset))
@@ -82,9 +82,10 @@ def prepare(
         stream = shards.stream_for_trial(job, config, slot)
         if not check:
             return stream, 0
-        # from a bucket, the first shard's first bytes (a ranged GET; the whole 5 MB
-        # shard at 100 Mbit/s took 0.4-0.5 s). Its bytes are the variant's and the
-        # shard's alone, so a reused process checks them once.
+        # from a bucket, the trial's first shard's first bytes, where its span starts
+        # the shard (ranged GETs; the whole 5 MB shard at 100 Mbit/s took 0.4-0.5 s).
+        # Its bytes are the variant's and the shard's alone: a reused process checks
+        # them once.
         key = (job.dataset, tuple(shards.trial_shards(job, slot)[:1]), shards.variant(job, config))
         if key not in _CHECKED:
             first = _first_sample(shards.checked_head(stream))

@@ -259,21 +259,26 @@ def checked_head(stream: Any) -> Any:
     if not hasattr(found.reader, "read_head"):
         return found
     found = copy.copy(found) if found is stream else found
-    found.reader = _Heads(found.reader)
+    found.reader = _Heads(found.reader, found.loader_batch)
     return found
 
 
 @dataclass(frozen=True)
 class _Heads:
-    """A reader of its shards' first samples (``read_head``), none ahead of the next."""
+    """A reader of its shards' first ``need`` samples from their first bytes
+    (``read_head``), none fetched ahead; a span that starts inside a shard (a rank's
+    after the first) reads it as its reader does, whole."""
 
     reader: Any
+    need: int = 1
 
     def count(self, path: str) -> int:
         return int(self.reader.count(path))
 
     def read(self, path: str, start: int, stop: int) -> Iterator[Any]:
-        return itertools.islice(self.reader.read_head(path), start, stop)
+        if start > 0:
+            return iter(self.reader.read(path, start, stop))
+        return itertools.islice(self.reader.read_head(path, self.need), stop)
 
     def ray_reader(self, paths: Any) -> str | None:
         return None

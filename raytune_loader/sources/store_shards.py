@@ -4,8 +4,10 @@ What the shard formats (:mod:`~raytune_loader.sources.webdataset_shards`' tar fi
 :mod:`~raytune_loader.sources.hf_tables`' Parquet files) share when their files live in
 a bucket. A brace pattern (``s3://bucket/shards-{0000..0127}.tar``) is expanded without
 a request; a prefix is listed once in a process, for the objects of one suffix. Each
-shard is one GET of the whole object through :class:`~raytune_loader.stores.store.Store`
-(retried and counted there), and what reading it taught (its samples) is kept, so that
+shard a span reads is one GET of the whole object through
+:class:`~raytune_loader.stores.store.Store` (retried and counted there); a check of its
+first samples reads its first bytes alone (:func:`read_head`). What reading a shard
+taught (its samples) is kept, so that
 the driver counts a shard once and hands its counts to the trials' processes
 (:class:`ShardListing`). A worker's reads keep ``ahead`` shards in flight while the
 current one is decoded (:func:`read_ahead`): the read-ahead that hides a store's
@@ -137,23 +139,31 @@ def fetched(store: Store, url: str, what: str, first_bytes: int | None = None) -
 
 
 def read_head(
-    store: Store, url: str, what: str, complete: Callable[[bytes, bool], list[Any]]
+    store: Store,
+    url: str,
+    what: str,
+    complete: Callable[[bytes, bool], list[Any]],
+    need: int = 1,
 ) -> Iterator[Any]:
-    """The shard's samples in order, from ranged GETs of its first bytes, each four times
-    the last (from :data:`HEAD_BYTES`), as far as they are read: a check of a stream's
-    first sample without the whole shard's GET (a 5 MB shard 100 Mbit/s away: 0.4 s,
-    before each first measurement of a variant). ``complete(blob, whole)`` gives the
-    samples complete in ``blob``, the shard's first bytes (all of it where ``whole``)."""
+    """The shard's samples in order, from ranged GETs of its first bytes, as far as they
+    are read: a check of a stream's first ``need`` samples (one, or a batch made in the
+    workers) without the whole shard's GET (a 5 MB shard 100 Mbit/s away: 0.4 s, before
+    each first measurement of a variant). The first range is :data:`HEAD_BYTES`; each
+    next one four times the last, or what ``need`` samples and one more take at the
+    bytes a whole sample took so far, if that is more. ``complete(blob, whole)`` gives
+    the samples complete in ``blob``, the shard's first bytes (all of it where
+    ``whole``: the store answered fewer bytes than asked, or more, ignoring the range)."""
     done, size = 0, HEAD_BYTES
     while True:
         blob = fetched(store, url, what, size)
-        whole = len(blob) < size
+        whole = len(blob) != size
         found = complete(blob, whole)
         yield from found[done:]
         done = max(done, len(found))
         if whole:
             return
-        size *= 4
+        per_sample = size / max(1, len(found))
+        size = max(4 * size, int(per_sample * (need + 1) * 1.25))
 
 
 def counted(count: Callable[[str], Any], shards: Sequence[str], remote: bool) -> list[Any]:

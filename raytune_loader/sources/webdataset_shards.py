@@ -20,7 +20,8 @@ Shards in an object store (``s3://bucket/shards-{0000..0127}.tar``, or a prefix 
 ``.tar`` objects are the shards) are read where they live: each span's shard fetched
 whole by one GET through :class:`~raytune_loader.stores.store.Store` (retried and
 counted as every request is), and ``fetch_threads`` shards fetched ahead in each worker
-while the current one is decoded (the read-ahead that hides a store's latency).
+while the current one is decoded (the read-ahead that hides a store's latency); a
+check of a shard's first samples reads its first bytes alone (ranged GETs).
 A brace pattern is expanded without a request; a prefix is listed once per process.
 """
 
@@ -204,7 +205,8 @@ class _TarShards:
     """Reads tar shards as webdataset groups them: the files of one key in a row are a
     sample (``{"__key__", "__url__", ext: bytes}``). Members are walked lazily, seeking
     past the data of the samples before a span; picklable, for spawned workers. With a
-    ``store``, each shard is an object of its bucket, fetched whole."""
+    ``store``, each shard is an object of its bucket, fetched whole for a span, and
+    from its first bytes for a check (:meth:`read_head`)."""
 
     store: Store | None = None
 
@@ -223,13 +225,15 @@ class _TarShards:
             blob = store_shards.fetched(self.store, path, WHAT)
         yield from itertools.islice(_keyed(path, read=True, first=start, blob=blob), stop - start)
 
-    def read_head(self, path: str) -> Iterator[dict[str, Any]]:
-        """The shard's samples from its first bytes on, as far as they are read: ranged
-        GETs from a store (:func:`~store_shards.read_head`), for a check of its first."""
+    def read_head(self, path: str, need: int = 1) -> Iterator[dict[str, Any]]:
+        """The shard's samples from its first on, as far as they are read: from a store,
+        ranged GETs sized for the first ``need`` (:func:`~store_shards.read_head`), for a
+        check of them."""
         if self.store is None:
             yield from _keyed(path, read=True)
             return
-        yield from store_shards.read_head(self.store, path, WHAT, partial(_complete, path))
+        complete = partial(_complete, path)
+        yield from store_shards.read_head(self.store, path, WHAT, complete, need)
 
     def reads(self, wanted: Iterable[tuple[str, int, int]], ahead: int) -> Iterator[Any]:
         """The samples of ``wanted`` spans (shard, start, stop; a list, or a run without
@@ -277,9 +281,10 @@ def _keyed(
 
 def _complete(path: str, blob: bytes, whole: bool) -> list[dict[str, Any]]:
     """The samples complete in ``blob``, the shard's first bytes (all of it where
-    ``whole``). A sample comes out once the next one's first member began, or the tar
-    ended: one cut in a member's data fails its read, and the samples before it are
-    whole; one cut in a header ends as if the shard did, and its last sample may lack a
+    ``whole``). A sample comes out once the next one's first header was read, or the
+    tar ended. A blob cut in a member's data fails the next header's read (tarfile
+    checks that the data before it is there), and the samples out by then are whole;
+    one cut in a header ends as if the shard did, and its last sample may lack a
     member."""
     if whole:
         return list(_keyed(path, read=True, blob=blob))

@@ -242,8 +242,9 @@ class Store:
         or dropped the connection (each retry counted); a CorruptSampleError naming it
         where it is gone, a DatasetError for what no retry mends (access denied). Inside
         a :func:`~raytune_loader.stores.kept.kept` block, kept, and answered from there
-        where the block serves its objects. With ``first_bytes``, its first bytes alone
-        (a ranged GET; fewer where the object is shorter), never kept."""
+        where the block serves its objects. With ``first_bytes`` (positive), its first
+        bytes alone (a ranged GET; fewer where the object is shorter, and all of it
+        from a store that ignores the range), never kept."""
         url, keeping = self.url.of(key), kept.current()  # the profile's (stores.kept)
         found = keeping.held(url) if keeping is not None else None
         if found is not None:
@@ -371,7 +372,8 @@ class Transport:
             return 0, first_line(exc).encode(), "reset"
         status = _whole_or_part(answer.status, first_bytes)
         cause = {429: "throttled", 503: "throttled", 500: "reset", 502: "reset", 504: "timeout"}
-        return status, answer.data if answer.status != 416 else b"", cause.get(status)
+        empty = first_bytes is not None and answer.status == 416  # an empty object's
+        return status, b"" if empty else answer.data, cause.get(status)
 
     def timed(
         self, bucket: str, key: str, first_bytes: int | None = None
