@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -329,6 +330,22 @@ def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer
     assert server.proxy.gets - gets == 2
 
 
+def _first_shard(tiny_shards: Path) -> tuple[str, Any, list[dict[str, Any]], int]:
+    """The bucket's first shard: its URL, a reader of it from the bucket, its 24 samples
+    as its whole GET gives them, and its bytes."""
+    from raytune_loader.stores.store import Store
+    from raytune_loader.stores.url import parse
+
+    url = f"s3://{BUCKET}/wds/shard-0000.tar"
+    reader = webdataset_shards._TarShards(Store(parse(f"s3://{BUCKET}/wds")))
+    return (
+        url,
+        reader,
+        list(reader.read(url, 0, 24)),
+        (tiny_shards / "shard-0000.tar").stat().st_size,
+    )
+
+
 def test_a_shard_s_head_grows_until_its_samples_are_whole_and_ends_with_the_shard(
     server: S3Server, tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -338,13 +355,7 @@ def test_a_shard_s_head_grows_until_its_samples_are_whole_and_ends_with_the_shar
     each, in the shard's order, as its whole GET gives them."""
     import tarfile
 
-    from raytune_loader.stores.store import Store
-    from raytune_loader.stores.url import parse
-
-    url = f"s3://{BUCKET}/wds/shard-0000.tar"
-    reader = webdataset_shards._TarShards(Store(parse(f"s3://{BUCKET}/wds")))
-    whole = list(reader.read(url, 0, 24))
-    shard_bytes = (tiny_shards / "shard-0000.tar").stat().st_size
+    url, reader, whole, shard_bytes = _first_shard(tiny_shards)
     with tarfile.open(tiny_shards / "shard-0000.tar") as tar:
         members = tar.getmembers()
     second = next(m for m in members if m.name.split(".")[0] != members[0].name.split(".")[0])
@@ -380,13 +391,8 @@ def test_a_check_of_a_batch_sizes_its_ranges_for_the_batch_and_a_mid_shard_span_
     span that starts inside a shard (a rank's after the first) reads it whole, in one
     GET, not its head again from the first byte."""
     from raytune_loader.measuring.shards import _Heads
-    from raytune_loader.stores.store import Store
-    from raytune_loader.stores.url import parse
 
-    url = f"s3://{BUCKET}/wds/shard-0000.tar"
-    reader = webdataset_shards._TarShards(Store(parse(f"s3://{BUCKET}/wds")))
-    whole = list(reader.read(url, 0, 24))
-    shard_bytes = (tiny_shards / "shard-0000.tar").stat().st_size
+    url, reader, whole, shard_bytes = _first_shard(tiny_shards)
     monkeypatch.setattr(store_shards, "HEAD_BYTES", 1024)
     tries = {}
     for need in (1, 8):
