@@ -514,7 +514,10 @@ def test_a_slow_first_step_does_not_make_a_deep_queue_look_fast(workers: int, ki
     """The input delivers exactly (workers or 1) x 200 samples/s (5 ms a sample, asleep);
     the first step takes 1.5 s, while the workers fill every slot (the space's largest
     prefetch_factor). Measured before the window drained that stock, 2 process workers
-    read 1.16x their rate and 8 thread workers 30x (and more): each must be within 10%."""
+    read 1.16x their rate and 8 thread workers 30x (and more): none may read over 10%
+    more. Below, a window holding the first step would read under 0.4 of the rate;
+    thread workers share the GIL with the loop, and 2 of them read 0.887 of it on one
+    busy CI machine, so 0.8 is the floor."""
     from datasets_for_tests import Paced, SlowFirstStep
 
     config = LoaderConfig.from_dict(
@@ -525,7 +528,7 @@ def test_a_slow_first_step_does_not_make_a_deep_queue_look_fast(workers: int, ki
     trainer = Trainer(SlowFirstStep(1.5), torch.device("cpu"))
     metrics = train_segment(Paced(512, delay_s=0.005), trainer, config, spec)
     true = max(workers, 1) * 200
-    assert 0.9 * true <= metrics.samples_per_s <= 1.1 * true
+    assert 0.8 * true <= metrics.samples_per_s <= 1.1 * true
     assert metrics.steady
     assert metrics.data_wait_frac > 0.8  # the step costs nothing: the loop waits
 

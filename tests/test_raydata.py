@@ -799,12 +799,15 @@ def test_the_training_segment_s_steady_window_over_the_pipeline_stays_within_its
     subset = Subset(build_dataset(spec, config.transfer, config.decode), list(range(64)))
     segment = SegmentSpec(warmup_steps=1, steps=24, compute_threads=1)
     trainer = Trainer(lambda batch: None, torch.device("cpu"), name="no step")
-    # the bound first, on a quiet machine: measured after the segment, it can share the
-    # cores with the pipeline's executor still filling its buffers, and come out low
-    one_core = worker_side_rate(subset, samples=64)
+    # one core's rate, before and after the segment: each reading can share the cores
+    # with the cluster's start-up or the executor still filling its buffers and come out
+    # low (134.5 against a window of 218.4 on one CI machine), never high; the bound is
+    # the best of them
+    before = worker_side_rate(subset, samples=64)
     held = train_segment(subset, trainer, config.candidate(), segment)
+    one_core = max(before, *(worker_side_rate(subset, samples=64) for _ in range(2)))
     assert held.samples == 24 * 8 and held.steady_ratio is not None
-    assert 0 < held.samples_per_s <= 1.25 * one_core, (held, one_core)
+    assert 0 < held.samples_per_s <= 1.25 * one_core, (held, before, one_core)
     assert held.actor_rss_bytes and held.actor_rss_bytes > 50 * 2**20  # torch is loaded
     assert held.actor_free_bytes and held.actor_uss_ray_bytes and held.store_spilled_bytes == 0
     assert held.backpressure_s is not None and held.epoch_start_s is not None
