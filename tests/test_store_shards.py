@@ -330,6 +330,21 @@ def test_a_measurement_checks_a_stream_s_first_sample_without_filling_its_buffer
     assert server.proxy.gets - gets == 2
 
 
+def test_the_device_decoder_is_offered_from_the_first_shard_s_first_bytes(
+    server: S3Server, tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU, whether the images are JPEGs (which nvjpeg decodes on the device) is
+    read from the first sample of the first shard: from a bucket, one ranged GET of its
+    first bytes, not the whole shard."""
+    shard_bytes = (tiny_shards / "shard-0000.tar").stat().st_size
+    monkeypatch.setattr(store_shards, "HEAD_BYTES", shard_bytes // 3)
+    spec = DatasetSpec("webdataset", PATTERN)
+    assert spec.source.decoders(spec, cuda=False) == ("pil", "tensor")
+    gets, sent = server.proxy.gets, server.proxy.sent
+    assert spec.source.decoders(spec, cuda=True) == ("pil", "tensor", "device")
+    assert (server.proxy.gets - gets, server.proxy.sent - sent) == (1, shard_bytes // 3)
+
+
 def _first_shard(tiny_shards: Path) -> tuple[str, Any, list[dict[str, Any]], int]:
     """The bucket's first shard: its URL, a reader of it from the bucket, its 24 samples
     as its whole GET gives them, and its bytes."""
