@@ -34,14 +34,15 @@ CHUNK = 256 * 1024  # the body's pacing unit
 class SlowProxy:
     """What the store adds to each request: time to first byte, a bandwidth cap per
     request, a share of objects' GETs throttled (``503 SlowDown``) and a share cut off
-    mid-body (the connection dropped); what it did is counted: requests, objects' GETs
-    answered whole by path, the most GETs in flight at once."""
+    mid-body (the connection dropped), or Range ignored; what it did is counted:
+    requests, objects' GETs answered whole by path, the most GETs in flight at once."""
 
     upstream: int
     ttfb_s: float = 0.0
     bytes_per_s: float | None = None
     throttle: float = 0.0
     cut: float = 0.0
+    ranges: bool = True  # False: a GET's Range is dropped, the whole object answered
     seed: int = 0
     port: int = field(default_factory=free_port)
     requests: int = 0
@@ -99,6 +100,10 @@ class SlowProxy:
                 method, target = head.split(b" ", 2)[:2]
                 method = method.upper()
                 head, expects = _without_expect(head)
+                if not self.ranges:  # as some S3-compatible servers and HTTP caches do
+                    head = b"\r\n".join(
+                        ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"range:")
+                    )
                 if expects:  # boto3's PUT waits for this before it sends its body
                     out.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     await out.drain()
@@ -248,6 +253,7 @@ class S3Server:
         store_shards.COUNTED.clear()
         self.proxy.ttfb_s = self.proxy.throttle = self.proxy.cut = 0.0
         self.proxy.peak_in_flight = 0
+        self.proxy.ranges = True
         self.proxy.reseed()
 
     def upload_folder(self, folder: Path, bucket: str, prefix: str) -> int:

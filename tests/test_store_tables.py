@@ -120,6 +120,39 @@ def test_a_trial_s_process_takes_what_the_driver_learned_of_the_files(
     assert stream.classes == tables.classes  # type: ignore[attr-defined]
 
 
+def test_a_check_of_a_file_reads_its_footer_and_first_row_group_not_the_whole_file(
+    server: S3Server, tables: Tables
+) -> None:
+    """Before a measurement, a stream's first row is checked (``checked_head``): of a
+    bucket's Parquet file of 4 row groups, its footer and first row group, two ranged
+    GETs, not the whole file. Read on, each row group is one more GET, and the rows
+    are the whole file's, in its order, from a store that ignores Range too."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from raytune_loader.measuring.shards import checked_head
+
+    written = io.BytesIO()
+    pq.write_table(pq.read_table(tables.parquet / "part-0.parquet"), written, row_group_size=8)
+    blob = written.getvalue()
+    server.client().put_object(Bucket=BUCKET, Key="groups/part-0.parquet", Body=blob)
+    url = f"s3://{BUCKET}/groups/part-0.parquet"
+    stream = SOURCE.build_stream(_spec(f"s3://{BUCKET}/groups"), [], RAW)  # counted: a GET
+    whole = list(stream.reader.read(url, 0, 32))  # type: ignore[attr-defined]
+    gets, sent = server.proxy.gets, server.proxy.sent
+    first = next(iter(checked_head(stream)))
+    assert (server.proxy.gets - gets, server.proxy.sent - sent < len(blob) / 2) == (2, True)
+    assert torch.equal(first[0], next(iter(stream))[0])  # the row the stream reads first
+    gets = server.proxy.gets
+    assert list(stream.reader.read_head(url, 8)) == whole  # type: ignore[attr-defined]
+    assert server.proxy.gets - gets == 1 + 4
+    server.proxy.ranges = False  # each GET answers the whole file
+    sent = server.proxy.sent
+    assert list(stream.reader.read_head(url, 8)) == whole  # type: ignore[attr-defined]
+    assert server.proxy.sent - sent == 5 * len(blob)
+
+
 def test_a_broken_file_or_a_missing_column_is_named_in_one_line(
     server: S3Server, tables: Tables
 ) -> None:

@@ -17,6 +17,7 @@ latency.
 from __future__ import annotations
 
 import collections
+import io
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -126,12 +127,14 @@ def expand_braces(pattern: str) -> list[str]:
     return list(braceexpand(pattern))
 
 
-def fetched(store: Store, url: str, what: str, first_bytes: int | None = None) -> bytes:
+def fetched(
+    store: Store, url: str, what: str, first_bytes: int | None = None, start: int = 0
+) -> bytes:
     """The shard at ``url``, one GET (retried and counted by the store, and kept inside
-    :func:`~raytune_loader.stores.kept.kept`), or its ``first_bytes`` alone; a
-    DatasetError naming it where it is not there."""
+    :func:`~raytune_loader.stores.kept.kept`), or ``first_bytes`` of it alone from its
+    ``start``-th byte on; a DatasetError naming it where it is not there."""
     try:
-        return store.get(parse(url).prefix, first_bytes)
+        return store.get(parse(url).prefix, first_bytes, start)
     except CorruptSampleError:  # listed, or named by the pattern, but not there
         raise DatasetError(
             f"{what}: shard {url} does not exist; check the pattern or the prefix"
@@ -164,6 +167,41 @@ def read_head(
             return
         per_sample = size / max(1, len(found))
         size = max(4 * size, int(per_sample * (need + 1) * 1.25))
+
+
+class RangedShard(io.RawIOBase):
+    """The shard at ``url`` (``size`` bytes) as a seekable file whose every read is a
+    ranged GET of the bytes it asks for: what pyarrow reads a Parquet file's footer and
+    the row groups it wants from, rather than the whole shard."""
+
+    def __init__(self, store: Store, url: str, what: str, size: int) -> None:
+        super().__init__()
+        self.store, self.url, self.what, self.size, self.position = store, url, what, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self.size - self.position)
+        if want <= 0:
+            return 0
+        data = fetched(self.store, self.url, self.what, want, self.position)
+        if len(data) > want:  # a store that ignores the range answers the whole shard
+            data = data[self.position : self.position + want]
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
 
 
 def counted(count: Callable[[str], Any], shards: Sequence[str], remote: bool) -> list[Any]:
