@@ -193,6 +193,7 @@ class RangedShard(io.RawIOBase):
         return self.position
 
     def readinto(self, buffer: Any) -> int:
+        """Fills ``buffer`` from the position on, by one ranged GET; the bytes read."""
         want = min(len(buffer), self.size - self.position)
         if want <= 0:
             return 0
