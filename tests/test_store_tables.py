@@ -126,7 +126,8 @@ def test_a_check_of_a_file_reads_its_footer_and_first_row_group_not_the_whole_fi
     """Before a measurement, a stream's first row is checked (``checked_head``): of a
     bucket's Parquet file of 4 row groups, its footer and first row group, two ranged
     GETs, not the whole file. Read on, each row group is one more GET, and the rows
-    are the whole file's, in its order, from a store that ignores Range too."""
+    are the whole file's, in its order, from a store that ignores Range too (its first
+    GET read from). A file listed and then gone is named in one line."""
     import io
 
     import pyarrow.parquet as pq
@@ -147,10 +148,14 @@ def test_a_check_of_a_file_reads_its_footer_and_first_row_group_not_the_whole_fi
     gets = server.proxy.gets
     assert list(stream.reader.read_head(url, 8)) == whole  # type: ignore[attr-defined]
     assert server.proxy.gets - gets == 1 + 4
-    server.proxy.ranges = False  # each GET answers the whole file
-    sent = server.proxy.sent
+    server.proxy.ranges = False  # each GET answers the whole file: the first is read
+    gets, sent = server.proxy.gets, server.proxy.sent
     assert list(stream.reader.read_head(url, 8)) == whole  # type: ignore[attr-defined]
-    assert server.proxy.sent - sent == 5 * len(blob)
+    assert (server.proxy.gets - gets, server.proxy.sent - sent) == (1, len(blob))
+    server.client().delete_object(Bucket=BUCKET, Key="groups/part-0.parquet")
+    with pytest.raises(DatasetError, match=f"hf: shard {url} does not exist") as gone:
+        next(iter(checked_head(stream)))  # listed and counted, then gone
+    assert "\n" not in str(gone.value)
 
 
 def test_a_broken_file_or_a_missing_column_is_named_in_one_line(

@@ -251,8 +251,9 @@ def unbuffered(stream: Any) -> Any:
 
 def checked_head(stream: Any) -> Any:
     """:func:`unbuffered` ``stream``, whose shards in a store are read from their first
-    bytes alone where its reader can (its ``read_head``: ranged GETs, not the whole
-    shard), for a check of its first sample or batch; any other as :func:`unbuffered`."""
+    bytes alone (a Parquet file's footer and first row groups) where its reader can
+    (its ``read_head``: ranged GETs, not the whole shard), for a check of its first
+    sample or batch; any other as :func:`unbuffered`."""
     found = unbuffered(stream)
     if not isinstance(found, ShardStream) or found.store is None:
         return found
@@ -265,9 +266,10 @@ def checked_head(stream: Any) -> Any:
 
 @dataclass(frozen=True)
 class _Heads:
-    """A reader of its shards' first ``need`` samples from their first bytes
-    (``read_head``), none fetched ahead; a span that starts inside a shard (a rank's
-    after the first) reads it as its reader does, whole."""
+    """A reader of its shards' first ``need`` samples from their first bytes, or a
+    Parquet file's footer and first row groups (``read_head``), none fetched ahead; a
+    span that starts inside a shard (a rank's after the first) reads it as its reader
+    does, whole."""
 
     reader: Any
     need: int = 1

@@ -127,14 +127,12 @@ def expand_braces(pattern: str) -> list[str]:
     return list(braceexpand(pattern))
 
 
-def fetched(
-    store: Store, url: str, what: str, first_bytes: int | None = None, start: int = 0
-) -> bytes:
+def fetched(store: Store, url: str, what: str, length: int | None = None, start: int = 0) -> bytes:
     """The shard at ``url``, one GET (retried and counted by the store, and kept inside
-    :func:`~raytune_loader.stores.kept.kept`), or ``first_bytes`` of it alone from its
+    :func:`~raytune_loader.stores.kept.kept`), or ``length`` bytes of it alone from its
     ``start``-th byte on; a DatasetError naming it where it is not there."""
     try:
-        return store.get(parse(url).prefix, first_bytes, start)
+        return store.get(parse(url).prefix, length, start)
     except CorruptSampleError:  # listed, or named by the pattern, but not there
         raise DatasetError(
             f"{what}: shard {url} does not exist; check the pattern or the prefix"
@@ -172,11 +170,13 @@ def read_head(
 class RangedShard(io.RawIOBase):
     """The shard at ``url`` (``size`` bytes) as a seekable file whose every read is a
     ranged GET of the bytes it asks for: what pyarrow reads a Parquet file's footer and
-    the row groups it wants from, rather than the whole shard."""
+    the row groups it wants from, rather than the whole shard. From a store that
+    ignores Range, the whole shard its first GET answered is kept and read from."""
 
     def __init__(self, store: Store, url: str, what: str, size: int) -> None:
         super().__init__()
         self.store, self.url, self.what, self.size, self.position = store, url, what, size, 0
+        self.whole: bytes | None = None
 
     def readable(self) -> bool:
         return True
@@ -197,9 +197,12 @@ class RangedShard(io.RawIOBase):
         want = min(len(buffer), self.size - self.position)
         if want <= 0:
             return 0
-        data = fetched(self.store, self.url, self.what, want, self.position)
+        if self.whole is not None:
+            data = self.whole[self.position : self.position + want]
+        else:
+            data = fetched(self.store, self.url, self.what, want, self.position)
         if len(data) > want:  # a store that ignores the range answers the whole shard
-            data = data[self.position : self.position + want]
+            self.whole, data = data, data[self.position : self.position + want]
         buffer[: len(data)] = data
         self.position += len(data)
         return len(data)

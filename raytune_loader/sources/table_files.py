@@ -3,9 +3,10 @@ Parquet files, on disk or fetched from a store.
 
 :class:`TableShards` reads a file's rows a record batch at a time (a Parquet file's row
 groups before a span skipped); :class:`RemoteFiles` reads Parquet files that are
-objects of a store, each fetched whole, ``ahead`` of the one being read, and learns each
-file once (rows, the largest label, a ``ClassLabel``'s names from its schema), what
-the driver hands to the trials. No Hugging Face import here: the ``datasets`` package
+objects of a store, each fetched whole, ``ahead`` of the one being read (a check of
+a file's first rows reads its footer and first row groups alone, ranged GETs), and
+learns each file once (rows, the largest label, a ``ClassLabel``'s names from its
+schema), what the driver hands to the trials. No Hugging Face import here: the ``datasets`` package
 is :mod:`~raytune_loader.sources.hf_tables`' business.
 """
 
@@ -227,7 +228,9 @@ class RemoteFiles(TableShards):
         """The file's rows from its first on, as far as they are read, for a check of
         its first ``need`` (any number: a row group at a time): ranged GETs of its
         footer, then of each row group read, not the whole file (the Hub's Parquet
-        files of images hold row groups of 100 rows in files of hundreds of MB)."""
+        files of images hold row groups of 100 rows in files of hundreds of MB). The
+        GETs may run on Arrow's IO threads (``pre_buffer``), which their CPU time is
+        then charged to: a check is not a timed read."""
         import pyarrow.parquet as pq
 
         assert self.store is not None

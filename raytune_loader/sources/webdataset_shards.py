@@ -314,9 +314,10 @@ def _split(name: str) -> tuple[str, str, str]:
 
 
 def _first_image(path: str, store: Store | None) -> bytes:
-    """The first bytes of the shard's first sample's image (b"" if it has none): from a
-    store, from ranged GETs of the shard's first bytes, not the whole shard (hundreds of
-    MB in a real dataset)."""
+    """The first bytes of the shard's first sample's image (b"" if it has none, and the
+    device decoder is then not offered: a sample without an image fails the shard's
+    check anyway): from a store, from ranged GETs of the shard's first bytes, not the
+    whole shard (hundreds of MB in a real dataset)."""
     heads = _TarShards(store).read_head(path)
     try:
         sample = next(heads, {})

@@ -237,27 +237,26 @@ class Store:
             found += [p["Prefix"].rstrip("/") for p in page.get("CommonPrefixes", ())]
         return sorted(found)
 
-    def get(self, key: str, first_bytes: int | None = None, start: int = 0) -> bytes:
+    def get(self, key: str, length: int | None = None, start: int = 0) -> bytes:
         """The object ``key``, retried with backoff where the store throttled, timed out
         or dropped the connection (each retry counted); a CorruptSampleError naming it
         where it is gone, a DatasetError for what no retry mends (access denied). Inside
         a :func:`~raytune_loader.stores.kept.kept` block, kept, and answered from there
-        where the block serves its objects. With ``first_bytes`` (positive), that many
-        of its bytes alone, from its ``start``-th on (a ranged GET; fewer where the
-        object is shorter, and all of it from a store that ignores the range), never
-        kept."""
+        where the block serves its objects. With ``length`` (positive), that many of
+        its bytes alone, from its ``start``-th on (a ranged GET; fewer where the object
+        is shorter, and all of it from a store that ignores the range), never kept."""
         url, keeping = self.url.of(key), kept.current()  # the profile's (stores.kept)
         found = keeping.held(url) if keeping is not None else None
         if found is not None:
-            return found if first_bytes is None else found[start : start + first_bytes]
+            return found if length is None else found[start : start + length]
         transport = self.transport()  # its client made outside the request's clocks
         for attempt in range(ATTEMPTS):
             started, cpu_started = time.perf_counter(), time.thread_time()
-            status, data, cause = transport.get(self.url.bucket, key, first_bytes, start)
+            status, data, cause = transport.get(self.url.bucket, key, length, start)
             if status == 200:
                 self._count(requests=1, busy_us=_us(time.perf_counter() - started))
                 _thread_got(time.thread_time() - cpu_started)
-                if keeping is not None and first_bytes is None:
+                if keeping is not None and length is None:
                     keeping.keep(url, data)
                 return data
             if cause is None or attempt == ATTEMPTS - 1:
@@ -356,25 +355,25 @@ class Transport:
         return f"{parts.scheme}://{bucket}.{parts.netloc}/{path}"
 
     def get(
-        self, bucket: str, key: str, first_bytes: int | None = None, start: int = 0
+        self, bucket: str, key: str, length: int | None = None, start: int = 0
     ) -> tuple[int, bytes, str | None]:
         """One GET: (status, body, why it is worth another try or None); status 0 where
-        no answer came (the body then says why). With ``first_bytes``, of that many of
-        the object's bytes from its ``start``-th on (status 200 for its 206, and for the
+        no answer came (the body then says why). With ``length``, of that many of the
+        object's bytes from its ``start``-th on (status 200 for its 206, and for the
         416 of a range that starts at its end: no bytes)."""
         import urllib3
 
         url = self.url(bucket, key)
-        headers = _ranged(self._signed(url), first_bytes, start)
+        headers = _ranged(self._signed(url), length, start)
         try:
             answer = self.pool.request("GET", url, headers=headers)
         except urllib3.exceptions.TimeoutError as exc:
             return 0, first_line(exc).encode(), "timeout"
         except urllib3.exceptions.HTTPError as exc:  # reset, cut mid-body, refused
             return 0, first_line(exc).encode(), "reset"
-        status = _whole_or_part(answer.status, first_bytes)
+        status = _whole_or_part(answer.status, length)
         cause = {429: "throttled", 503: "throttled", 500: "reset", 502: "reset", 504: "timeout"}
-        empty = first_bytes is not None and answer.status == 416  # none from where it starts
+        empty = length is not None and answer.status == 416  # none from where it starts
         return status, b"" if empty else answer.data, cause.get(status)
 
     def timed(
@@ -435,18 +434,18 @@ class Transport:
         return dict(request.headers.items())
 
 
-def _ranged(headers: dict[str, str], first_bytes: int | None, start: int = 0) -> dict[str, str]:
-    """``headers`` asking for ``first_bytes`` of the object's bytes alone, from its
+def _ranged(headers: dict[str, str], length: int | None, start: int = 0) -> dict[str, str]:
+    """``headers`` asking for ``length`` of the object's bytes alone, from its
     ``start``-th on; added after signing: S3 takes a Range the signature leaves out."""
-    if first_bytes is not None:
-        headers["Range"] = f"bytes={start}-{start + first_bytes - 1}"
+    if length is not None:
+        headers["Range"] = f"bytes={start}-{start + length - 1}"
     return headers
 
 
-def _whole_or_part(status: int, first_bytes: int | None) -> int:
+def _whole_or_part(status: int, length: int | None) -> int:
     """200 for what a ranged GET answered: 206, the bytes asked for; 416, none (a range
     from the object's end on, an empty object's first bytes)."""
-    return 200 if first_bytes is not None and status in (206, 416) else status
+    return 200 if length is not None and status in (206, 416) else status
 
 
 def _us(seconds: float) -> int:
