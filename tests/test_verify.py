@@ -11,10 +11,10 @@ from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import SearchFailedError
 from raytune_loader.measuring.job import SegmentSpec, TrialJob
 from raytune_loader.measuring.measurer import LocalMeasurer, measure_ceilings
-from raytune_loader.measuring.outcomes import TrialOutcome
+from raytune_loader.measuring.outcomes import InputRate, TrialOutcome
 from raytune_loader.sources.datasets import DatasetSpec
 from raytune_loader.tuning.space import SearchSpace
-from raytune_loader.verdict.verify import verification_configs, verify
+from raytune_loader.verdict.verify import verification_configs, verify, with_input_rates
 from records_for_tests import record
 
 JOB = TrialJob(
@@ -160,6 +160,39 @@ def test_verification_runs_as_many_rounds_as_the_evidence_needs(
     verified = verify(JOB, configs, 5, Scripted(speeds), objective="samples_per_s")
     assert verified.rounds == rounds
     assert all(len(c.outcomes) == rounds for c in verified.candidates)
+
+
+class _Inputs(Scripted):
+    """Scripted rates, and the input pipeline alone's readings from a script too."""
+
+    def __init__(self, speeds: dict[int, list[float]], inputs: list[float]) -> None:
+        super().__init__(speeds)
+        self.inputs = inputs
+        self.input_calls = 0
+
+    def input_rate(self, job: TrialJob, config: LoaderConfig) -> InputRate:
+        self.input_calls += 1
+        return InputRate(self.inputs.pop(0), 100.0)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "kept", "calls"),
+    [
+        ([600.0], 600.0, 1),  # above the winner's 505 samples/s: measured once
+        ([530.0], 530.0, 1),  # within 5% of it: noise, not a defect
+        ([480.0, 560.0], 560.0, 2),  # under it beyond 5%: measured again, the better kept
+        ([440.0, 430.0], 440.0, 2),  # under it again: the defect the limit then names
+    ],
+)
+def test_an_input_pipeline_measured_under_the_trained_rate_is_measured_again(
+    inputs: list[float], kept: float, calls: int
+) -> None:
+    configs = {"none": LoaderConfig(8), "two": LoaderConfig(8, 2, 2)}
+    measurer = _Inputs({0: [250, 260, 255, 252, 251], 2: [500, 510, 505, 502, 501]}, inputs)
+    verified = verify(JOB, configs, 5, measurer, objective="samples_per_s")
+    found = with_input_rates(verified, JOB, "samples_per_s", measurer, _Quiet())
+    assert measurer.input_calls == calls
+    assert {n: r.samples_per_s for n, r in found.input_rates.items()} == {"two": kept}
 
 
 def test_a_configuration_out_of_reach_of_the_best_is_not_measured_again() -> None:
