@@ -6,8 +6,8 @@ groups before a span skipped); :class:`RemoteFiles` reads Parquet files that are
 objects of a store, each fetched whole, ``ahead`` of the one being read (a check of
 a file's first rows reads its footer and first row groups alone, ranged GETs), and
 learns each file once (rows, the largest label, a ``ClassLabel``'s names from its
-schema), what the driver hands to the trials. No Hugging Face import here: the ``datasets`` package
-is :mod:`~raytune_loader.sources.hf_tables`' business.
+schema), what the driver hands to the trials. No Hugging Face import here: the
+``datasets`` package is :mod:`~raytune_loader.sources.hf_tables`' business.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def _input_rate(candidate: Candidate, job: TrialJob, measurer: Measurer) -> Inpu
     """The candidate's input pipeline alone, measured again where its trained rate beats
     it beyond :data:`~raytune_loader.measuring.steady.BOUND_TOLERANCE`, the better kept:
     a bound measured while something else took the cores comes out low (a search beside
-    other work: 5% under the winner's rate), and a real defect beats it again."""
+    other work: more than 5% under the winner's rate), and a real defect beats it again."""
     config = fitting(candidate)
     rate = measurer.input_rate(job, config)
     trained = candidate.stats("samples_per_s")
