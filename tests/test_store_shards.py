@@ -398,13 +398,13 @@ def test_a_shard_s_head_grows_until_its_samples_are_whole_and_ends_with_the_shar
     assert server.proxy.sent - sent == ranged + shard_bytes
 
 
-def test_a_check_of_a_batch_sizes_its_ranges_for_the_batch_and_a_mid_shard_span_reads_whole(
+def test_a_check_of_a_batch_sizes_its_ranges_for_the_batch_and_a_mid_shard_span_reads_its_own(
     server: S3Server, tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch made in the workers needs its samples whole: the next range is sized for
     them from the bytes a sample took so far, in fewer GETs than growing fourfold; a
-    span that starts inside a shard (a rank's after the first) reads it whole, in one
-    GET, not its head again from the first byte."""
+    span that starts inside a shard (a rank's after the first) reads its own samples'
+    bytes in one GET, not the shard's head again from the first byte."""
     from raytune_loader.measuring.shards import _Heads
 
     url, reader, whole, shard_bytes = _first_shard(tiny_shards)
@@ -415,9 +415,93 @@ def test_a_check_of_a_batch_sizes_its_ranges_for_the_batch_and_a_mid_shard_span_
         assert list(_Heads(reader, need).read(url, 0, 8)) == whole[:8]
         tries[need] = server.proxy.gets - gets
     assert tries[8] < tries[1]
+    starts = _sample_starts(tiny_shards / "shard-0000.tar")
     gets, sent = server.proxy.gets, server.proxy.sent
     assert list(_Heads(reader, 8).read(url, 5, 7)) == whole[5:7]
-    assert (server.proxy.gets - gets, server.proxy.sent - sent) == (1, shard_bytes)
+    assert (server.proxy.gets - gets, server.proxy.sent - sent) == (1, starts[7] - starts[5])
+
+
+def _sample_starts(shard: Path) -> list[int]:
+    """Where each sample of a local tar shard starts (its first member's header), and
+    the shard's size last: read with tarfile alone, members grouped by their stem."""
+    import tarfile
+
+    starts, stems = [], set()
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            stem = member.name.split(".", 1)[0]
+            if stem not in stems:
+                stems.add(stem)
+                starts.append(member.offset)
+    return [*starts, shard.stat().st_size]
+
+
+def test_a_span_of_a_shard_gets_its_own_samples_bytes_in_one_ranged_get(
+    server: S3Server, tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's span that starts or ends inside a shard fetches the bytes of its own
+    samples (from the index made when the shard was counted), not the whole shard: a
+    trial's epoch of a few shards cut among workers would otherwise fetch the shards
+    at its workers' ends twice, which training's epoch of thousands does not. Every
+    ``stride``-th sample is indexed; a store that ignores Range, and a compressed
+    shard, give the whole shard, and the same samples."""
+    url, reader, whole, shard_bytes = _first_shard(tiny_shards)
+    starts = _sample_starts(tiny_shards / "shard-0000.tar")
+    assert len(starts) == 25 and starts[-1] == shard_bytes
+    proxy = server.proxy
+
+    def read(reader: Any, spans: list[tuple[int, int]]) -> tuple[list[Any], int, int]:
+        gets, sent = proxy.gets, proxy.sent
+        got = list(reader.reads([(url, a, b) for a, b in spans], 2))
+        return got, proxy.gets - gets, proxy.sent - sent
+
+    for a, b in ((5, 7), (0, 1), (23, 24), (0, 24)):
+        assert read(reader, [(a, b)]) == (whole[a:b], 1, starts[b] - starts[a])
+    spans = [(5, 7), (10, 12), (2, 3)]  # two in flight, read in order
+    bytes_of = sum(starts[b] - starts[a] for a, b in spans)
+    assert read(reader, spans) == ([s for a, b in spans for s in whole[a:b]], 3, bytes_of)
+
+    store_shards.COUNTED.clear()  # indexed again, every 5th sample: ceil(24 / 5) = 5
+    monkeypatch.setattr(webdataset_shards, "INDEX_POINTS", 5)
+    assert reader.count(url) == 24 and reader.indexed(url).stride == 5
+    assert read(reader, [(7, 9)]) == (whole[7:9], 1, starts[10] - starts[5])
+    assert read(reader, [(21, 23)]) == (whole[21:23], 1, starts[24] - starts[20])
+
+    proxy.ranges = False  # the whole shard answered: its first sample is sample 0
+    assert read(reader, [(7, 9)]) == (whole[7:9], 1, shard_bytes)
+    proxy.ranges = True
+
+    import gzip
+
+    packed = gzip.compress((tiny_shards / "shard-0000.tar").read_bytes())
+    server.client().put_object(Bucket=BUCKET, Key="gz/shard-0000.tar.gz", Body=packed)
+    url = f"s3://{BUCKET}/gz/shard-0000.tar.gz"
+    assert reader.count(url) == 24 and reader.indexed(url).offsets == ()
+    got, gets, sent = read(reader, [(7, 9)])
+    assert [{**sample, "__url__": url} for sample in whole[7:9]] == got
+    assert (gets, sent) == (1, len(packed))
+
+
+def test_an_epoch_cut_inside_shards_among_workers_fetches_each_shard_s_bytes_once(
+    server: S3Server, tiny_shards: Path
+) -> None:
+    """Three workers of 32 samples each over 4 shards of 24: two workers' shares start
+    inside a shard. The epoch's spans fetch every shard's bytes once between them (a
+    shard cut between two workers, in two parts), and read what the local shards give."""
+    config = LoaderConfig.from_dict(
+        {"num_workers": 3, "fetch_threads": 2, "access": "stream"}, batch_size=8
+    )
+    local = _stream(str(tiny_shards / "shard-{0000..0003}.tar"))
+    remote = _stream(PATTERN)  # counted (and indexed) here, before the epoch
+    gets, sent = server.proxy.gets, server.proxy.sent
+    epochs = {}
+    for name, stream in (("local", local), ("remote", remote)):
+        loader = build_dataloader(stream, config, seed=3, drop_last=False)
+        epochs[name] = torch.cat([labels for _, labels in loader]).tolist()
+    assert epochs["remote"] == epochs["local"] and len(epochs["local"]) == 96
+    sizes = sum(p.stat().st_size for p in tiny_shards.glob("shard-*.tar"))
+    assert server.proxy.gets - gets == 6  # 4 shards, 2 of them in two parts
+    assert server.proxy.sent - sent == sizes
 
 
 def test_a_kept_shard_is_fetched_once_inside_the_block_and_again_outside(

@@ -1,17 +1,17 @@
-"""Shards that are objects of a store: named once, counted once, fetched whole, read ahead.
+"""Shards that are objects of a store: named once, counted once, fetched by span, read ahead.
 
 What the shard formats (:mod:`~raytune_loader.sources.webdataset_shards`' tar files,
 :mod:`~raytune_loader.sources.hf_tables`' Parquet files) share when their files live in
 a bucket. A brace pattern (``s3://bucket/shards-{0000..0127}.tar``) is expanded without
 a request; a prefix is listed once in a process, for the objects of one suffix. Each
-shard a span reads is one GET of the whole object through
-:class:`~raytune_loader.stores.store.Store` (retried and counted there); a check of its
-first samples reads its first bytes alone (:func:`read_head`). What reading a shard
-taught (its samples) is kept, so that
-the driver counts a shard once and hands its counts to the trials' processes
-(:class:`ShardListing`). A worker's reads keep ``ahead`` shards in flight while the
-current one is decoded (:func:`read_ahead`): the read-ahead that hides a store's
-latency.
+span a worker reads is one GET through :class:`~raytune_loader.stores.store.Store`
+(retried and counted there): of the span's own bytes where its format indexed the
+shard (a tar shard's samples), of the whole object otherwise; a check of its first
+samples reads its first bytes alone (:func:`read_head`). What reading a shard taught
+(its samples, a tar shard's index) is kept, so that the driver counts a shard once and
+hands its counts to the trials' processes (:class:`ShardListing`). A worker's reads
+keep ``ahead`` spans in flight while the current one is decoded (:func:`read_ahead`):
+the read-ahead that hides a store's latency.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raytune_loader.errors import CorruptSampleError, DatasetError
 from raytune_loader.stores.pools import FetchPools
@@ -217,27 +217,34 @@ def counted(count: Callable[[str], Any], shards: Sequence[str], remote: bool) ->
         return list(pool.map(count, shards))
 
 
+class SpanReader(Protocol):
+    """What :func:`read_ahead` reads with: a span's bytes fetched (``fetch``, on a pool
+    thread), then its samples read from them (``read``)."""
+
+    def fetch(self, path: str, start: int, stop: int) -> Any:
+        """The bytes samples ``start`` to ``stop`` of the shard at ``path`` are read from."""
+
+    def read(self, path: str, start: int, stop: int, fetched: Any) -> Iterator[Any]:
+        """Samples ``start`` to ``stop`` of the shard, from what ``fetch`` got."""
+
+
 def read_ahead(
-    read: Callable[[str, int, int, bytes], Iterator[Any]],
-    store: Store,
-    wanted: Iterable[tuple[str, int, int]],
-    ahead: int,
-    what: str,
+    reader: SpanReader, wanted: Iterable[tuple[str, int, int]], ahead: int
 ) -> Iterator[Any]:
     """The samples of the ``wanted`` spans (shard, start, stop; a list, or a run without
-    end) in order, read by ``read(path, start, stop, blob)``, ``ahead`` shards fetched at
-    once while the first of them is read."""
+    end) in order, read by ``reader``, ``ahead`` spans fetched at once while the first
+    of them is read."""
     pool = _POOLS.get(ahead)  # the calling worker's own, a thread worker's too
     spans = iter(wanted)
     waiting: collections.deque[Any] = collections.deque()
     for span in itertools.islice(spans, ahead):
-        waiting.append((span, pool.submit(fetched, store, span[0], what)))
+        waiting.append((span, pool.submit(reader.fetch, *span)))
     while waiting:
-        (path, start, stop), blob = waiting.popleft()
-        got = blob.result()
+        (path, start, stop), got = waiting.popleft()
+        fetched = got.result()
         for span in itertools.islice(spans, 1):
-            waiting.append((span, pool.submit(fetched, store, span[0], what)))
-        yield from read(path, start, stop, got)
+            waiting.append((span, pool.submit(reader.fetch, *span)))
+        yield from reader.read(path, start, stop, fetched)
 
 
 _POOLS = FetchPools("raytune-shards")  # each reading thread's: ``ahead`` per worker

@@ -221,8 +221,13 @@ class RemoteFiles(TableShards):
 
     def reads(self, wanted: Any, ahead: int) -> Iterator[dict[str, Any]]:
         """The rows of ``wanted`` spans in order, ``ahead`` files fetched at once."""
+        yield from store_shards.read_ahead(self, wanted, max(1, ahead))
+
+    def fetch(self, path: str, start: int, stop: int) -> bytes:
+        """The file a span of it is read from: the whole object, one GET (its footer
+        first would be another GET's latency, before each span)."""
         assert self.store is not None
-        yield from store_shards.read_ahead(self.read, self.store, wanted, max(1, ahead), WHAT)
+        return store_shards.fetched(self.store, path, WHAT)
 
     def read_head(self, path: str, need: int = 1) -> Iterator[dict[str, Any]]:
         """The file's rows from its first on, as far as they are read, for a check of
@@ -250,8 +255,7 @@ class RemoteFiles(TableShards):
         self, path: str, start: int, stop: int, blob: bytes | None = None
     ) -> Iterator[dict[str, Any]]:
         if blob is None:
-            assert self.store is not None
-            blob = store_shards.fetched(self.store, path, WHAT)
+            blob = self.fetch(path, start, stop)
         yield from super().read(path, start, stop, blob)
 
 

@@ -17,16 +17,18 @@ holds at most a worker's pass over its shards: :class:`ShardStream`). Batches
 are made by the loader or in each worker, a searched choice.
 
 Shards in an object store (``s3://bucket/shards-{0000..0127}.tar``, or a prefix whose
-``.tar`` objects are the shards) are read where they live: each span's shard fetched
-whole by one GET through :class:`~raytune_loader.stores.store.Store` (retried and
-counted as every request is), and ``fetch_threads`` shards fetched ahead in each worker
-while the current one is decoded (the read-ahead that hides a store's latency); a
-check of a shard's first samples reads its first bytes alone (ranged GETs).
+``.tar`` objects are the shards) are read where they live: each span one ranged GET of
+its own samples' bytes through :class:`~raytune_loader.stores.store.Store` (retried
+and counted as every request is), from the shard's index (:class:`TarIndex`: where its
+samples start, learned when the driver counted it), and ``fetch_threads`` spans fetched
+ahead in each worker while the current one is decoded (the read-ahead that hides a
+store's latency); a check of a shard's first samples reads its first bytes alone.
 A brace pattern is expanded without a request; a prefix is listed once per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import io
 import itertools
@@ -37,7 +39,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
@@ -51,6 +53,7 @@ from raytune_loader.stores.store import Store
 from raytune_loader.stores.url import is_remote
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
+INDEX_POINTS = 64  # a shard's samples whose first byte its index keeps (TarIndex)
 LABEL_KEY = "cls"
 INSTALL = "pip install webdataset"
 WHAT = "webdataset"  # the format, as messages name it
@@ -154,7 +157,7 @@ class WebDatasetShards(Source):
                 )
         if blob is None:
             return ShardInfo(path, len(samples), Path(path).stat().st_size)
-        COUNTED[path] = len(samples)
+        COUNTED[path] = _indexed(path, blob)
         return ShardInfo(path, len(samples), len(blob))
 
     def build_stream(
@@ -205,25 +208,47 @@ class _TarShards:
     """Reads tar shards as webdataset groups them: the files of one key in a row are a
     sample (``{"__key__", "__url__", ext: bytes}``). Members are walked lazily, seeking
     past the data of the samples before a span; picklable, for spawned workers. With a
-    ``store``, each shard is an object of its bucket, fetched whole for a span, and
-    from its first bytes for a check (:meth:`read_head`)."""
+    ``store``, each shard is an object of its bucket: a span reads its own samples'
+    bytes (:meth:`fetch`), a check the shard's first bytes (:meth:`read_head`)."""
 
     store: Store | None = None
 
     def count(self, path: str) -> int:
         if self.store is None:
             return sum(1 for _ in _keyed(path, read=False))
-        if path not in COUNTED:  # counted by the driver, and handed on, or counted here
-            blob = store_shards.fetched(self.store, path, WHAT)
-            COUNTED[path] = sum(1 for _ in _keyed(path, read=False, blob=blob))
-        return int(COUNTED[path])
+        return self.indexed(path).samples
+
+    def indexed(self, path: str) -> TarIndex:
+        """The index of a shard in the store: made by the driver and handed on, or here
+        (a whole GET)."""
+        if path not in COUNTED:
+            assert self.store is not None
+            COUNTED[path] = _indexed(path, store_shards.fetched(self.store, path, WHAT))
+        return COUNTED[path]  # type: ignore[no-any-return]
+
+    def fetch(self, path: str, start: int, stop: int) -> tuple[bytes, int]:
+        """The bytes of samples ``start`` to ``stop`` of a shard in the store and the
+        sample they begin with: one ranged GET from the shard's index (the whole shard,
+        one plain GET, where the span covers it, the shard is compressed or the store
+        ignores the range)."""
+        assert self.store is not None
+        index = self.indexed(path)
+        begin, length, first = index.span(start, stop)
+        if (begin, length) == (0, index.size):
+            return store_shards.fetched(self.store, path, WHAT), 0
+        blob = store_shards.fetched(self.store, path, WHAT, length, begin)
+        return blob, (first if len(blob) == length else 0)
 
     def read(
-        self, path: str, start: int, stop: int, blob: bytes | None = None
+        self, path: str, start: int, stop: int, fetched: tuple[bytes, int] | None = None
     ) -> Iterator[dict[str, Any]]:
-        if blob is None and self.store is not None:
-            blob = store_shards.fetched(self.store, path, WHAT)
-        yield from itertools.islice(_keyed(path, read=True, first=start, blob=blob), stop - start)
+        """Samples ``start`` to ``stop`` (excluded) of the shard at ``path``: from disk,
+        or from the bytes :meth:`fetch` got of it (fetched here where none are given)."""
+        if fetched is None and self.store is not None:
+            fetched = self.fetch(path, start, stop)
+        blob, first = fetched if fetched is not None else (None, 0)
+        samples = _keyed(path, read=True, first=start - first, blob=blob)
+        yield from itertools.islice(samples, stop - start)
 
     def read_head(self, path: str, need: int = 1) -> Iterator[dict[str, Any]]:
         """The shard's samples from its first on, as far as they are read: from a store,
@@ -242,7 +267,7 @@ class _TarShards:
         if self.store is None or ahead <= 1:
             yield from (s for path, start, stop in wanted for s in self.read(path, start, stop))
             return
-        yield from store_shards.read_ahead(self.read, self.store, wanted, ahead, WHAT)
+        yield from store_shards.read_ahead(self, wanted, ahead)
 
     def ray_reader(self, paths: Sequence[str]) -> str | None:
         return "webdataset"  # ray.data.read_webdataset groups members by webdataset's rule
@@ -253,30 +278,73 @@ def _keyed(
 ) -> Iterator[dict[str, Any]]:
     """The shard's samples from the ``first``-th on (their data read with ``read``), from
     disk or from its bytes ``blob`` fetched from a store."""
+    with _guarded(path), _tar(path, blob) as tar:
+        for key, members in itertools.islice(_groups(tar), first, None):
+            yield _sample(tar, path, key, members, read)
+
+
+def _groups(tar: tarfile.TarFile) -> Iterator[tuple[Any, list[tuple[str, tarfile.TarInfo]]]]:
+    """The shard's samples as webdataset groups them: (key, its members by extension)."""
     from webdataset.tariterators import base_plus_ext
 
-    index, key, members = -1, None, []
-    try:
-        with _tar(path, blob) as tar:
-            for member in tar:
-                if not member.isfile() or _META.match(member.name):
-                    continue
-                prefix, ext = base_plus_ext(member.name)
-                if prefix is None:
-                    continue
-                if prefix != key:
-                    if members:
-                        yield _sample(tar, path, key, members, read)
-                    index, key, members = index + 1, prefix, []
-                if index >= first:
-                    members.append((ext.lower(), member))
+    key, members = None, []
+    for member in tar:
+        if not member.isfile() or _META.match(member.name):
+            continue
+        prefix, ext = base_plus_ext(member.name)
+        if prefix is None:
+            continue
+        if prefix != key:
             if members:
-                yield _sample(tar, path, key, members, read)
+                yield key, members
+            key, members = prefix, []
+        members.append((ext.lower(), member))
+    if members:
+        yield key, members
+
+
+@contextlib.contextmanager
+def _guarded(path: str) -> Iterator[None]:
+    """A shard tarfile cannot read, as the one-line DatasetError naming it."""
+    try:
+        yield
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise DatasetError(
             f"webdataset: shard {path} is truncated or not a tar file ({last_line(exc)}); "
             "rewrite it or leave it out"
         ) from None
+
+
+class TarIndex(NamedTuple):
+    """What reading a tar shard in a store once taught: its samples, its bytes, and the
+    first byte of every ``stride``-th sample (its first member's header), so that a span
+    of it is one ranged GET of its own samples' bytes; no offsets for a compressed
+    shard, whose every span is the whole shard."""
+
+    samples: int
+    size: int
+    stride: int
+    offsets: tuple[int, ...]
+
+    def span(self, start: int, stop: int) -> tuple[int, int, int]:
+        """(first byte, bytes, first sample) of the range that holds samples ``start``
+        to ``stop`` (excluded): from the indexed sample at or before ``start`` to the
+        one at or after ``stop`` (at most ``stride - 1`` samples more at each end)."""
+        if not self.offsets:
+            return 0, self.size, 0
+        low, high = start // self.stride, -(-stop // self.stride)
+        end = self.offsets[high] if high < len(self.offsets) else self.size
+        return self.offsets[low], end - self.offsets[low], low * self.stride
+
+
+def _indexed(path: str, blob: bytes) -> TarIndex:
+    """The index of a shard fetched whole: its samples counted and, in a plain (ustar)
+    tar, where each :data:`INDEX_POINTS`-th of them starts."""
+    with _guarded(path), _tar(path, blob) as tar:
+        starts = [members[0][1].offset for _, members in _groups(tar)]
+    stride = max(1, -(-len(starts) // INDEX_POINTS))
+    plain = blob[257:262] == b"ustar"  # compressed, the offsets are not the object's
+    return TarIndex(len(starts), len(blob), stride, tuple(starts[::stride]) if plain else ())
 
 
 def _complete(path: str, blob: bytes, whole: bool) -> list[dict[str, Any]]:
