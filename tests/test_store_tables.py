@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -120,6 +121,21 @@ def test_a_trial_s_process_takes_what_the_driver_learned_of_the_files(
     assert stream.classes == tables.classes  # type: ignore[attr-defined]
 
 
+def _in_row_groups(server: S3Server, tables: Tables, prefix: str) -> tuple[bytes, str, Any]:
+    """The first Parquet file written again in 4 row groups of 8 rows, as the only file
+    under ``prefix`` of the bucket: its bytes, its URL, a stream of it (counted: a GET)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    written = io.BytesIO()
+    pq.write_table(pq.read_table(tables.parquet / "part-0.parquet"), written, row_group_size=8)
+    blob = written.getvalue()
+    server.client().put_object(Bucket=BUCKET, Key=f"{prefix}/part-0.parquet", Body=blob)
+    stream = SOURCE.build_stream(_spec(f"s3://{BUCKET}/{prefix}"), [], RAW)
+    return blob, f"s3://{BUCKET}/{prefix}/part-0.parquet", stream
+
+
 def test_a_check_of_a_file_reads_its_footer_and_first_row_group_not_the_whole_file(
     server: S3Server, tables: Tables
 ) -> None:
@@ -128,18 +144,9 @@ def test_a_check_of_a_file_reads_its_footer_and_first_row_group_not_the_whole_fi
     GETs, not the whole file. Read on, each row group is one more GET, and the rows
     are the whole file's, in its order, from a store that ignores Range too (its first
     GET read from). A file listed and then gone is named in one line."""
-    import io
-
-    import pyarrow.parquet as pq
-
     from raytune_loader.measuring.shards import checked_head
 
-    written = io.BytesIO()
-    pq.write_table(pq.read_table(tables.parquet / "part-0.parquet"), written, row_group_size=8)
-    blob = written.getvalue()
-    server.client().put_object(Bucket=BUCKET, Key="groups/part-0.parquet", Body=blob)
-    url = f"s3://{BUCKET}/groups/part-0.parquet"
-    stream = SOURCE.build_stream(_spec(f"s3://{BUCKET}/groups"), [], RAW)  # counted: a GET
+    blob, url, stream = _in_row_groups(server, tables, "groups")
     whole = list(stream.reader.read(url, 0, 32))  # type: ignore[attr-defined]
     gets, sent = server.proxy.gets, server.proxy.sent
     first = next(iter(checked_head(stream)))
@@ -156,6 +163,43 @@ def test_a_check_of_a_file_reads_its_footer_and_first_row_group_not_the_whole_fi
     with pytest.raises(DatasetError, match=f"hf: shard {url} does not exist") as gone:
         next(iter(checked_head(stream)))  # listed and counted, then gone
     assert "\n" not in str(gone.value)
+
+
+def test_a_span_of_a_file_gets_it_from_its_first_row_s_row_group_to_its_end(
+    server: S3Server, tables: Tables
+) -> None:
+    """A worker's span that starts inside a Parquet file (its share of an epoch cut
+    among workers) fetches the file from the row group that holds its first row to the
+    end (its footer there), one GET: not the row groups before it. A span from the
+    first row group, or a store that ignores Range, fetch the whole file; the rows are
+    the whole file's either way."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    blob, url, stream = _in_row_groups(server, tables, "spans")
+    reader = stream.reader  # type: ignore[attr-defined]
+    whole = list(reader.read(url, 0, 32))
+    meta = pq.read_metadata(io.BytesIO(blob))  # a row group starts where the last ended
+    sizes = [sum(meta.row_group(g).column(c).total_compressed_size
+                 for c in range(meta.num_columns)) for g in range(4)]  # fmt: skip
+    starts = [4 + sum(sizes[:g]) for g in range(4)]  # after the magic, b"PAR1"
+    assert reader.learned(url).groups == tuple((8, start) for start in starts)
+    proxy = server.proxy
+
+    def read(spans: list[tuple[int, int]]) -> tuple[list[Any], int, int]:
+        gets, sent = proxy.gets, proxy.sent
+        rows = list(reader.reads([(url, a, b) for a, b in spans], 2))
+        return rows, proxy.gets - gets, proxy.sent - sent
+
+    assert read([(0, 5)]) == (whole[0:5], 1, len(blob))
+    assert read([(10, 14)]) == (whole[10:14], 1, len(blob) - starts[1])
+    assert read([(27, 32)]) == (whole[27:32], 1, len(blob) - starts[3])
+    spans = [(17, 20), (8, 9), (3, 4)]  # two in flight, read in order
+    assert read(spans) == ([r for a, b in spans for r in whole[a:b]], 3,
+                           3 * len(blob) - starts[2] - starts[1])  # fmt: skip
+    proxy.ranges = False  # the whole file answered: read as it is
+    assert read([(10, 14)]) == (whole[10:14], 1, len(blob))
 
 
 def test_a_broken_file_or_a_missing_column_is_named_in_one_line(

@@ -167,16 +167,13 @@ def read_head(
         size = max(4 * size, int(per_sample * (need + 1) * 1.25))
 
 
-class RangedShard(io.RawIOBase):
-    """The shard at ``url`` (``size`` bytes) as a seekable file whose every read is a
-    ranged GET of the bytes it asks for: what pyarrow reads a Parquet file's footer and
-    the row groups it wants from, rather than the whole shard. From a store that
-    ignores Range, the whole shard its first GET answered is kept and read from."""
+class SeekableFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes whose reads a subclass's ``readinto`` makes
+    from the position on: what pyarrow reads a Parquet file from."""
 
-    def __init__(self, store: Store, url: str, what: str, size: int) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self.store, self.url, self.what, self.size, self.position = store, url, what, size, 0
-        self.whole: bytes | None = None
+        self.size, self.position = size, 0
 
     def readable(self) -> bool:
         return True
@@ -191,6 +188,18 @@ class RangedShard(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
         self.position = max(0, base + offset)
         return self.position
+
+
+class RangedShard(SeekableFile):
+    """The shard at ``url`` (``size`` bytes) as a seekable file whose every read is a
+    ranged GET of the bytes it asks for: what pyarrow reads a Parquet file's footer and
+    the row groups it wants from, rather than the whole shard. From a store that
+    ignores Range, the whole shard its first GET answered is kept and read from."""
+
+    def __init__(self, store: Store, url: str, what: str, size: int) -> None:
+        super().__init__(size)
+        self.store, self.url, self.what = store, url, what
+        self.whole: bytes | None = None
 
     def readinto(self, buffer: Any) -> int:
         """Fills ``buffer`` from the position on, by one ranged GET; the bytes read."""

@@ -3,15 +3,17 @@ Parquet files, on disk or fetched from a store.
 
 :class:`TableShards` reads a file's rows a record batch at a time (a Parquet file's row
 groups before a span skipped); :class:`RemoteFiles` reads Parquet files that are
-objects of a store, each fetched whole, ``ahead`` of the one being read (a check of
-a file's first rows reads its footer and first row groups alone, ranged GETs), and
-learns each file once (rows, the largest label, a ``ClassLabel``'s names from its
-schema), what the driver hands to the trials. No Hugging Face import here: the
+objects of a store, a GET a span, ``ahead`` spans in flight: from the row group that
+holds the span's first row to the file's end (a check of a file's first rows reads
+its footer and first row groups alone, ranged GETs), and learns each file once (rows,
+the largest label, a ``ClassLabel``'s names from its schema, where its row groups
+start), what the driver hands to the trials. No Hugging Face import here: the
 ``datasets`` package is :mod:`~raytune_loader.sources.hf_tables`' business.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,11 +30,43 @@ if TYPE_CHECKING:
 WHAT = "hf"  # the format, as messages name it
 
 
-def opened(path: str, blob: bytes | None) -> Any:
-    """What pyarrow reads: the file at ``path``, or its bytes fetched from a store."""
+def opened(path: str, blob: bytes | Tail | None) -> Any:
+    """What pyarrow reads: the file at ``path``, or its bytes fetched from a store (all
+    of them, or its :class:`Tail`)."""
     import pyarrow as pa
 
+    if isinstance(blob, Tail):
+        return blob.file()
     return path if blob is None else pa.BufferReader(blob)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """A Parquet file's bytes from ``start`` to its end (its row groups from one on, and
+    its footer): what a span that starts after its first row group reads."""
+
+    start: int
+    data: bytes
+
+    def file(self) -> io.RawIOBase:
+        """The whole file, as pyarrow reads it: a read before ``start`` is an OSError."""
+        return _TailFile(self)
+
+
+class _TailFile(store_shards.SeekableFile):
+    def __init__(self, tail: Tail) -> None:
+        super().__init__(tail.start + len(tail.data))
+        self.tail = tail
+
+    def readinto(self, buffer: Any) -> int:
+        """Fills ``buffer`` from the fetched bytes at the position; the bytes read."""
+        if self.position < self.tail.start:
+            raise OSError(f"byte {self.position} is before the {self.tail.start} fetched")
+        at = self.position - self.tail.start
+        data = self.tail.data[at : at + len(buffer)]
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
 
 
 def read_errors() -> tuple[type[BaseException], ...]:
@@ -51,7 +85,7 @@ def unreadable(path: str, exc: BaseException) -> DatasetError:
 
 
 def batches(
-    path: str, columns: list[str], first_row: int = 0, blob: bytes | None = None
+    path: str, columns: list[str], first_row: int = 0, blob: bytes | Tail | None = None
 ) -> Iterator[Any]:
     """``columns`` of one shard, a record batch at a time (pyarrow), from the Parquet row
     group holding ``first_row`` on (every batch of an Arrow file: they are mapped, not
@@ -145,7 +179,7 @@ class TableShards:
         return "parquet" if all(p.endswith(".parquet") for p in paths) else None
 
     def read(
-        self, path: str, start: int, stop: int, blob: bytes | None = None
+        self, path: str, start: int, stop: int, blob: bytes | Tail | None = None
     ) -> Iterator[dict[str, Any]]:
         """Rows ``start`` to ``stop`` (excluded) of the file at ``path`` (or of its bytes,
         ``blob``, fetched from a store)."""
@@ -161,7 +195,7 @@ class TableShards:
                 return
 
 
-def skipped(path: str, start: int, blob: bytes | None = None) -> int:
+def skipped(path: str, start: int, blob: bytes | Tail | None = None) -> int:
     """Rows of the Parquet row groups wholly before row ``start`` (they are not read)."""
     if not path.endswith(".parquet"):
         return 0
@@ -177,19 +211,45 @@ def skipped(path: str, start: int, blob: bytes | None = None) -> int:
 
 
 class Facts(NamedTuple):
-    """What reading a file in a store once taught: its rows, bytes, largest label and
-    its ClassLabel's names (None where the schema has none)."""
+    """What reading a file in a store once taught: its rows, bytes, largest label, its
+    ClassLabel's names (None where the schema has none), and each row group's rows and
+    first byte (what a span's ranged GET starts from)."""
 
     rows: int
     bytes: int
     top_label: int
     names: tuple[str, ...] | None
+    groups: tuple[tuple[int, int], ...] = ()
+
+    def first_byte(self, row: int) -> int:
+        """The first byte a span from ``row`` on reads: its row group's, or 0 (the whole
+        file) for a row of the first (or of a file whose groups are not known)."""
+        seen = 0
+        for group, (rows, first) in enumerate(self.groups):
+            seen += rows
+            if seen > row:
+                return first if group else 0
+        return 0
+
+
+def row_groups(blob: bytes) -> tuple[tuple[int, int], ...]:
+    """Each row group's rows and first byte (its first column chunk's first page) in
+    the Parquet file ``blob``."""
+    import pyarrow.parquet as pq
+
+    meta, found = pq.read_metadata(opened("", blob)), []
+    for group in range(meta.num_row_groups):
+        chunks = [meta.row_group(group).column(c) for c in range(meta.num_columns)]
+        first = min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+                    for c in chunks)  # fmt: skip
+        found.append((meta.row_group(group).num_rows, int(first)))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
 class RemoteFiles(TableShards):
-    """Parquet files in a store: each fetched whole (one GET) for its spans, ``ahead``
-    files in flight (:func:`~raytune_loader.sources.store_shards.read_ahead`)."""
+    """Parquet files in a store: a span one GET (:meth:`fetch`), ``ahead`` spans in
+    flight (:func:`~raytune_loader.sources.store_shards.read_ahead`)."""
 
     store: Store | None = None
 
@@ -209,7 +269,8 @@ class RemoteFiles(TableShards):
                 raise unreadable(url, exc) from None
             top = max((pc.max(values).as_py() or 0 for values in labels), default=0)
             names = label_names(schema, label)
-            COUNTED[url] = Facts(sum(len(v) for v in labels), len(blob), top, names)
+            rows, groups = sum(len(v) for v in labels), row_groups(blob)
+            COUNTED[url] = Facts(rows, len(blob), top, names, groups)
         return COUNTED[url]  # type: ignore[no-any-return]
 
     def count(self, path: str) -> int:
@@ -223,11 +284,18 @@ class RemoteFiles(TableShards):
         """The rows of ``wanted`` spans in order, ``ahead`` files fetched at once."""
         yield from store_shards.read_ahead(self, wanted, max(1, ahead))
 
-    def fetch(self, path: str, start: int, stop: int) -> bytes:
-        """The file a span of it is read from: the whole object, one GET (its footer
-        first would be another GET's latency, before each span)."""
+    def fetch(self, path: str, start: int, stop: int) -> bytes | Tail:
+        """What a span of a file is read from, one GET: the file's :class:`Tail` from the
+        row group holding the span's first row (its footer, at the end, with it: a GET
+        of the footer first would cost another latency), or the whole file where that
+        is its first row group or the store ignores Range."""
         assert self.store is not None
-        return store_shards.fetched(self.store, path, WHAT)
+        facts = self.learned(path)
+        begin = facts.first_byte(start)
+        if begin <= 0:
+            return store_shards.fetched(self.store, path, WHAT)
+        data = store_shards.fetched(self.store, path, WHAT, facts.bytes - begin, begin)
+        return Tail(begin, data) if len(data) == facts.bytes - begin else data
 
     def read_head(self, path: str, need: int = 1) -> Iterator[dict[str, Any]]:
         """The file's rows from its first on, as far as they are read, for a check of
@@ -252,7 +320,7 @@ class RemoteFiles(TableShards):
             raise unreadable(path, exc) from None
 
     def read(
-        self, path: str, start: int, stop: int, blob: bytes | None = None
+        self, path: str, start: int, stop: int, blob: bytes | Tail | None = None
     ) -> Iterator[dict[str, Any]]:
         if blob is None:
             blob = self.fetch(path, start, stop)
