@@ -473,13 +473,81 @@ def test_a_span_of_a_shard_gets_its_own_samples_bytes_in_one_ranged_get(
 
     import gzip
 
-    packed = gzip.compress((tiny_shards / "shard-0000.tar").read_bytes())
+    shard = (tiny_shards / "shard-0000.tar").read_bytes()  # written again, shorter:
+    server.client().put_object(Bucket=BUCKET, Key="wds/shard-0000.tar", Body=shard[: starts[22]])
+    try:
+        with pytest.raises(DatasetError, match="shard-0000.tar changed since the search count"):
+            read(reader, [(20, 24)])  # the range asked for runs past the object's new end
+    finally:
+        server.client().put_object(Bucket=BUCKET, Key="wds/shard-0000.tar", Body=shard)
+
+    packed = gzip.compress(shard)
     server.client().put_object(Bucket=BUCKET, Key="gz/shard-0000.tar.gz", Body=packed)
     url = f"s3://{BUCKET}/gz/shard-0000.tar.gz"
     assert reader.count(url) == 24 and reader.indexed(url).offsets == ()
     got, gets, sent = read(reader, [(7, 9)])
     assert [{**sample, "__url__": url} for sample in whole[7:9]] == got
     assert (gets, sent) == (1, len(packed))
+
+
+def test_what_comes_before_a_shard_s_first_sample_is_read_with_it(
+    server: S3Server, tiny_shards: Path
+) -> None:
+    """A folder's entry before the first sample (as ``tar cf`` of a folder writes): the
+    index starts the first sample at byte 0, so a span of the whole shard is one plain
+    GET of it (kept where the profile keeps objects), and a later span still reads its
+    own samples' bytes."""
+    import io
+    import tarfile
+
+    url, reader, whole, _ = _first_shard(tiny_shards)
+    written = io.BytesIO()
+    with tarfile.open(tiny_shards / "shard-0000.tar") as source, \
+            tarfile.open(fileobj=written, mode="w") as tar:  # fmt: skip
+        folder = tarfile.TarInfo("images")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        for member in source:
+            tar.addfile(member, source.extractfile(member))
+    blob = written.getvalue()
+    server.client().put_object(Bucket=BUCKET, Key="folder/shard-0000.tar", Body=blob)
+    url = f"s3://{BUCKET}/folder/shard-0000.tar"
+    starts = _sample_starts(tiny_shards / "shard-0000.tar")  # without the folder's header
+    assert reader.count(url) == 24 and reader.indexed(url).offsets[:2] == (0, 512 + starts[1])
+    kept: dict[str, bytes] = {}
+    gets, sent = server.proxy.gets, server.proxy.sent
+    with kept_objects(kept):
+        got = list(reader.reads([(url, 0, 24)], 2))
+    assert (server.proxy.gets - gets, server.proxy.sent - sent, list(kept)) == (1, len(blob), [url])
+    keyed = [{k: v for k, v in sample.items() if k != "__url__"} for sample in got]
+    assert keyed == [{k: v for k, v in sample.items() if k != "__url__"} for sample in whole]
+    assert [sample["__key__"] for sample in reader.reads([(url, 3, 5)], 2)] == [
+        sample["__key__"] for sample in whole[3:5]]  # fmt: skip
+
+
+def test_a_spawned_worker_reads_its_spans_from_the_indexes_its_stream_carries(
+    server: S3Server, tiny_shards: Path
+) -> None:
+    """A loader worker started by spawn inherits no process's indexes: the stream's
+    reader carries them, so its spans are ranged GETs as a forked worker's are (one a
+    span; an epoch of 9 batches of 10 ends inside its last shard, read in part), not a
+    whole GET to index each shard and then another for the span."""
+    config = LoaderConfig.from_dict(
+        {"num_workers": 1, "fetch_threads": 2, "access": "stream",
+         "multiprocessing_context": "spawn"}, batch_size=10,
+    )  # fmt: skip
+    local = _stream(str(tiny_shards / "shard-{0000..0003}.tar"))
+    remote = _stream(PATTERN)  # counted (and indexed) here, before the epoch
+    epochs = {}
+    gets, sent = server.proxy.gets, server.proxy.sent
+    for name, stream in (("remote", remote), ("local", local)):
+        loader = build_dataloader(stream, config, seed=5, drop_last=True)
+        epochs[name] = torch.cat([labels for _, labels in loader]).tolist()
+        if name == "remote":
+            gets, sent = server.proxy.gets - gets, server.proxy.sent - sent
+    assert epochs["remote"] == epochs["local"] and len(epochs["local"]) == 90
+    sizes = sum(p.stat().st_size for p in tiny_shards.glob("shard-*.tar"))
+    assert gets == 4 and sent < sizes  # the last shard's last 6 samples not fetched
 
 
 def test_an_epoch_cut_inside_shards_among_workers_fetches_each_shard_s_bytes_once(

@@ -172,7 +172,7 @@ def test_a_span_of_a_file_gets_it_from_its_first_row_s_row_group_to_its_end(
     among workers) fetches the file from the row group that holds its first row to the
     end (its footer there), one GET: not the row groups before it. A span from the
     first row group, or a store that ignores Range, fetch the whole file; the rows are
-    the whole file's either way."""
+    the whole file's either way. A spawned loader worker's reader carries the facts."""
     import io
 
     import pyarrow.parquet as pq
@@ -187,9 +187,9 @@ def test_a_span_of_a_file_gets_it_from_its_first_row_s_row_group_to_its_end(
     assert reader.learned(url).groups == tuple((8, start) for start in starts)
     proxy = server.proxy
 
-    def read(spans: list[tuple[int, int]]) -> tuple[list[Any], int, int]:
+    def read(spans: list[tuple[int, int]], by: Any = reader) -> tuple[list[Any], int, int]:
         gets, sent = proxy.gets, proxy.sent
-        rows = list(reader.reads([(url, a, b) for a, b in spans], 2))
+        rows = list(by.reads([(url, a, b) for a, b in spans], 2))
         return rows, proxy.gets - gets, proxy.sent - sent
 
     assert read([(0, 5)]) == (whole[0:5], 1, len(blob))
@@ -198,8 +198,48 @@ def test_a_span_of_a_file_gets_it_from_its_first_row_s_row_group_to_its_end(
     spans = [(17, 20), (8, 9), (3, 4)]  # two in flight, read in order
     assert read(spans) == ([r for a, b in spans for r in whole[a:b]], 3,
                            3 * len(blob) - starts[2] - starts[1])  # fmt: skip
+    carried = pickle.loads(pickle.dumps(reader))  # what a spawned loader worker gets,
+    store_shards.COUNTED.clear()  # with no counts of its own: the reader carries them
+    assert read([(10, 14)], carried) == (whole[10:14], 1, len(blob) - starts[1])
     proxy.ranges = False  # the whole file answered: read as it is
     assert read([(10, 14)]) == (whole[10:14], 1, len(blob))
+
+
+def test_a_span_near_the_end_of_a_small_file_fetches_what_arrow_reads_of_its_footer(
+    server: S3Server,
+) -> None:
+    """Arrow reads a Parquet file's footer as its last 64 KiB (or all of a smaller
+    file): a span in a late row group of a file of small rows starts its GET there, and
+    no earlier; the rows are the file's. An object written again shorter since it was
+    counted is named in one line, not read as another file."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raytune_loader.sources.table_files import FOOTER_READ
+
+    rows, noise = 400, random.Random(0)  # incompressible: 400 bytes a row
+    images = [{"bytes": noise.randbytes(400), "path": None} for _ in range(rows)]
+    table = pa.table({"image": images, "label": [i % 4 for i in range(rows)]})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=50)
+    blob = sink.getvalue().to_pybytes()
+    assert FOOTER_READ < len(blob) < 4 * FOOTER_READ  # 8 row groups, 20 KiB each or so
+    server.client().put_object(Bucket=BUCKET, Key="small/part-0.parquet", Body=blob)
+    url = f"s3://{BUCKET}/small/part-0.parquet"
+    stream = SOURCE.build_stream(_spec(f"s3://{BUCKET}/small"), [], RAW)
+    reader = stream.reader  # type: ignore[attr-defined]
+    whole = list(reader.read(url, 0, rows))
+    gets, sent = server.proxy.gets, server.proxy.sent
+    assert list(reader.reads([(url, 390, 400)], 2)) == whole[390:400]
+    assert (server.proxy.gets - gets, server.proxy.sent - sent) == (1, FOOTER_READ)
+    gets, sent = server.proxy.gets, server.proxy.sent
+    assert list(reader.reads([(url, 60, 70)], 2)) == whole[60:70]
+    assert server.proxy.gets - gets == 1 and FOOTER_READ < server.proxy.sent - sent < len(blob)
+    server.client().put_object(Bucket=BUCKET, Key="small/part-0.parquet", Body=blob[:-100])
+    with pytest.raises(DatasetError, match="part-0.parquet changed since the search counted"):
+        list(reader.reads([(url, 390, 400)], 2))
 
 
 def test_a_broken_file_or_a_missing_column_is_named_in_one_line(

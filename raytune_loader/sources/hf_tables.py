@@ -230,8 +230,8 @@ class HuggingFaceTables(Source):
                   "repeat": variant.repeat, "batch_size": variant.batch_size}  # fmt: skip
         store = store_shards.bucket_for(spec)
         if store is not None:
-            files = tf.RemoteFiles(columns, store)
-            facts = store_shards.counted(files.learned, shards, remote=True)
+            facts = store_shards.counted(tf.RemoteFiles(columns, store).learned, shards, True)
+            files = tf.RemoteFiles(columns, store, dict(zip(shards, facts, strict=True)))
             sizes = [f.rows for f in facts]
             return ShardStream(
                 shards, sizes, files, decoded, classes=tf.classes_of(facts), **common

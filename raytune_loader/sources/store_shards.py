@@ -5,8 +5,9 @@ What the shard formats (:mod:`~raytune_loader.sources.webdataset_shards`' tar fi
 a bucket. A brace pattern (``s3://bucket/shards-{0000..0127}.tar``) is expanded without
 a request; a prefix is listed once in a process, for the objects of one suffix. Each
 span a worker reads is one GET through :class:`~raytune_loader.stores.store.Store`
-(retried and counted there): of the span's own bytes where its format indexed the
-shard (a tar shard's samples), of the whole object otherwise; a check of its first
+(retried and counted there), of the bytes its format says the span needs (a tar
+shard's span, its own samples'; a Parquet file's, from its first row's row group to
+the end), or of the whole object where the format cannot tell; a check of its first
 samples reads its first bytes alone (:func:`read_head`). What reading a shard taught
 (its samples, a tar shard's index) is kept, so that the driver counts a shard once and
 hands its counts to the trials' processes (:class:`ShardListing`). A worker's reads
@@ -137,6 +138,15 @@ def fetched(store: Store, url: str, what: str, length: int | None = None, start:
         raise DatasetError(
             f"{what}: shard {url} does not exist; check the pattern or the prefix"
         ) from None
+
+
+def changed(url: str, what: str, got: int, asked: int) -> DatasetError:
+    """The one-line error for a ranged GET that answered neither the bytes asked for nor
+    the whole object as it was counted: the object was written again since."""
+    return DatasetError(
+        f"{what}: shard {url} changed since the search counted it (a range of {asked} "
+        f"bytes answered {got}); run the search again on the data as it is now"
+    )
 
 
 def read_head(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from raytune_loader.errors import DatasetError, last_line
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from raytune_loader.sources.base import Spec
 
 WHAT = "hf"  # the format, as messages name it
+FOOTER_READ = 64 * 1024  # a Parquet file's last bytes Arrow reads first, for its footer
 
 
 def opened(path: str, blob: bytes | Tail | None) -> Any:
@@ -222,13 +223,19 @@ class Facts(NamedTuple):
     groups: tuple[tuple[int, int], ...] = ()
 
     def first_byte(self, row: int) -> int:
-        """The first byte a span from ``row`` on reads: its row group's, or 0 (the whole
-        file) for a row of the first (or of a file whose groups are not known)."""
+        """The first byte a span from ``row`` on reads: the least of its row group's and
+        the later groups' first bytes (a writer may place groups out of order) and of
+        the file's last :data:`FOOTER_READ` (Arrow's first read of the footer); 0, the
+        whole file, for a row of the first group (or of a file whose groups are not
+        known)."""
         seen = 0
-        for group, (rows, first) in enumerate(self.groups):
+        for group, (rows, _) in enumerate(self.groups):
             seen += rows
             if seen > row:
-                return first if group else 0
+                if group == 0:
+                    return 0
+                first = min(start for _, start in self.groups[group:])
+                return max(0, min(first, self.bytes - FOOTER_READ))
         return 0
 
 
@@ -252,10 +259,15 @@ class RemoteFiles(TableShards):
     flight (:func:`~raytune_loader.sources.store_shards.read_ahead`)."""
 
     store: Store | None = None
+    # the facts the stream's maker had, for loader workers that do not inherit this
+    # process's (started by spawn or forkserver)
+    known: dict[str, Facts] = field(default_factory=dict, compare=False)
 
     def learned(self, url: str) -> Facts:
         """The file's facts: read once in this process (a GET, its footer checked and its
         labels read through), or handed on by the driver's listing."""
+        if url not in COUNTED and url in self.known:
+            return self.known[url]
         if url not in COUNTED:
             import pyarrow.compute as pc
 
@@ -281,7 +293,7 @@ class RemoteFiles(TableShards):
         return "parquet" if all(p.endswith(".parquet") for p in paths) else None
 
     def reads(self, wanted: Any, ahead: int) -> Iterator[dict[str, Any]]:
-        """The rows of ``wanted`` spans in order, ``ahead`` files fetched at once."""
+        """The rows of ``wanted`` spans in order, ``ahead`` spans fetched at once."""
         yield from store_shards.read_ahead(self, wanted, max(1, ahead))
 
     def fetch(self, path: str, start: int, stop: int) -> bytes | Tail:
@@ -290,11 +302,13 @@ class RemoteFiles(TableShards):
         of the footer first would cost another latency), or the whole file where that
         is its first row group or the store ignores Range."""
         assert self.store is not None
-        facts = self.learned(path)
-        begin = facts.first_byte(start)
-        if begin <= 0:
+        facts = COUNTED.get(path) or self.known.get(path)
+        begin = facts.first_byte(start) if facts is not None else 0
+        if begin <= 0:  # or no facts reached this process: the file is read whole
             return store_shards.fetched(self.store, path, WHAT)
         data = store_shards.fetched(self.store, path, WHAT, facts.bytes - begin, begin)
+        if len(data) not in (facts.bytes - begin, facts.bytes):
+            raise store_shards.changed(path, WHAT, len(data), facts.bytes - begin)
         return Tail(begin, data) if len(data) == facts.bytes - begin else data
 
     def read_head(self, path: str, need: int = 1) -> Iterator[dict[str, Any]]:

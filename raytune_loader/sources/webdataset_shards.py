@@ -36,7 +36,7 @@ import os
 import re
 import tarfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -157,7 +157,7 @@ class WebDatasetShards(Source):
                 )
         if blob is None:
             return ShardInfo(path, len(samples), Path(path).stat().st_size)
-        COUNTED[path] = _indexed(path, blob)
+        _index_of(path, blob)
         return ShardInfo(path, len(samples), len(blob))
 
     def build_stream(
@@ -168,9 +168,12 @@ class WebDatasetShards(Source):
         _webdataset()  # installed, or the error says how
         shards = shards or self.shards(spec)
         reader = _TarShards(_store(spec))
+        sizes = store_shards.counted(reader.count, shards, reader.store is not None)
+        if reader.store is not None:  # counted: each shard's index is known
+            reader = _TarShards(reader.store, {path: reader.indexed(path) for path in shards})
         collate = collate_encoded if variant.decode == "device" else default_collate
         return ShardStream(
-            shards, store_shards.counted(reader.count, shards, reader.store is not None), reader,
+            shards, sizes, reader,
             _Decoded(variant.transfer, variant.decode), shuffle_buffer=variant.shuffle_buffer,
             seed=variant.seed, repeat=variant.repeat, batch_size=variant.batch_size,
             collate=collate,
@@ -212,6 +215,9 @@ class _TarShards:
     bytes (:meth:`fetch`), a check the shard's first bytes (:meth:`read_head`)."""
 
     store: Store | None = None
+    # the indexes the stream's maker had, for loader workers that do not inherit this
+    # process's (started by spawn or forkserver)
+    known: dict[str, TarIndex] = field(default_factory=dict, compare=False)
 
     def count(self, path: str) -> int:
         if self.store is None:
@@ -221,23 +227,33 @@ class _TarShards:
     def indexed(self, path: str) -> TarIndex:
         """The index of a shard in the store: made by the driver and handed on, or here
         (a whole GET)."""
-        if path not in COUNTED:
+        found = self._known(path)
+        if found is None:
             assert self.store is not None
-            COUNTED[path] = _indexed(path, store_shards.fetched(self.store, path, WHAT))
-        return COUNTED[path]  # type: ignore[no-any-return]
+            found = _index_of(path, store_shards.fetched(self.store, path, WHAT))
+        return found
+
+    def _known(self, path: str) -> TarIndex | None:
+        return COUNTED.get(path) or self.known.get(path)
 
     def fetch(self, path: str, start: int, stop: int) -> tuple[bytes, int]:
         """The bytes of samples ``start`` to ``stop`` of a shard in the store and the
         sample they begin with: one ranged GET from the shard's index (the whole shard,
-        one plain GET, where the span covers it, the shard is compressed or the store
-        ignores the range)."""
+        one plain GET, where the span covers it, the shard is compressed, the store
+        ignores the range, or no index reached this process: it is made of that GET)."""
         assert self.store is not None
-        index = self.indexed(path)
+        index = self._known(path)
+        if index is None:
+            blob = store_shards.fetched(self.store, path, WHAT)
+            _index_of(path, blob)  # for this process's next spans of it
+            return blob, 0
         begin, length, first = index.span(start, stop)
         if (begin, length) == (0, index.size):
             return store_shards.fetched(self.store, path, WHAT), 0
         blob = store_shards.fetched(self.store, path, WHAT, length, begin)
-        return blob, (first if len(blob) == length else 0)
+        if len(blob) not in (length, index.size):
+            raise store_shards.changed(path, WHAT, len(blob), length)
+        return blob, (first if len(blob) == length else 0)  # or the store ignored Range
 
     def read(
         self, path: str, start: int, stop: int, fetched: tuple[bytes, int] | None = None
@@ -262,7 +278,7 @@ class _TarShards:
 
     def reads(self, wanted: Iterable[tuple[str, int, int]], ahead: int) -> Iterator[Any]:
         """The samples of ``wanted`` spans (shard, start, stop; a list, or a run without
-        end) in order, ``ahead`` shards fetched at once from a store while the first of
+        end) in order, ``ahead`` spans fetched at once from a store while the first of
         them is read."""
         if self.store is None or ahead <= 1:
             yield from (s for path, start, stop in wanted for s in self.read(path, start, stop))
@@ -337,14 +353,18 @@ class TarIndex(NamedTuple):
         return self.offsets[low], end - self.offsets[low], low * self.stride
 
 
-def _indexed(path: str, blob: bytes) -> TarIndex:
-    """The index of a shard fetched whole: its samples counted and, in a plain (ustar)
-    tar, where each :data:`INDEX_POINTS`-th of them starts."""
+def _index_of(path: str, blob: bytes) -> TarIndex:
+    """The index of a shard fetched whole, kept as this process's (``COUNTED``): its
+    samples counted and, in a plain (ustar) tar, where each :data:`INDEX_POINTS`-th of
+    them starts (the first at byte 0: what comes before its first member, a folder's
+    entry or a global PAX header, is read with it)."""
     with _guarded(path), _tar(path, blob) as tar:
         starts = [members[0][1].offset for _, members in _groups(tar)]
     stride = max(1, -(-len(starts) // INDEX_POINTS))
     plain = blob[257:262] == b"ustar"  # compressed, the offsets are not the object's
-    return TarIndex(len(starts), len(blob), stride, tuple(starts[::stride]) if plain else ())
+    offsets = (0, *starts[stride::stride]) if plain and starts else ()
+    COUNTED[path] = found = TarIndex(len(starts), len(blob), stride, offsets)
+    return found
 
 
 def _complete(path: str, blob: bytes, whole: bool) -> list[dict[str, Any]]:
