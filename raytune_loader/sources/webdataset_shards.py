@@ -53,7 +53,7 @@ from raytune_loader.stores.store import Store
 from raytune_loader.stores.url import is_remote
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
-INDEX_POINTS = 64  # a shard's samples whose first byte its index keeps (TarIndex)
+INDEX_POINTS = 64  # the most samples of a shard whose first byte its index keeps
 LABEL_KEY = "cls"
 INSTALL = "pip install webdataset"
 WHAT = "webdataset"  # the format, as messages name it
@@ -355,9 +355,9 @@ class TarIndex(NamedTuple):
 
 def _index_of(path: str, blob: bytes) -> TarIndex:
     """The index of a shard fetched whole, kept as this process's (``COUNTED``): its
-    samples counted and, in a plain (ustar) tar, where each :data:`INDEX_POINTS`-th of
-    them starts (the first at byte 0: what comes before its first member, a folder's
-    entry or a global PAX header, is read with it)."""
+    samples counted and, in a plain (ustar) tar, where every ``stride``-th of them
+    starts, at most :data:`INDEX_POINTS` of them (the first at byte 0: what comes before
+    its first member, a folder's entry or a global PAX header, is read with it)."""
     with _guarded(path), _tar(path, blob) as tar:
         starts = [members[0][1].offset for _, members in _groups(tar)]
     stride = max(1, -(-len(starts) // INDEX_POINTS))
