@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -53,12 +55,29 @@ def chromium() -> Iterator[Any]:
 
 def text_when(driver: Any, shows: Callable[[str], bool], timeout: float = 60) -> str:
     """The page's visible text once ``shows`` accepts it (the page renders with its
-    scripts, after the load); an AssertionError with what it showed otherwise."""
+    scripts, after the load); an AssertionError with what it showed otherwise. A read
+    that meets an element the scripts just replaced is read again."""
     deadline = time.monotonic() + timeout
     text = ""
     while time.monotonic() < deadline:
-        text = driver.find_element("tag name", "body").text
+        text = settled(driver, lambda: driver.find_element("tag name", "body").text)
         if shows(text):
             return text
         time.sleep(0.5)
     raise AssertionError(f"the page did not show it within {timeout:.0f} s: {text[:2000]}")
+
+
+def settled(driver: Any, act: Callable[[], T], timeout: float = 30) -> T:
+    """``act()``, done again from the start while it meets an element that the page's
+    scripts replaced after it was found (Selenium's StaleElementReferenceException: a
+    React page re-renders as its data arrives); the last such error past ``timeout``."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return act()
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

@@ -182,17 +182,22 @@ def _actors_page(url: str, token: str, screenshot: Path) -> dict[str, str]:
     """The dashboard's actors page as a person sees it in a browser: it asks for the
     token first ("Authentication Token Required"), the token is typed into its field and
     submitted, and the page, rendered by its scripts, lists a trial actor."""
-    from browser_for_tests import available, chromium, text_when
+    from browser_for_tests import available, chromium, settled, text_when
 
     if not available():
         return {"not seen": "Debian's chromium and chromium-driver are not installed"}
     with chromium() as browser:
         browser.get(f"{url}/#/actors")
         without = text_when(browser, lambda shown: "Authentication Token Required" in shown)
-        field = browser.find_element("css selector", "div[role=dialog] input")
-        field.send_keys(token)
-        browser.find_element("xpath", "//div[@role='dialog']//button[.='Submit' or "
-                             ".='SUBMIT']").click()  # fmt: skip
+
+        def submit() -> None:  # found, typed and submitted again if the dialog re-rendered
+            field = browser.find_element("css selector", "div[role=dialog] input")
+            field.clear()
+            field.send_keys(token)
+            browser.find_element("xpath", "//div[@role='dialog']//button[.='Submit' or "
+                                 ".='SUBMIT']").click()  # fmt: skip
+
+        settled(browser, submit)
         text = text_when(browser, lambda shown: TRIAL_ACTOR in shown
                          and "Authentication Token Required" not in shown, timeout=90)  # fmt: skip
         browser.save_screenshot(str(screenshot))
