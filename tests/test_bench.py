@@ -75,6 +75,7 @@ def write_config(tmp_path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+@pytest.mark.slow  # three real measurements, end to end: the fast tier keeps the bench's others
 def test_bench_measures_tuned_and_both_baselines(tiny_imagenet: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, best_config(tiny_imagenet))
     out_json = tmp_path / "bench.json"

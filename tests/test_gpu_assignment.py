@@ -39,6 +39,7 @@ def seen_by_the_rank(job: TrialJob, report: Any) -> str | None:
     return os.environ.get(VISIBLE)
 
 
+@pytest.mark.slow  # a process group of ranks: minutes of the fast tier's CPU
 def test_each_rank_sees_the_gpus_its_measurement_was_given(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -55,6 +56,7 @@ def test_each_rank_sees_the_gpus_its_measurement_was_given(
     assert seen == [["3", "3"], ["5", "5"], [None, None]]
 
 
+@pytest.mark.slow  # a process group of ranks: minutes of the fast tier's CPU
 def test_a_group_that_did_not_form_is_formed_again(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -88,6 +88,7 @@ def _rank(rank: int, store: str, results: Any) -> None:
         results.put((rank, read))
 
 
+@pytest.mark.slow  # a process group of ranks: minutes of the fast tier's CPU
 def test_in_a_process_group_each_rank_reads_its_own_half_of_every_epoch() -> None:
     read = two_gloo_ranks(_rank)
     for kind in ("process", "thread"):

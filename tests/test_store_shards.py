@@ -911,6 +911,7 @@ def _rank_reads(rank: int, store: str, configs: list[str], results: object) -> N
         results.put((rank, {"stream": read, "images": len(images)}))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a process group of ranks: minutes of the fast tier's CPU
 def test_in_training_rank_zero_lists_and_counts_and_every_rank_reads_its_share(
     server: S3Server, tiny_imagenet: Path, tmp_path: Path
 ) -> None:

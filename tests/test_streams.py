@@ -479,6 +479,7 @@ def _user_streams_in_a_group(rank: int, store: str, shards: str, results: object
         results.put((rank, out))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a process group of ranks: minutes of the fast tier's CPU
 def test_in_a_process_group_every_rank_reads_as_many_batches_or_is_refused(
     tmp_path: Path, tiny_imagenet: Path
 ) -> None:
