@@ -165,17 +165,19 @@ def test_a_check_of_a_file_reads_its_footer_and_first_row_group_not_the_whole_fi
     assert "\n" not in str(gone.value)
 
 
-def test_a_span_of_a_file_gets_it_from_its_first_row_s_row_group_to_its_end(
+def test_a_span_of_a_file_gets_its_row_groups_and_the_footer_not_the_rest(
     server: S3Server, tables: Tables
 ) -> None:
-    """A worker's span that starts inside a Parquet file (its share of an epoch cut
-    among workers) fetches the file from the row group that holds its first row to the
-    end (its footer there), one GET: not the row groups before it. A span from the
-    first row group, or a store that ignores Range, fetch the whole file; the rows are
-    the whole file's either way. A spawned loader worker's reader carries the facts."""
+    """A worker's span of a Parquet file (its share of an epoch cut among workers)
+    fetches the row groups that hold its rows and the footer, two ranged GETs at once,
+    or one to the file's end where its groups reach the footer's read; a span of the
+    whole file is one GET of it. The rows are the whole file's either way, from a store
+    that ignores Range too. A spawned loader worker's reader carries the facts."""
     import io
 
     import pyarrow.parquet as pq
+
+    from raytune_loader.sources.table_files import FOOTER_READ
 
     blob, url, stream = _in_row_groups(server, tables, "spans")
     reader = stream.reader  # type: ignore[attr-defined]
@@ -185,6 +187,9 @@ def test_a_span_of_a_file_gets_it_from_its_first_row_s_row_group_to_its_end(
                  for c in range(meta.num_columns)) for g in range(4)]  # fmt: skip
     starts = [4 + sum(sizes[:g]) for g in range(4)]  # after the magic, b"PAR1"
     assert reader.learned(url).groups == tuple((8, start) for start in starts)
+    footer = len(blob) - max(FOOTER_READ, int.from_bytes(blob[-8:-4], "little") + 8)
+    assert starts[3] < footer < starts[3] + sizes[3]  # the last group meets the footer's read
+    tail = len(blob) - footer
     proxy = server.proxy
 
     def read(spans: list[tuple[int, int]], by: Any = reader) -> tuple[list[Any], int, int]:
@@ -192,17 +197,50 @@ def test_a_span_of_a_file_gets_it_from_its_first_row_s_row_group_to_its_end(
         rows = list(by.reads([(url, a, b) for a, b in spans], 2))
         return rows, proxy.gets - gets, proxy.sent - sent
 
-    assert read([(0, 5)]) == (whole[0:5], 1, len(blob))
-    assert read([(10, 14)]) == (whole[10:14], 1, len(blob) - starts[1])
+    assert read([(0, 32)]) == (whole, 1, len(blob))
+    assert read([(0, 5)]) == (whole[0:5], 2, starts[1] + tail)
+    assert read([(10, 14)]) == (whole[10:14], 2, sizes[1] + tail)
+    assert read([(6, 20)]) == (whole[6:20], 2, starts[3] + tail)  # groups 0 to 2
     assert read([(27, 32)]) == (whole[27:32], 1, len(blob) - starts[3])
+    assert read([(20, 27)]) == (whole[20:27], 1, len(blob) - starts[2])
     spans = [(17, 20), (8, 9), (3, 4)]  # two in flight, read in order
-    assert read(spans) == ([r for a, b in spans for r in whole[a:b]], 3,
-                           3 * len(blob) - starts[2] - starts[1])  # fmt: skip
+    assert read(spans) == ([r for a, b in spans for r in whole[a:b]], 6,
+                           starts[3] + 3 * tail)  # fmt: skip
     carried = pickle.loads(pickle.dumps(reader))  # what a spawned loader worker gets,
     store_shards.COUNTED.clear()  # with no counts of its own: the reader carries them
-    assert read([(10, 14)], carried) == (whole[10:14], 1, len(blob) - starts[1])
-    proxy.ranges = False  # the whole file answered: read as it is
-    assert read([(10, 14)]) == (whole[10:14], 1, len(blob))
+    assert read([(10, 14)], carried) == (whole[10:14], 2, sizes[1] + tail)
+    proxy.ranges = False  # each GET answers the whole file: read as it is
+    assert read([(10, 14)]) == (whole[10:14], 2, 2 * len(blob))
+    assert read([(27, 32)]) == (whole[27:32], 1, len(blob))
+
+
+def test_a_footer_longer_than_arrow_s_first_read_is_fetched_whole(server: S3Server) -> None:
+    """A file of many row groups has a footer longer than Arrow's first read of 64 KiB:
+    a span's GET of it takes the whole footer, which Arrow reads next."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raytune_loader.sources.table_files import FOOTER_READ
+
+    noise = random.Random(1)
+    table = pa.table({"image": [{"bytes": noise.randbytes(40), "path": None} for _ in range(600)],
+                      "label": [i % 3 for i in range(600)]})  # fmt: skip
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=2)
+    blob = sink.getvalue().to_pybytes()
+    footer = int.from_bytes(blob[-8:-4], "little") + 8
+    assert footer > FOOTER_READ
+    server.client().put_object(Bucket=BUCKET, Key="long/part-0.parquet", Body=blob)
+    url = f"s3://{BUCKET}/long/part-0.parquet"
+    reader = SOURCE.build_stream(_spec(f"s3://{BUCKET}/long"), [], RAW).reader  # type: ignore[attr-defined]
+    assert reader.learned(url).footer == footer
+    whole = list(reader.read(url, 0, 600))
+    gets, sent = server.proxy.gets, server.proxy.sent
+    assert list(reader.reads([(url, 100, 104)], 1)) == whole[100:104]
+    assert server.proxy.gets - gets == 2
+    assert footer < server.proxy.sent - sent < footer + 1000  # and two groups of 2 rows
 
 
 def test_a_span_near_the_end_of_a_small_file_fetches_what_arrow_reads_of_its_footer(
@@ -210,7 +248,8 @@ def test_a_span_near_the_end_of_a_small_file_fetches_what_arrow_reads_of_its_foo
 ) -> None:
     """Arrow reads a Parquet file's footer as its last 64 KiB (or all of a smaller
     file): a span in a late row group of a file of small rows starts its GET there, and
-    no earlier; the rows are the file's. An object written again shorter since it was
+    no earlier, and a span in an early one gets its group and that read; the rows are
+    the file's. An object written again shorter since it was
     counted is named in one line, not read as another file."""
     import random
 
@@ -236,7 +275,11 @@ def test_a_span_near_the_end_of_a_small_file_fetches_what_arrow_reads_of_its_foo
     assert (server.proxy.gets - gets, server.proxy.sent - sent) == (1, FOOTER_READ)
     gets, sent = server.proxy.gets, server.proxy.sent
     assert list(reader.reads([(url, 60, 70)], 2)) == whole[60:70]
-    assert server.proxy.gets - gets == 1 and FOOTER_READ < server.proxy.sent - sent < len(blob)
+    first = [g for _, g in reader.learned(url).groups]  # group 1, then the footer's read
+    assert (server.proxy.gets - gets, server.proxy.sent - sent) == (
+        2,
+        first[2] - first[1] + FOOTER_READ,
+    )
     server.client().put_object(Bucket=BUCKET, Key="small/part-0.parquet", Body=blob[:-100])
     with pytest.raises(DatasetError, match="part-0.parquet changed since the search counted"):
         list(reader.reads([(url, 390, 400)], 2))

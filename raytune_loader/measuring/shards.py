@@ -269,8 +269,8 @@ class _Heads:
     """A reader of its shards' first ``need`` samples from their first bytes, or a
     Parquet file's footer and first row groups (``read_head``), none fetched ahead; a
     span that starts inside a shard (a rank's after the first) reads it as its reader
-    does (a tar shard's span, its own samples' bytes; a Parquet file's, from its first
-    row's row group to its end)."""
+    does (a tar shard's span, its own samples' bytes; a Parquet file's, its row groups'
+    and the footer)."""
 
     reader: Any
     need: int = 1

@@ -3,11 +3,11 @@ Parquet files, on disk or fetched from a store.
 
 :class:`TableShards` reads a file's rows a record batch at a time (a Parquet file's row
 groups before a span skipped); :class:`RemoteFiles` reads Parquet files that are
-objects of a store, a GET a span, ``ahead`` spans in flight: from the row group that
-holds the span's first row to the file's end (a check of a file's first rows reads
-its footer and first row groups alone, ranged GETs), and learns each file once (rows,
-the largest label, a ``ClassLabel``'s names from its schema, where its row groups
-start), what the driver hands to the trials. No Hugging Face import here: the
+objects of a store, ``ahead`` spans in flight: a span fetches the row groups that
+hold its rows and the footer, ranged GETs (a check of a file's first rows reads its
+footer and first row groups alone), and learns each file once (rows, the largest
+label, a ``ClassLabel``'s names from its schema, where its row groups start, how
+long its footer is), what the driver hands to the trials. No Hugging Face import here: the
 ``datasets`` package is :mod:`~raytune_loader.sources.hf_tables`' business.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -31,43 +32,47 @@ WHAT = "hf"  # the format, as messages name it
 FOOTER_READ = 64 * 1024  # a Parquet file's last bytes Arrow reads first, for its footer
 
 
-def opened(path: str, blob: bytes | Tail | None) -> Any:
+def opened(path: str, blob: bytes | Pieces | None) -> Any:
     """What pyarrow reads: the file at ``path``, or its bytes fetched from a store (all
-    of them, or its :class:`Tail`)."""
+    of them, or the :class:`Pieces` a span fetched)."""
     import pyarrow as pa
 
-    if isinstance(blob, Tail):
+    if isinstance(blob, Pieces):
         return blob.file()
     return path if blob is None else pa.BufferReader(blob)
 
 
 @dataclass(frozen=True)
-class Tail:
-    """A Parquet file's bytes from ``start`` to its end (its row groups from one on, and
-    its footer): what a span that starts after its first row group reads."""
+class Pieces:
+    """Parts of a Parquet file of ``size`` bytes, each ``(first byte, bytes)``: what a
+    span fetched of it (the row groups that hold its rows, and the footer's read, in one
+    part where they meet)."""
 
-    start: int
-    data: bytes
+    size: int
+    parts: tuple[tuple[int, bytes], ...]
 
     def file(self) -> io.RawIOBase:
-        """The whole file, as pyarrow reads it: a read before ``start`` is an OSError."""
-        return _TailFile(self)
+        """The whole file, as pyarrow reads it: a read of a byte in no part is an OSError."""
+        return _PiecesFile(self)
 
 
-class _TailFile(store_shards.SeekableFile):
-    def __init__(self, tail: Tail) -> None:
-        super().__init__(tail.start + len(tail.data))
-        self.tail = tail
+class _PiecesFile(store_shards.SeekableFile):
+    def __init__(self, pieces: Pieces) -> None:
+        super().__init__(pieces.size)
+        self.pieces = pieces
 
     def readinto(self, buffer: Any) -> int:
-        """Fills ``buffer`` from the fetched bytes at the position; the bytes read."""
-        if self.position < self.tail.start:
-            raise OSError(f"byte {self.position} is before the {self.tail.start} fetched")
-        at = self.position - self.tail.start
-        data = self.tail.data[at : at + len(buffer)]
-        buffer[: len(data)] = data
-        self.position += len(data)
-        return len(data)
+        """Fills ``buffer`` from the part that holds the position on; the bytes read."""
+        if self.position >= self.size:
+            return 0
+        for start, data in self.pieces.parts:
+            if start <= self.position < start + len(data):
+                got = data[self.position - start : self.position - start + len(buffer)]
+                buffer[: len(got)] = got
+                self.position += len(got)
+                return len(got)
+        fetched = ", ".join(f"{a}-{a + len(d)}" for a, d in self.pieces.parts)
+        raise OSError(f"byte {self.position} of {self.size} was not fetched (bytes {fetched})")
 
 
 def read_errors() -> tuple[type[BaseException], ...]:
@@ -86,11 +91,15 @@ def unreadable(path: str, exc: BaseException) -> DatasetError:
 
 
 def batches(
-    path: str, columns: list[str], first_row: int = 0, blob: bytes | Tail | None = None
+    path: str,
+    columns: list[str],
+    first_row: int = 0,
+    blob: bytes | Pieces | None = None,
+    stop: int | None = None,
 ) -> Iterator[Any]:
-    """``columns`` of one shard, a record batch at a time (pyarrow), from the Parquet row
-    group holding ``first_row`` on (every batch of an Arrow file: they are mapped, not
-    read, until used)."""
+    """``columns`` of one shard, a record batch at a time (pyarrow), of the Parquet row
+    groups that hold rows ``first_row`` to ``stop`` (excluded; None: the last), and no
+    other (every batch of an Arrow file: they are mapped, not read, until used)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -98,6 +107,8 @@ def batches(
         with pq.ParquetFile(opened(path, blob)) as table:
             meta, groups, seen = table.metadata, [], 0
             for group in range(meta.num_row_groups):
+                if stop is not None and seen >= stop:
+                    break
                 seen += meta.row_group(group).num_rows
                 if seen > first_row:
                     groups.append(group)
@@ -180,12 +191,12 @@ class TableShards:
         return "parquet" if all(p.endswith(".parquet") for p in paths) else None
 
     def read(
-        self, path: str, start: int, stop: int, blob: bytes | Tail | None = None
+        self, path: str, start: int, stop: int, blob: bytes | Pieces | None = None
     ) -> Iterator[dict[str, Any]]:
         """Rows ``start`` to ``stop`` (excluded) of the file at ``path`` (or of its bytes,
         ``blob``, fetched from a store)."""
         offset = skipped(path, start, blob)
-        for batch in batches(path, list(self.columns), first_row=start, blob=blob):
+        for batch in batches(path, list(self.columns), start, blob, stop):
             low, high = max(start, offset), min(stop, offset + len(batch))
             if low < high:
                 rows = batch.slice(low - offset, high - low).to_pylist()
@@ -196,7 +207,7 @@ class TableShards:
                 return
 
 
-def skipped(path: str, start: int, blob: bytes | Tail | None = None) -> int:
+def skipped(path: str, start: int, blob: bytes | Pieces | None = None) -> int:
     """Rows of the Parquet row groups wholly before row ``start`` (they are not read)."""
     if not path.endswith(".parquet"):
         return 0
@@ -213,30 +224,45 @@ def skipped(path: str, start: int, blob: bytes | Tail | None = None) -> int:
 
 class Facts(NamedTuple):
     """What reading a file in a store once taught: its rows, bytes, largest label, its
-    ClassLabel's names (None where the schema has none), and each row group's rows and
-    first byte (what a span's ranged GET starts from)."""
+    ClassLabel's names (None where the schema has none), each row group's rows and
+    first byte, and its footer's length (what a span's ranged GETs are cut from)."""
 
     rows: int
     bytes: int
     top_label: int
     names: tuple[str, ...] | None
     groups: tuple[tuple[int, int], ...] = ()
+    footer: int = 0
 
-    def first_byte(self, row: int) -> int:
-        """The first byte a span from ``row`` on reads: the least of its row group's and
-        the later groups' first bytes (a writer may place groups out of order) and of
-        the file's last :data:`FOOTER_READ` (Arrow's first read of the footer); 0, the
-        whole file, for a row of the first group (or of a file whose groups are not
-        known)."""
-        seen = 0
-        for group, (rows, _) in enumerate(self.groups):
+    def footer_read(self) -> int:
+        """The first byte of Arrow's first read of the file, its footer's: the file's last
+        :data:`FOOTER_READ` bytes, or the whole footer where it is longer."""
+        return max(0, self.bytes - max(FOOTER_READ, self.footer))
+
+    def span_bytes(self, start: int, stop: int) -> tuple[int, int]:
+        """The bytes, ``(first, end)``, that hold rows ``start`` to ``stop`` (excluded):
+        from the first byte of their row groups (0 where those begin with the file's
+        first) to the end of the last (the next group's first byte in the file, a writer
+        may place groups out of order), or to the file's end, with Arrow's read of the
+        footer, where that is no farther; the whole file where the groups are unknown."""
+        starts, held, seen = sorted(first for _, first in self.groups), [], 0
+        for rows, first in self.groups:
+            if seen < stop and seen + rows > start:
+                held.append(first)
             seen += rows
-            if seen > row:
-                if group == 0:
-                    return 0
-                first = min(start for _, start in self.groups[group:])
-                return max(0, min(first, self.bytes - FOOTER_READ))
-        return 0
+        if not held:
+            return 0, self.bytes
+        begin = 0 if min(held) == starts[0] else min(held)
+        end = max(next((s for s in starts if s > first), self.bytes) for first in held)
+        if end >= self.footer_read():
+            return min(begin, self.footer_read()), self.bytes
+        return begin, end
+
+
+def footer_length(blob: bytes) -> int:
+    """The length of the Parquet file ``blob``'s footer: its metadata, their length and
+    the closing magic."""
+    return int.from_bytes(blob[-8:-4], "little") + 8 if len(blob) >= 8 else len(blob)
 
 
 def row_groups(blob: bytes) -> tuple[tuple[int, int], ...]:
@@ -282,7 +308,7 @@ class RemoteFiles(TableShards):
             top = max((pc.max(values).as_py() or 0 for values in labels), default=0)
             names = label_names(schema, label)
             rows, groups = sum(len(v) for v in labels), row_groups(blob)
-            COUNTED[url] = Facts(rows, len(blob), top, names, groups)
+            COUNTED[url] = Facts(rows, len(blob), top, names, groups, footer_length(blob))
         return COUNTED[url]  # type: ignore[no-any-return]
 
     def count(self, path: str) -> int:
@@ -296,20 +322,33 @@ class RemoteFiles(TableShards):
         """The rows of ``wanted`` spans in order, ``ahead`` spans fetched at once."""
         yield from store_shards.read_ahead(self, wanted, max(1, ahead))
 
-    def fetch(self, path: str, start: int, stop: int) -> bytes | Tail:
-        """What a span of a file is read from, one GET: the file's :class:`Tail` from the
-        row group holding the span's first row (its footer, at the end, with it: a GET
-        of the footer first would cost another latency), or the whole file where that
-        is its first row group or the store ignores Range."""
+    def fetch(self, path: str, start: int, stop: int) -> bytes | Pieces:
+        """What a span of a file is read from: the :class:`Pieces` of the row groups that
+        hold its rows and of the footer, two ranged GETs at once (one, to the end, where
+        they meet); the whole file, one GET, where the span needs it all, where no facts
+        reached this process, or where the store ignores Range."""
         assert self.store is not None
         facts = COUNTED.get(path) or self.known.get(path)
-        begin = facts.first_byte(start) if facts is not None else 0
-        if begin <= 0:  # or no facts reached this process: the file is read whole
+        begin, end = facts.span_bytes(start, stop) if facts is not None else (0, 0)
+        if facts is None or (begin, end) == (0, facts.bytes):
             return store_shards.fetched(self.store, path, WHAT)
-        data = store_shards.fetched(self.store, path, WHAT, facts.bytes - begin, begin)
-        if len(data) not in (facts.bytes - begin, facts.bytes):
-            raise store_shards.changed(path, WHAT, len(data), facts.bytes - begin)
-        return Tail(begin, data) if len(data) == facts.bytes - begin else data
+        if end == facts.bytes:
+            parts = [self._part(path, facts, begin, end)]
+        else:  # the footer's GET beside the row groups': no latency added
+            with ThreadPoolExecutor(1) as pool:
+                footer = pool.submit(self._part, path, facts, facts.footer_read(), facts.bytes)
+                parts = [self._part(path, facts, begin, end), footer.result()]
+        whole = next((data for _, data in parts if len(data) == facts.bytes), None)
+        return whole if whole is not None else Pieces(facts.bytes, tuple(parts))
+
+    def _part(self, path: str, facts: Facts, begin: int, end: int) -> tuple[int, bytes]:
+        """Bytes ``begin`` to ``end`` of the file, one ranged GET (all of it from a store
+        that ignores Range); a one-line error where it answers neither."""
+        assert self.store is not None
+        data = store_shards.fetched(self.store, path, WHAT, end - begin, begin)
+        if len(data) not in (end - begin, facts.bytes):
+            raise store_shards.changed(path, WHAT, len(data), end - begin)
+        return begin, data
 
     def read_head(self, path: str, need: int = 1) -> Iterator[dict[str, Any]]:
         """The file's rows from its first on, as far as they are read, for a check of
@@ -334,7 +373,7 @@ class RemoteFiles(TableShards):
             raise unreadable(path, exc) from None
 
     def read(
-        self, path: str, start: int, stop: int, blob: bytes | Tail | None = None
+        self, path: str, start: int, stop: int, blob: bytes | Pieces | None = None
     ) -> Iterator[dict[str, Any]]:
         if blob is None:
             blob = self.fetch(path, start, stop)
