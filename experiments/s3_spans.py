@@ -1,20 +1,24 @@
-"""What a worker's span of a tar shard fetches from a store: its own samples' bytes, or
-the whole shard.
+"""What a worker's span of a tar shard or a Parquet file fetches from a store: its own
+bytes, or the whole object.
 
-    python experiments/s3_spans.py [--images 512] [--shards 8] [--rounds 7]
+    python experiments/s3_spans.py [--format webdataset|parquet] [--images 512]
+                                   [--shards 8] [--rounds 7]
 
-The default dataset's JPEG files as webdataset tar shards (experiments/to_shards.py's
-writer) in moto's S3 on loopback behind the tests' proxy (tests/s3_for_tests.py), 30 ms
-to each request's first byte and 100 Mbit/s a request. One epoch of the stream, batches
-of 16, read by 2, 3 and 4 loader workers (process workers, 2 spans ahead each), with
-the spans as the product reads them (a ranged GET of a span's samples, from the
-shard's index) and with the proxy ignoring Range (every span's GET answers its whole
-shard, as before the index), the two alternating in each of ``--rounds`` rounds.
-Recorded: the bytes the store sent and its GETs for an epoch (the same every round),
-the epoch's median seconds, and the ratios. Three workers cut two shards among them
-(each worker's share is whole batches: 11, 11 and 10 of 32), so the whole-shard
-reads fetch those twice; two and four workers split on shard boundaries, where both
-fetch the same. Writes results/benchmarks/s3_spans.json.
+The default dataset's JPEG files as webdataset tar shards, or as Parquet files of row
+groups of 16 rows (experiments/to_shards.py's writers), in moto's S3 on loopback behind
+the tests' proxy (tests/s3_for_tests.py), 30 ms to each request's first byte and 100
+Mbit/s a request. One epoch of the stream, batches of 16, read by 2, 3 and 4 loader
+workers (process workers, 2 spans ahead each), with the spans as the product reads
+them and with whole objects, the two alternating in each of ``--rounds`` rounds. A
+tar shard's span is a ranged GET of its samples, from the shard's index; whole, the
+proxy ignores Range (every span's GET answers its whole shard, as before the index).
+A Parquet file's span is ranged GETs of its row groups and its footer; whole, the
+counts hold no row groups (every span is one GET of its file). Recorded: the bytes
+the store sent and its GETs for an epoch (the same every round), the epoch's median
+seconds, and the ratios. Three workers cut two objects among them (each worker's
+share is whole batches: 11, 11 and 10 of 32), so the whole reads fetch those twice;
+two and four workers split on object boundaries, where both fetch the same. Writes
+results/benchmarks/s3_spans.json (tar shards) or s3_spans_parquet.json.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.loaders.shard_stream import StreamVariant
 from raytune_loader.sources import store_shards, synthetic
 from raytune_loader.sources.datasets import DatasetSpec
-from to_shards import images_of, write_webdataset
+from to_shards import images_of, write_parquet, write_webdataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the server
 
@@ -42,10 +46,13 @@ TTFB_S = 0.030
 BYTES_PER_S = 100e6 / 8  # 100 Mbit/s a request
 WORKERS = (2, 3, 4)
 BATCH = 16
+ROW_GROUP = 16  # rows: a Parquet file of 64 images holds 4 row groups
+_GROUPS: dict[str, Any] = {}  # each Parquet file's row groups, as counted
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--format", choices=("webdataset", "parquet"), default="webdataset")
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
@@ -55,11 +62,16 @@ def main() -> None:
     found: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp, S3Server(TTFB_S, BYTES_PER_S) as server:
         root = synthetic.ensure_synthetic_imagenet(Path(tmp) / "data", args.images, 10, 2)
-        files, labels, _ = images_of(root / "train")
-        shards = write_webdataset(files, labels, Path(tmp) / "shards", args.shards)
-        server.upload_folder(shards[0].parent, BUCKET, "wds")
-        pattern = f"s3://{BUCKET}/wds/shard-{{0000..{args.shards - 1:04d}}}.tar"
-        spec = DatasetSpec("webdataset", pattern)
+        files, labels, classes = images_of(root / "train")
+        if args.format == "parquet":
+            shards = write_parquet(files, labels, classes, Path(tmp) / "shards", args.shards,
+                                   ROW_GROUP)  # fmt: skip
+            spec = DatasetSpec("hf", f"s3://{BUCKET}/objects")
+        else:
+            shards = write_webdataset(files, labels, Path(tmp) / "shards", args.shards)
+            spec = DatasetSpec("webdataset", f"s3://{BUCKET}/objects/"
+                               f"shard-{{0000..{args.shards - 1:04d}}}.tar")  # fmt: skip
+        server.upload_folder(shards[0].parent, BUCKET, "objects")
         with environment(server.env()):
             stream = spec.source.build_stream(  # counted and indexed once, here
                 spec, spec.source.shards(spec), StreamVariant("uint8", "tensor")
@@ -69,7 +81,7 @@ def main() -> None:
                 for workers in WORKERS:
                     ways = ("ranged", "whole") if round_ % 2 == 0 else ("whole", "ranged")
                     for way in ways:
-                        server.proxy.ranges = way == "ranged"
+                        _read_whole(way == "whole", args.format, server)
                         runs.setdefault((workers, way), []).append(_epoch(stream, workers, server))
                         print(f"round {round_ + 1}, {workers} workers, {way}: "
                               f"{runs[(workers, way)][-1]}", flush=True)  # fmt: skip
@@ -79,10 +91,25 @@ def main() -> None:
             row["speedup"] = round(row["whole"]["epoch_s"] / row["ranged"]["epoch_s"], 3)
             found[f"{workers}_workers"] = row
         shard_bytes = sum(p.stat().st_size for p in shards)
-    save("s3_spans", {"images": args.images, "shards": args.shards, "batch_size": BATCH,
+    name = "s3_spans_parquet" if args.format == "parquet" else "s3_spans"
+    save(name, {"format": args.format, "images": args.images, "shards": args.shards,
+                "row_group": ROW_GROUP if args.format == "parquet" else None,
+                "batch_size": BATCH,
                       "shards_bytes": shard_bytes, "ttfb_s": TTFB_S,
                       "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
                       "rounds": args.rounds, "epochs": found})  # fmt: skip
+
+
+def _read_whole(whole: bool, format_: str, server: Any) -> None:
+    """Every span reads its whole object (``whole``) or its own bytes: a tar shard's
+    through the proxy ignoring Range; a Parquet file's through counts that hold no row
+    groups (the loader workers, forked, inherit them)."""
+    if format_ == "webdataset":
+        server.proxy.ranges = not whole
+        return
+    for url, facts in list(store_shards.COUNTED.items()):
+        kept = _GROUPS.setdefault(url, facts.groups)
+        store_shards.COUNTED[url] = facts._replace(groups=() if whole else kept)
 
 
 def _epoch(stream: Any, workers: int, server: Any) -> dict[str, float]:
