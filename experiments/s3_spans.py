@@ -77,14 +77,10 @@ def main() -> None:
                 spec, spec.source.shards(spec), StreamVariant("uint8", "tensor")
             )
             runs: dict[tuple[int, str], list[dict[str, float]]] = {}
-            for round_ in range(args.rounds):
-                for workers in WORKERS:
-                    ways = ("ranged", "whole") if round_ % 2 == 0 else ("whole", "ranged")
-                    for way in ways:
-                        _read_whole(way == "whole", args.format, server)
-                        runs.setdefault((workers, way), []).append(_epoch(stream, workers, server))
-                        print(f"round {round_ + 1}, {workers} workers, {way}: "
-                              f"{runs[(workers, way)][-1]}", flush=True)  # fmt: skip
+            try:
+                _rounds(args, stream, server, runs)
+            finally:
+                _read_whole(False, args.format, server, stream)
         for workers in WORKERS:
             row = {way: _summary(runs[(workers, way)]) for way in ("ranged", "whole")}
             row["bytes_ratio"] = round(row["ranged"]["bytes"] / row["whole"]["bytes"], 3)
@@ -100,16 +96,31 @@ def main() -> None:
                       "rounds": args.rounds, "epochs": found})  # fmt: skip
 
 
-def _read_whole(whole: bool, format_: str, server: Any) -> None:
+def _rounds(args: Any, stream: Any, server: Any, runs: dict[Any, list[Any]]) -> None:
+    """``args.rounds`` rounds of an epoch by each number of workers, each read both
+    ways, in turn first."""
+    for round_ in range(args.rounds):
+        for workers in WORKERS:
+            ways = ("ranged", "whole") if round_ % 2 == 0 else ("whole", "ranged")
+            for way in ways:
+                _read_whole(way == "whole", args.format, server, stream)
+                runs.setdefault((workers, way), []).append(_epoch(stream, workers, server))
+                print(f"round {round_ + 1}, {workers} workers, {way}: "
+                      f"{runs[(workers, way)][-1]}", flush=True)  # fmt: skip
+
+
+def _read_whole(whole: bool, format_: str, server: Any, stream: Any) -> None:
     """Every span reads its whole object (``whole``) or its own bytes: a tar shard's
     through the proxy ignoring Range; a Parquet file's through counts that hold no row
-    groups (the loader workers, forked, inherit them)."""
+    groups, this process's (forked workers inherit them) and those its reader carries
+    (spawned ones')."""
     if format_ == "webdataset":
         server.proxy.ranges = not whole
         return
-    for url, facts in list(store_shards.COUNTED.items()):
-        kept = _GROUPS.setdefault(url, facts.groups)
-        store_shards.COUNTED[url] = facts._replace(groups=() if whole else kept)
+    for counts in (store_shards.COUNTED, stream.reader.known):
+        for url, facts in list(counts.items()):
+            kept = _GROUPS.setdefault(url, facts.groups)
+            counts[url] = facts._replace(groups=() if whole else kept)
 
 
 def _epoch(stream: Any, workers: int, server: Any) -> dict[str, float]:

@@ -172,7 +172,9 @@ def test_a_span_of_a_file_gets_its_row_groups_and_the_footer_not_the_rest(
     fetches the row groups that hold its rows and the footer, two ranged GETs at once,
     or one to the file's end where its groups reach the footer's read; a span of the
     whole file is one GET of it. The rows are the whole file's either way, from a store
-    that ignores Range too. A spawned loader worker's reader carries the facts."""
+    that ignores Range too. A spawned loader worker's reader carries the facts. Counts
+    that did not note the footer's length read to the end; a read outside what was
+    fetched (the file changed since it was counted) is named in one line."""
     import io
 
     import pyarrow.parquet as pq
@@ -209,6 +211,16 @@ def test_a_span_of_a_file_gets_its_row_groups_and_the_footer_not_the_rest(
     carried = pickle.loads(pickle.dumps(reader))  # what a spawned loader worker gets,
     store_shards.COUNTED.clear()  # with no counts of its own: the reader carries them
     assert read([(10, 14)], carried) == (whole[10:14], 2, sizes[1] + tail)
+    facts = reader.known[url]
+    store_shards.COUNTED[url] = facts._replace(footer=0)  # counts that did not note it
+    assert read([(10, 14)]) == (whole[10:14], 1, len(blob) - starts[1])  # to the end
+    wrong = ((8, starts[0]), (8, starts[2]), (8, starts[2]), (8, starts[3]))
+    store_shards.COUNTED[url] = facts._replace(groups=wrong)  # group 1's bytes not fetched
+    with pytest.raises(DatasetError, match=r"rows 10 to 14 of .*part-0.parquet could not be "
+                       "read from the bytes fetched") as unfetched:  # fmt: skip
+        read([(10, 14)])
+    assert "\n" not in str(unfetched.value)
+    store_shards.COUNTED[url] = facts
     proxy.ranges = False  # each GET answers the whole file: read as it is
     assert read([(10, 14)]) == (whole[10:14], 2, 2 * len(blob))
     assert read([(27, 32)]) == (whole[27:32], 1, len(blob))

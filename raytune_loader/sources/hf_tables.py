@@ -26,11 +26,12 @@ and reading the files whole could mean reading the whole dataset.
 
 Parquet files in an object store (``s3://bucket/prefix``, whose ``.parquet`` objects
 are the files, or a brace pattern ``s3://bucket/part-{00000..00015}.parquet``) are read
-where they live, as a stream only: each span's file fetched whole by one GET
-(:mod:`~raytune_loader.sources.store_shards`), ``fetch_threads`` files ahead in each
-worker. Their image cells must hold the bytes (a path would name a file elsewhere).
-The driver reads each file once to count and check it, and hands what it learned (rows,
-classes) to the trials' processes; nothing is converted into a local cache.
+where they live, as a stream only: each span's row groups and the file's footer
+fetched by ranged GETs (:class:`~raytune_loader.sources.table_files.RemoteFiles`),
+``fetch_threads`` spans ahead in each worker. Their image cells must hold the bytes
+(a path would name a file elsewhere). The driver reads each file once to count and
+check it, and hands what it learned (rows, classes) to the trials' processes; nothing
+is converted into a local cache.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ a bucket. A brace pattern (``s3://bucket/shards-{0000..0127}.tar``) is expanded 
 a request; a prefix is listed once in a process, for the objects of one suffix. Each
 span a worker reads is one GET through :class:`~raytune_loader.stores.store.Store`
 (retried and counted there), of the bytes its format says the span needs (a tar
-shard's span, its own samples'; a Parquet file's, from its first row's row group to
-the end), or of the whole object where the format cannot tell; a check of its first
+shard's span, its own samples'; a Parquet file's, its row groups', with a second GET
+of the footer beside it where they do not reach it), or of the whole object where the
+format cannot tell; a check of its first
 samples reads its first bytes alone (:func:`read_head`). What reading a shard taught
 (its samples, a tar shard's index) is kept, so that the driver counts a shard once and
 hands its counts to the trials' processes (:class:`ShardListing`). A worker's reads

@@ -254,7 +254,7 @@ class Facts(NamedTuple):
             return 0, self.bytes
         begin = 0 if min(held) == starts[0] else min(held)
         end = max(next((s for s in starts if s > first), self.bytes) for first in held)
-        if end >= self.footer_read():
+        if end >= self.footer_read() or not self.footer:  # (a footer not noted: to the end)
             return min(begin, self.footer_read()), self.bytes
         return begin, end
 
@@ -266,23 +266,24 @@ def footer_length(blob: bytes) -> int:
 
 
 def row_groups(blob: bytes) -> tuple[tuple[int, int], ...]:
-    """Each row group's rows and first byte (its first column chunk's first page) in
-    the Parquet file ``blob``."""
+    """Each row group's rows and first byte (its first column chunk's first page, the
+    lesser of a chunk's dictionary and data pages' offsets, as Arrow reads a chunk from,
+    a dictionary offset of 0 being unset) in the Parquet file ``blob``."""
     import pyarrow.parquet as pq
 
     meta, found = pq.read_metadata(opened("", blob)), []
     for group in range(meta.num_row_groups):
         chunks = [meta.row_group(group).column(c) for c in range(meta.num_columns)]
-        first = min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
-                    for c in chunks)  # fmt: skip
+        first = min(min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset)
+                    if c.has_dictionary_page else c.data_page_offset for c in chunks)  # fmt: skip
         found.append((meta.row_group(group).num_rows, int(first)))
     return tuple(found)
 
 
 @dataclass(frozen=True)
 class RemoteFiles(TableShards):
-    """Parquet files in a store: a span one GET (:meth:`fetch`), ``ahead`` spans in
-    flight (:func:`~raytune_loader.sources.store_shards.read_ahead`)."""
+    """Parquet files in a store: a span one GET or two (:meth:`fetch`), ``ahead`` spans
+    in flight (:func:`~raytune_loader.sources.store_shards.read_ahead`)."""
 
     store: Store | None = None
     # the facts the stream's maker had, for loader workers that do not inherit this
@@ -335,9 +336,12 @@ class RemoteFiles(TableShards):
         if end == facts.bytes:
             parts = [self._part(path, facts, begin, end)]
         else:  # the footer's GET beside the row groups': no latency added
-            with ThreadPoolExecutor(1) as pool:
+            pool = ThreadPoolExecutor(1)
+            try:
                 footer = pool.submit(self._part, path, facts, facts.footer_read(), facts.bytes)
                 parts = [self._part(path, facts, begin, end), footer.result()]
+            finally:  # a failed GET does not wait for the other's retries
+                pool.shutdown(wait=False, cancel_futures=True)
         whole = next((data for _, data in parts if len(data) == facts.bytes), None)
         return whole if whole is not None else Pieces(facts.bytes, tuple(parts))
 
@@ -377,7 +381,16 @@ class RemoteFiles(TableShards):
     ) -> Iterator[dict[str, Any]]:
         if blob is None:
             blob = self.fetch(path, start, stop)
-        yield from super().read(path, start, stop, blob)
+        try:
+            yield from super().read(path, start, stop, blob)
+        except read_errors() as exc:
+            if not isinstance(blob, Pieces):
+                raise
+            raise DatasetError(
+                f"hf: rows {start} to {stop} of {path} could not be read from the bytes "
+                f"fetched for them ({last_line(exc)}); if the file changed since the search "
+                "counted it, run the search again on the data as it is now"
+            ) from None
 
 
 @dataclass(frozen=True)
