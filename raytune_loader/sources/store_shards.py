@@ -8,8 +8,8 @@ span a worker reads is one GET through :class:`~raytune_loader.stores.store.Stor
 (retried and counted there), of the bytes its format says the span needs (a tar
 shard's span, its own samples'; a Parquet file's, its row groups', with a second GET
 of the footer beside it where they do not reach it), or of the whole object where the
-format cannot tell; a check of its first
-samples reads its first bytes alone (:func:`read_head`). What reading a shard taught
+format cannot tell; a check of its first samples reads its first bytes alone
+(:func:`read_head`). What reading a shard taught
 (its samples, a tar shard's index) is kept, so that the driver counts a shard once and
 hands its counts to the trials' processes (:class:`ShardListing`). A worker's reads
 keep ``ahead`` spans in flight while the current one is decoded (:func:`read_ahead`):

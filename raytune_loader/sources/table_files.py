@@ -7,8 +7,8 @@ objects of a store, ``ahead`` spans in flight: a span fetches the row groups tha
 hold its rows and the footer, ranged GETs (a check of a file's first rows reads its
 footer and first row groups alone), and learns each file once (rows, the largest
 label, a ``ClassLabel``'s names from its schema, where its row groups start, how
-long its footer is), what the driver hands to the trials. No Hugging Face import here: the
-``datasets`` package is :mod:`~raytune_loader.sources.hf_tables`' business.
+long its footer is), what the driver hands to the trials. No Hugging Face import
+here: the ``datasets`` package is :mod:`~raytune_loader.sources.hf_tables`' business.
 """
 
 from __future__ import annotations
