@@ -90,10 +90,9 @@ def main() -> None:
     name = "s3_spans_parquet" if args.format == "parquet" else "s3_spans"
     save(name, {"format": args.format, "images": args.images, "shards": args.shards,
                 "row_group": ROW_GROUP if args.format == "parquet" else None,
-                "batch_size": BATCH,
-                      "shards_bytes": shard_bytes, "ttfb_s": TTFB_S,
-                      "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
-                      "rounds": args.rounds, "epochs": found})  # fmt: skip
+                "batch_size": BATCH, "shards_bytes": shard_bytes, "ttfb_s": TTFB_S,
+                "mbit_per_s_per_request": BYTES_PER_S * 8 / 1e6,
+                "rounds": args.rounds, "epochs": found})  # fmt: skip
 
 
 def _rounds(args: Any, stream: Any, server: Any, runs: dict[Any, list[Any]]) -> None:
