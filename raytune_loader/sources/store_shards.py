@@ -141,13 +141,18 @@ def fetched(store: Store, url: str, what: str, length: int | None = None, start:
         ) from None
 
 
-def changed(url: str, what: str, got: int, asked: int) -> DatasetError:
-    """The one-line error for a ranged GET that answered neither the bytes asked for nor
-    the whole object as it was counted: the object was written again since."""
-    return DatasetError(
-        f"{what}: shard {url} changed since the search counted it (a range of {asked} "
-        f"bytes answered {got}); run the search again on the data as it is now"
-    )
+def ranged(store: Store, url: str, what: str, start: int, length: int, size: int) -> bytes:
+    """``length`` bytes of the shard at ``url`` from its ``start``-th on, one ranged GET
+    (:func:`fetched`), or the whole shard of ``size`` bytes, as it was counted, from a
+    store that ignores Range; a one-line DatasetError where it answers neither: the
+    object was written again since it was counted."""
+    blob = fetched(store, url, what, length, start)
+    if len(blob) not in (length, size):
+        raise DatasetError(
+            f"{what}: shard {url} changed since the search counted it (a range of {length} "
+            f"bytes answered {len(blob)}); run the search again on the data as it is now"
+        )
+    return blob
 
 
 def read_head(

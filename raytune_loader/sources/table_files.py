@@ -330,8 +330,10 @@ class RemoteFiles(TableShards):
         reached this process, or where the store ignores Range."""
         assert self.store is not None
         facts = COUNTED.get(path) or self.known.get(path)
-        begin, end = facts.span_bytes(start, stop) if facts is not None else (0, 0)
-        if facts is None or (begin, end) == (0, facts.bytes):
+        if facts is None:  # no facts reached this process: the file is read whole
+            return store_shards.fetched(self.store, path, WHAT)
+        begin, end = facts.span_bytes(start, stop)
+        if (begin, end) == (0, facts.bytes):
             return store_shards.fetched(self.store, path, WHAT)
         if end == facts.bytes:
             parts = [self._part(path, facts, begin, end)]
@@ -346,13 +348,9 @@ class RemoteFiles(TableShards):
         return whole if whole is not None else Pieces(facts.bytes, tuple(parts))
 
     def _part(self, path: str, facts: Facts, begin: int, end: int) -> tuple[int, bytes]:
-        """Bytes ``begin`` to ``end`` of the file, one ranged GET (all of it from a store
-        that ignores Range); a one-line error where it answers neither."""
+        """Bytes ``begin`` to ``end`` of the file and where they start (:func:`ranged`)."""
         assert self.store is not None
-        data = store_shards.fetched(self.store, path, WHAT, end - begin, begin)
-        if len(data) not in (end - begin, facts.bytes):
-            raise store_shards.changed(path, WHAT, len(data), end - begin)
-        return begin, data
+        return begin, store_shards.ranged(self.store, path, WHAT, begin, end - begin, facts.bytes)
 
     def read_head(self, path: str, need: int = 1) -> Iterator[dict[str, Any]]:
         """The file's rows from its first on, as far as they are read, for a check of

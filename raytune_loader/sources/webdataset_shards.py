@@ -250,9 +250,7 @@ class _TarShards:
         begin, length, first = index.span(start, stop)
         if (begin, length) == (0, index.size):
             return store_shards.fetched(self.store, path, WHAT), 0
-        blob = store_shards.fetched(self.store, path, WHAT, length, begin)
-        if len(blob) not in (length, index.size):
-            raise store_shards.changed(path, WHAT, len(blob), length)
+        blob = store_shards.ranged(self.store, path, WHAT, begin, length, index.size)
         return blob, (first if len(blob) == length else 0)  # or the store ignored Range
 
     def read(
