@@ -88,6 +88,15 @@ def ranked(rank: int, port: int, out: Path, data: Path, cases: list[str]) -> Non
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # DistributedDataParallel keeps the gloo group alive past destroy_process_group
+    # (its gloo_tcp_loop and pt_gloo_runloop threads still run after it and a
+    # gc.collect()), so the interpreter's exit tore the group down, its peer perhaps gone,
+    # and now and then aborted the rank ("terminate called without an active
+    # exception", SIGABRT) after every case had passed. Every record is written: end
+    # here, as the launched process's work is done, without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> None:
