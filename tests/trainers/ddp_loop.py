@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from common import EPOCHS, Record, Recorded, args, model
+from common import EPOCHS, Record, Recorded, args, end_ddp_rank, model
 from raytune_loader import load_best_config
 
 
@@ -30,8 +30,7 @@ def main() -> None:
                 loss.backward()
                 optimizer.step()
         record.dump(out)
-    dist.barrier()  # both ranks done before either takes the group down (streams_ddp.py)
-    dist.destroy_process_group()
+    end_ddp_rank()
 
 
 if __name__ == "__main__":

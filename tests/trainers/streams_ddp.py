@@ -29,6 +29,7 @@ from streams_common import (
     write_config,
 )
 
+from common import end_ddp_rank
 from raytune_loader import load_best_config
 
 
@@ -82,21 +83,10 @@ def ranked(rank: int, port: int, out: Path, data: Path, cases: list[str]) -> Non
     try:
         for case in cases:
             run_case(out, data, case, None)
-        # both ranks done with the group before either takes it down: a rank that did
-        # while its peer's gloo thread still read aborted the peer ("terminate called
-        # without an active exception", SIGABRT) after every case had passed
-        dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
-    # DistributedDataParallel keeps the gloo group alive past destroy_process_group
-    # (its gloo_tcp_loop and pt_gloo_runloop threads still run after it and a
-    # gc.collect()), so the interpreter's exit tore the group down, its peer perhaps gone,
-    # and now and then aborted the rank ("terminate called without an active
-    # exception", SIGABRT) after every case had passed. Every record is written: end
-    # here, as the launched process's work is done, without that teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        raise
+    end_ddp_rank()
 
 
 def main() -> None:
