@@ -21,6 +21,11 @@ class DatasetError(UserInputError):
     """Unknown dataset, or the data is missing, empty or unreadable."""
 
 
+class StoreRefusedError(DatasetError):
+    """A store refused this process (no such bucket, access denied, no credentials): it
+    would refuse every read, so the search stops before any trial."""
+
+
 class ModelError(UserInputError):
     """Unknown model, or a model factory that does not return a module."""
 

@@ -310,7 +310,8 @@ def storage_options(text: str) -> tuple[tuple[str, str], ...]:
     scalar = (str, int, float, bool)
     if not isinstance(found, dict) or not all(isinstance(v, scalar) for v in found.values()):
         raise argparse.ArgumentTypeError(
-            'must be a JSON object of strings, such as \'{"region": "eu-west-1"}\''
+            "must be a JSON object of settings (strings; true or false for force_path_style "
+            'and unsigned), such as \'{"region": "eu-west-1"}\''
         )
     return tuple(sorted((str(k), str(v).lower() if isinstance(v, bool) else str(v))
                         for k, v in found.items()))  # fmt: skip

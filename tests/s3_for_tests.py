@@ -27,6 +27,10 @@ SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
+DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message></Error>"
+)
 CHUNK = 256 * 1024  # the body's pacing unit
 
 
@@ -34,7 +38,8 @@ CHUNK = 256 * 1024  # the body's pacing unit
 class SlowProxy:
     """What the store adds to each request: time to first byte, a bandwidth cap per
     request, a share of objects' GETs throttled (``503 SlowDown``) and a share cut off
-    mid-body (the connection dropped), or Range ignored; what it did is counted:
+    mid-body (the connection dropped), Range ignored, or every object's GET denied
+    (a bucket anyone may list whose objects are not theirs); what it did is counted:
     requests, objects' GETs answered whole by path, the most GETs in flight at once."""
 
     upstream: int
@@ -43,6 +48,7 @@ class SlowProxy:
     throttle: float = 0.0
     cut: float = 0.0
     ranges: bool = True  # False: a GET's Range is dropped, the whole object answered
+    deny: bool = False  # True: every object's GET answered 403 AccessDenied, lists not
     seed: int = 0
     port: int = field(default_factory=free_port)
     requests: int = 0
@@ -112,6 +118,13 @@ class SlowProxy:
                 fetch = method == b"GET" and b"?" not in target  # an object's GET, not a list
                 self.gets += fetch
                 # a fault is drawn only where it is on: one kind's draws do not move the other's
+                if fetch and self.deny:
+                    out.write(
+                        b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(DENIED) + DENIED
+                    )
+                    await out.drain()
+                    continue
                 if fetch and self.throttle and self._random.random() < self.throttle:
                     self.throttled += 1
                     out.write(
@@ -254,6 +267,7 @@ class S3Server:
         self.proxy.ttfb_s = self.proxy.throttle = self.proxy.cut = 0.0
         self.proxy.peak_in_flight = 0
         self.proxy.ranges = True
+        self.proxy.deny = False
         self.proxy.reseed()
 
     def upload_folder(self, folder: Path, bucket: str, prefix: str) -> int:

@@ -17,10 +17,10 @@ import torch
 from s3_for_tests import S3Server, environment
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
+from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError, StoreRefusedError
 from raytune_loader.loaders.loader import build_dataloader
 from raytune_loader.sources import remote_folder
-from raytune_loader.sources.datasets import DatasetSpec, build_dataset, listing_of
+from raytune_loader.sources.datasets import DatasetSpec, build_dataset, check_sample, listing_of
 from raytune_loader.stores.store import Counts, Store, StoreOptions, StoreWatch, count_requests
 from raytune_loader.stores.url import is_remote, parse
 
@@ -78,6 +78,27 @@ def test_storage_options_take_settings_and_refuse_credentials_and_unknown_keys()
         StoreOptions.from_pairs({"regoin": "eu-west-1"})
     with pytest.raises(ConfigError, match="no credential"):
         StoreOptions.from_pairs({"endpoint_url": f"http://me:{SECRET}@host:9000"})
+    # a key pasted as a setting's value: refused, and not repeated
+    for pasted in ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "AKIAIOSFODNN7EXAMPLE"):
+        with pytest.raises(ConfigError, match="profile looks like an access key") as caught:
+            StoreOptions.from_pairs({"profile": pasted})
+        assert pasted not in str(caught.value)
+    named = {"profile": "Training2024-readonly", "region": "ap-southeast-2"}
+    assert StoreOptions.from_pairs(named).profile == "Training2024-readonly"
+
+
+def test_a_wrong_secret_or_an_unknown_key_id_says_which() -> None:
+    """The store's code says which of the keys is wrong; a policy's refusal is apart."""
+    from raytune_loader.stores.refusals import refusal
+
+    wrong = refusal(OSError("HTTP 403 SignatureDoesNotMatch"), None)
+    assert "does not match the key ID" in wrong.why and "AWS_SECRET_ACCESS_KEY" in wrong.fix
+    said = "An error occurred (InvalidAccessKeyId) when calling the ListObjectsV2 operation"
+    unknown = refusal(OSError(said), None)
+    assert "no such key ID" in unknown.why and "AWS_ACCESS_KEY_ID" in unknown.fix
+    denied = refusal(OSError("HTTP 403 AccessDenied"), None)
+    assert denied.why == "refused these credentials (access denied)"
+    assert "policy" in denied.fix
 
 
 def test_the_storage_options_flag_reads_a_json_object_and_never_echoes_it() -> None:
@@ -86,7 +107,7 @@ def test_the_storage_options_flag_reads_a_json_object_and_never_echoes_it() -> N
     assert storage_options('{"region": "eu-west-1", "unsigned": true}') == (
         ("region", "eu-west-1"), ("unsigned", "true"),
     )  # fmt: skip
-    with pytest.raises(argparse.ArgumentTypeError, match="JSON object") as caught:
+    with pytest.raises(argparse.ArgumentTypeError, match="JSON object.*true or false") as caught:
         storage_options(f'{{"region": "{SECRET}"')  # not JSON
     assert SECRET not in str(caught.value)
     parser = get_args_parser()
@@ -359,6 +380,26 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_bucket_and_credential
     assert SECRET not in said and SECRET not in caplog.text
 
 
+def test_a_bucket_anyone_may_list_but_not_read_is_refused_before_any_trial(
+    server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bucket's policy may let anyone list its objects and read none of them: the
+    listing passes, and the check of the first sample, before any trial, says so in
+    one line (the trials would each fail on the same refusal)."""
+    caplog.set_level(logging.DEBUG)
+    spec = _spec()
+    dataset = build_dataset(spec)  # listed
+    server.proxy.deny = True
+    with pytest.raises(StoreRefusedError) as denied:
+        check_sample(spec, dataset)
+    said = str(denied.value)
+    assert "refused these credentials (access denied)" in said and "\n" not in said
+    assert f"bucket {BUCKET}" in said and "AWS_ACCESS_KEY_ID in the environment" in said
+    assert SECRET not in said and SECRET not in caplog.text
+    server.proxy.deny = False
+    check_sample(spec, dataset)  # read: nothing to say
+
+
 def test_a_url_left_with_one_slash_is_told_from_a_path_and_a_url() -> None:
     """``pathlib.Path("s3://bucket/x")`` is ``s3:/bucket/x``: the URL it meant is named,
     whether it comes as a string or as the Path; a URL or a path is not touched."""
@@ -502,6 +543,11 @@ def test_a_config_tuned_on_local_files_warns_on_a_bucket_and_the_other_way_round
     assert len(dataset) == 96
     with pytest.warns(StoreMismatchWarning, match=f"tuned on s3://{BUCKET} .*0.031 s"):
         remote.image_dataset(tiny_imagenet / "train")
+    # a winner whose window read a warm cache timed no request: its first byte is said
+    cached = load_best_config(written("cached.json", {"kind": "imagenet", "store": {
+        **store, "request_s": None, "ttfb_p50_s": 0.003}}))  # fmt: skip
+    with pytest.warns(StoreMismatchWarning, match=r" \(a first byte in 0.003 s\), and "):
+        cached.image_dataset(tiny_imagenet / "train")
     with warnings.catch_warnings():
         warnings.simplefilter("error", StoreMismatchWarning)
         on_its_store = remote.image_dataset(bucket)

@@ -246,8 +246,8 @@ class BestConfig:
                      "requests in flight (fetch_threads) were not searched; re-run the "
                      f"search with --data-root {root}")  # fmt: skip
         elif tuned and not is_remote(str(root)):
-            words = (f"{self.path} was tuned on s3://{tuned.get('bucket')} (a request "
-                     f"{tuned.get('request_s') or 0:.3f} s), and {root} is local: its workers "
+            words = (f"{self.path} was tuned on s3://{tuned.get('bucket')}{_latency(tuned)}, "
+                     f"and {root} is local: its workers "
                      "and fetch_threads were chosen for the store's latency; re-run the "
                      "search on the local files")  # fmt: skip
         else:
@@ -544,3 +544,12 @@ def _listed_by_rank_zero(spec: Any, *, stream: bool) -> None:
     if isinstance(box[0], Exception):
         raise box[0]
     adopt_listing(spec, box[0])
+
+
+def _latency(store: dict[str, Any]) -> str:
+    """The store's measured latency, as a warning says it: a request's median time (none
+    for a winner whose window read a warm cache), else the first byte's."""
+    request, first = store.get("request_s"), store.get("ttfb_p50_s")
+    if request:
+        return f" (a request {request:.3f} s)"
+    return f" (a first byte in {first:.3f} s)" if first else ""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.utils.data import Dataset, IterableDataset, Subset
 
-from raytune_loader.errors import DatasetError
+from raytune_loader.errors import DatasetError, StoreRefusedError
 from raytune_loader.loaders.shard_stream import StreamVariant
 
 if TYPE_CHECKING:
@@ -202,9 +202,13 @@ class Source(abc.ABC):
     def check(self, dataset: Dataset) -> None:
         """Refuse, before any trial, samples the built-in step cannot train on: they must
         be (input, target) pairs. A sample that fails to load is left to the trials,
-        which record the reason."""
+        which record the reason; a store that refuses the read (a bucket anyone may list
+        whose objects these credentials may not read) would refuse every trial's, and
+        is said here."""
         try:
             sample: Any = dataset[0]
+        except StoreRefusedError:
+            raise
         except Exception:  # noqa: BLE001 - the trials report it with its reason
             return
         if not isinstance(sample, (tuple, list)) or len(sample) < 2:

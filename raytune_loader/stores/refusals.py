@@ -62,6 +62,17 @@ def refusal(exc: Exception, profile: str | None) -> Refusal:
             f"cannot be read: no profile {missing} was found",
             "add it to ~/.aws/credentials or ~/.aws/config, or name another",
         )
+    if "signaturedoesnotmatch" in said:
+        return Refusal(
+            "refused these credentials (the secret key does not match the key ID)",
+            "check AWS_SECRET_ACCESS_KEY (or the profile's) for the key ID in use",
+        )
+    if "invalidaccesskeyid" in said:
+        return Refusal(
+            "refused these credentials (the store knows no such key ID)",
+            "check AWS_ACCESS_KEY_ID (or the profile's), and that the keys are this "
+            "endpoint's: one store's keys are unknown to another",
+        )
     if any(word in said for word in _DENIED):
         return Refusal(
             "refused these credentials (access denied)",

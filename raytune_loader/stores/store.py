@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlparse
 
-from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError
+from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError, StoreRefusedError
 from raytune_loader.stores import kept
 from raytune_loader.stores.refusals import first_line, refusal
 from raytune_loader.stores.url import StoreUrl
@@ -45,6 +45,10 @@ POOL_CONNECTIONS = 64  # kept open per process: a worker's fetch threads at most
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 60.0  # between two reads of an answer: a stalled body is retried
 _CREDENTIAL_WORDS = ("secret", "token", "password", "access_key", "key_id", "credential")
+# an AWS access key's ID, and a secret key: 40 characters of base64 (a name has no / or +,
+# nor upper and lower case and digits all at once)
+_KEY_ID = re.compile(r"(AKIA|ASIA|AROA|AIDA|AGPA|ANPA|ANVA|APKA|ABIA|ACCA)[A-Z0-9]{16}")
+_SECRET_KEY = re.compile(r"[A-Za-z0-9/+=]{40}")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,12 @@ class StoreOptions:
                 raise ConfigError(
                     f"--storage-options has no key {key!r}; it takes {', '.join(sorted(known))}"
                 )
+            if _looks_like_credential(str(values[key])):  # pasted in the wrong place
+                raise ConfigError(
+                    f"--storage-options {key} looks like an access key, which it does not take "
+                    "(its value is not repeated here): set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY in the environment, or AWS_PROFILE"
+                )
         flags = {k: _flag(k, values[k]) for k in ("force_path_style", "unsigned") if k in values}
         found = cls(**{**values, **flags})  # type: ignore[arg-type]
         endpoint = found.endpoint_url
@@ -104,6 +114,16 @@ class StoreOptions:
             ),  # fmt: skip
             unsigned=self.unsigned,
         )
+
+
+def _looks_like_credential(value: str) -> bool:
+    """Whether ``value`` has the form of an AWS access key's ID or of a secret key."""
+    if _KEY_ID.fullmatch(value):
+        return True
+    if not _SECRET_KEY.fullmatch(value):
+        return False
+    mixed = any(c.islower() for c in value) and any(c.isupper() for c in value)
+    return "/" in value or "+" in value or (mixed and any(c.isdigit() for c in value))
 
 
 def _flag(key: str, value: str) -> bool:
@@ -301,10 +321,10 @@ class Store:
         if self.counts is not None:
             self.counts.add(**amounts)
 
-    def _refused(self, exc: Exception, where: str) -> DatasetError:
+    def _refused(self, exc: Exception, where: str) -> StoreRefusedError:
         found = refusal(exc, self.options.profile)
         place = self.url.of(where) if where and not found.bucket else self.url.of("")
-        return DatasetError(
+        return StoreRefusedError(
             f"{place.rstrip('/')} {found.why}: bucket {self.url.bucket}, credentials: "
             f"{self.credentials()}, endpoint {self.describe()['endpoint_host']} "
             f"({first_line(exc)}); {found.fix}"
