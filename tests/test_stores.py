@@ -377,6 +377,12 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_bucket_and_credential
     assert said.endswith("check the bucket's name, the endpoint and the region")
     with pytest.raises(DatasetError, match=f"s3://{BUCKET}/elsewhere/train holds no object"):
         build_dataset(_spec(f"s3://{BUCKET}/elsewhere"))
+    with pytest.raises(DatasetError) as twice:  # the split named in --data-root too
+        build_dataset(_spec(f"s3://{BUCKET}/imagenet/train"))
+    said = str(twice.value)
+    assert "imagenet/train/train holds no object" in said and "\n" not in said
+    assert said.endswith(f"imagenet reads --data-root/train: pass s3://{BUCKET}/imagenet "
+                         "with --data-root")  # fmt: skip
     assert SECRET not in said and SECRET not in caplog.text
 
 

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from raytune_loader.errors import CorruptSampleError, DatasetError, last_line
+from raytune_loader.errors import CorruptSampleError, DatasetError, StoreRefusedError, last_line
 from raytune_loader.pipeline.transforms import imagenet_train_transform
 from raytune_loader.sources import synthetic
 from raytune_loader.sources.base import Source, Spec
@@ -96,7 +96,20 @@ class ImageFolders(Source):
         url = self.remote(spec)
         if url is not None:  # listed once in this process, read object by object
             options = StoreOptions.from_pairs(spec.storage_options)
-            return RemoteImageFolder(listing(url, options), options, transfer, decode)
+            try:
+                found_remote = listing(url, options)
+            except StoreRefusedError:
+                raise
+            except DatasetError as exc:  # an empty prefix: the split named twice?
+                root = str(spec.data_root).rstrip("/")
+                if not self.subfolder or not root.endswith(f"/{self.subfolder}"):
+                    raise
+                parent = root[: -len(self.subfolder) - 1]
+                raise DatasetError(
+                    f"{exc}; {spec.name} reads --data-root/{self.subfolder}: pass {parent} "
+                    "with --data-root"
+                ) from None
+            return RemoteImageFolder(found_remote, options, transfer, decode)
         folder = self.folder(spec)
         layout = f"{folder}/<class>/<image>.JPEG"
         if not folder.is_dir():
