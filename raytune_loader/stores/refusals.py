@@ -82,8 +82,8 @@ def refusal(exc: Exception, profile: str | None) -> Refusal:
 
 
 def first_line(exc: Exception) -> str:
-    """What the client said, in short: its first line, without any address (the
-    endpoint is named apart) and cut at 200 characters."""
+    """What the client said, in short: its first line, without any URL (the endpoint's
+    host is named apart) and cut at 200 characters."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    line = re.sub(r"https?://[^\s\"']+", "the endpoint", line)
+    line = re.sub(r":?\s*[\"']?https?://[^\s\"']+[\"']?", "", line)  # the URL, quoted or not
     return line[:200]
