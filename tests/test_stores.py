@@ -396,6 +396,8 @@ def test_a_bucket_anyone_may_list_but_not_read_is_refused_before_any_trial(
     spec = _spec()
     dataset = build_dataset(spec)  # listed
     server.proxy.deny = True
+    with pytest.raises(StoreRefusedError, match="access denied"):
+        check_sample(spec, dataset, pairs=False)  # for a --train-step of the user's too
     with pytest.raises(StoreRefusedError) as denied:
         check_sample(spec, dataset)
     said = str(denied.value)

@@ -48,8 +48,8 @@ def _prepare_map(job: TrialJob, largest_batch: int, progress: Progress) -> Trial
             f"{spec.name} has {length} samples, fewer than one batch of {largest_batch}; "
             "use a smaller --batch-size or more data"
         )
-    if not job.train_step:  # the user's own step takes batches of any structure
-        datasets.check_sample(spec, full)
+    # the user's own step takes batches of any structure; a store may refuse them all
+    datasets.check_sample(spec, full, pairs=not job.train_step)
     read = largest_batch * (min(job.segment.warmup_steps, 1) + job.segment.steps)
     if job.cold and job.samples_per_trial < read:
         progress.warn(

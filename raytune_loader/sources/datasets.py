@@ -130,6 +130,7 @@ def sample_files(spec: DatasetSpec, dataset: Dataset[Any], indices: list[int]) -
     return spec.source.files(dataset, indices)
 
 
-def check_sample(spec: DatasetSpec, dataset: Dataset[Any]) -> None:
-    """Refuse samples the built-in step cannot train on, before any trial."""
-    spec.source.check(dataset)
+def check_sample(spec: DatasetSpec, dataset: Dataset[Any], pairs: bool = True) -> None:
+    """Refuse, before any trial, a store that refuses the first sample's read, and
+    samples the built-in step cannot train on (where ``pairs``)."""
+    spec.source.check(dataset, pairs)
