@@ -19,10 +19,12 @@ from s3_for_tests import S3Server, environment
 from raytune_loader.candidates.config import LoaderConfig
 from raytune_loader.errors import ConfigError, CorruptSampleError, DatasetError, StoreRefusedError
 from raytune_loader.loaders.loader import build_dataloader
+from raytune_loader.measuring.prepare import prepare_data
 from raytune_loader.sources import remote_folder
 from raytune_loader.sources.datasets import DatasetSpec, build_dataset, check_sample, listing_of
 from raytune_loader.stores.store import Counts, Store, StoreOptions, StoreWatch, count_requests
 from raytune_loader.stores.url import is_remote, parse
+from raytune_loader.tuning.options import SearchOptions, job_from_options
 
 pytest.importorskip("botocore")
 pytest.importorskip("moto")
@@ -79,23 +81,25 @@ def test_storage_options_take_settings_and_refuse_credentials_and_unknown_keys()
     with pytest.raises(ConfigError, match="no credential"):
         StoreOptions.from_pairs({"endpoint_url": f"http://me:{SECRET}@host:9000"})
     # a key pasted as a setting's value: refused, and not repeated
-    for pasted in ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "AKIAIOSFODNN7EXAMPLE"):
+    for pasted in ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", " AKIAIOSFODNN7EXAMPLE\n"):
         with pytest.raises(ConfigError, match="profile looks like an access key") as caught:
             StoreOptions.from_pairs({"profile": pasted})
-        assert pasted not in str(caught.value)
+        assert pasted.strip() not in str(caught.value)
     named = {"profile": "Training2024-readonly", "region": "ap-southeast-2"}
     assert StoreOptions.from_pairs(named).profile == "Training2024-readonly"
 
 
 def test_a_wrong_secret_or_an_unknown_key_id_says_which() -> None:
     """The store's code says which of the keys is wrong; a policy's refusal is apart."""
-    from raytune_loader.stores.refusals import refusal
+    from raytune_loader.stores.refusals import first_line, refusal
 
     wrong = refusal(OSError("HTTP 403 SignatureDoesNotMatch"), None)
     assert "does not match the key ID" in wrong.why and "AWS_SECRET_ACCESS_KEY" in wrong.fix
     said = "An error occurred (InvalidAccessKeyId) when calling the ListObjectsV2 operation"
     unknown = refusal(OSError(said), None)
     assert "no such key ID" in unknown.why and "AWS_ACCESS_KEY_ID" in unknown.fix
+    said = first_line(OSError("see https://docs.example/x for (endpoint(http://h:1/b) refused)"))
+    assert said == "see <url> for (endpoint(<url>) refused)"
     denied = refusal(OSError("HTTP 403 AccessDenied"), None)
     assert denied.why == "refused these credentials (access denied)"
     assert "policy" in denied.fix
@@ -383,6 +387,9 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_bucket_and_credential
     assert "imagenet/train/train holds no object" in said and "\n" not in said
     assert said.endswith(f"imagenet reads --data-root/train: pass s3://{BUCKET}/imagenet "
                          "with --data-root")  # fmt: skip
+    with pytest.raises(DatasetError) as bucket_named_train:  # a bucket named as the split
+        build_dataset(_spec("s3://train"))
+    assert "pass" not in str(bucket_named_train.value)
     assert SECRET not in said and SECRET not in caplog.text
 
 
@@ -396,8 +403,10 @@ def test_a_bucket_anyone_may_list_but_not_read_is_refused_before_any_trial(
     spec = _spec()
     dataset = build_dataset(spec)  # listed
     server.proxy.deny = True
+    step = "datasets_for_tests:make_step"  # the user's own step: its search checks it too
+    opts = SearchOptions(dataset="imagenet", data_root=spec.data_root, train_step=step)
     with pytest.raises(StoreRefusedError, match="access denied"):
-        check_sample(spec, dataset, pairs=False)  # for a --train-step of the user's too
+        prepare_data(job_from_options(opts, step, device="cpu", node_cpus=2), 8)
     with pytest.raises(StoreRefusedError) as denied:
         check_sample(spec, dataset)
     said = str(denied.value)

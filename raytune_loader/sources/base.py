@@ -199,21 +199,27 @@ class Source(abc.ABC):
         classes = getattr(base, "classes", None)
         return len(classes) if classes else 1000
 
-    def check(self, dataset: Dataset, pairs: bool = True) -> None:
+    def check(self, dataset: Dataset) -> None:
         """Refuse, before any trial, samples the built-in step cannot train on: they must
-        be (input, target) pairs (where ``pairs``: a user's own step takes any). A sample
-        that fails to load is left to the trials, which record the reason; a store that
-        refuses the read (a bucket anyone may list whose objects these credentials may
-        not read) would refuse every trial's, and is said here."""
-        try:
-            sample: Any = dataset[0]
-        except StoreRefusedError:
-            raise
-        except Exception:  # noqa: BLE001 - the trials report it with its reason
-            return
-        if pairs and (not isinstance(sample, (tuple, list)) or len(sample) < 2):
+        be (input, target) pairs. A sample that fails to load is left to the trials,
+        which record the reason (:func:`first_sample`)."""
+        read, sample = first_sample(dataset)
+        if read and (not isinstance(sample, (tuple, list)) or len(sample) < 2):
             raise DatasetError(
                 f"samples must be (input, target) pairs; sample 0 is {type(sample).__name__}: "
                 "wrap the dataset so __getitem__ returns (input, target), or train it with "
                 "your own --train-step"
             )
+
+
+def first_sample(dataset: Dataset) -> tuple[bool, Any]:
+    """(True, sample 0), or (False, None) where it fails to load: the trials record the
+    reason. A store that refuses the read (a bucket anyone may list whose objects these
+    credentials may not read) would refuse every trial's: its StoreRefusedError is
+    raised here, before any trial."""
+    try:
+        return True, dataset[0]
+    except StoreRefusedError:
+        raise
+    except Exception:  # noqa: BLE001 - the trials report it with its reason
+        return False, None

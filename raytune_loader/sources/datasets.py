@@ -22,6 +22,7 @@ from raytune_loader import sources
 from raytune_loader.errors import DatasetError
 from raytune_loader.progress import Progress
 from raytune_loader.sources import Source, synthetic
+from raytune_loader.sources.base import first_sample
 from raytune_loader.sources.remote_folder import Listing, remember
 from raytune_loader.stores.store import StoreOptions
 
@@ -131,6 +132,9 @@ def sample_files(spec: DatasetSpec, dataset: Dataset[Any], indices: list[int]) -
 
 
 def check_sample(spec: DatasetSpec, dataset: Dataset[Any], pairs: bool = True) -> None:
-    """Refuse, before any trial, a store that refuses the first sample's read, and
-    samples the built-in step cannot train on (where ``pairs``)."""
-    spec.source.check(dataset, pairs)
+    """Refuse, before any trial, samples the built-in step cannot train on (where
+    ``pairs``: the source's check), and a store that refuses the first sample's read."""
+    if pairs:
+        spec.source.check(dataset)
+    else:
+        first_sample(dataset)

@@ -101,10 +101,11 @@ class ImageFolders(Source):
             except StoreRefusedError:
                 raise
             except DatasetError as exc:  # an empty prefix: the split named twice?
-                root = str(spec.data_root).rstrip("/")
-                if not self.subfolder or not root.endswith(f"/{self.subfolder}"):
+                root = parse(str(spec.data_root))
+                last = root.prefix.rstrip("/").rpartition("/")
+                if not self.subfolder or last[2] != self.subfolder:
                     raise
-                parent = root[: -len(self.subfolder) - 1]
+                parent = f"{root.scheme}://{root.bucket}/{last[0]}".rstrip("/")
                 raise DatasetError(
                     f"{exc}; {spec.name} reads --data-root/{self.subfolder}: pass {parent} "
                     "with --data-root"

@@ -70,8 +70,8 @@ def refusal(exc: Exception, profile: str | None) -> Refusal:
     if "invalidaccesskeyid" in said:
         return Refusal(
             "refused these credentials (the store knows no such key ID)",
-            "check AWS_ACCESS_KEY_ID (or the profile's), and that the keys are this "
-            "endpoint's: one store's keys are unknown to another",
+            "check AWS_ACCESS_KEY_ID (or the profile's), AWS_SESSION_TOKEN with a "
+            "temporary (ASIA...) key, and that the keys are this endpoint's",
         )
     if any(word in said for word in _DENIED):
         return Refusal(
@@ -85,5 +85,6 @@ def first_line(exc: Exception) -> str:
     """What the client said, in short: its first line, without any URL (the endpoint's
     host is named apart) and cut at 200 characters."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    line = re.sub(r":?\s*[\"']?https?://[^\s\"']+[\"']?", "", line)  # the URL, quoted or not
+    line = re.sub(r":?\s*\"https?://[^\"]*\"", "", line)  # botocore's: 'URL: "http://..."'
+    line = re.sub(r"https?://[^\s\"'()<>]+", "<url>", line)
     return line[:200]

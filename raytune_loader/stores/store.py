@@ -118,6 +118,7 @@ class StoreOptions:
 
 def _looks_like_credential(value: str) -> bool:
     """Whether ``value`` has the form of an AWS access key's ID or of a secret key."""
+    value = value.strip()
     if _KEY_ID.fullmatch(value):
         return True
     if not _SECRET_KEY.fullmatch(value):
