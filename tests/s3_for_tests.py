@@ -119,19 +119,11 @@ class SlowProxy:
                 self.gets += fetch
                 # a fault is drawn only where it is on: one kind's draws do not move the other's
                 if fetch and self.deny:
-                    out.write(
-                        b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
-                        b"Content-Length: %d\r\n\r\n" % len(DENIED) + DENIED
-                    )
-                    await out.drain()
+                    await _refuse(out, b"403 Forbidden", DENIED)
                     continue
                 if fetch and self.throttle and self._random.random() < self.throttle:
                     self.throttled += 1
-                    out.write(
-                        b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-                        b"Content-Length: %d\r\n\r\n" % len(SLOWDOWN) + SLOWDOWN
-                    )
-                    await out.drain()
+                    await _refuse(out, b"503 Slow Down", SLOWDOWN)
                     continue
                 self.in_flight += fetch
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
@@ -175,6 +167,13 @@ class SlowProxy:
             await asyncio.sleep(max(0.0, due - clock()))
             out.write(payload[start : start + CHUNK])
             await out.drain()
+
+
+async def _refuse(out: asyncio.StreamWriter, status: bytes, error: bytes) -> None:
+    """An S3 error answer (``status``, the XML ``error``) in place of the store's."""
+    out.write(b"HTTP/1.1 %s\r\nContent-Type: application/xml\r\n" % status
+              + b"Content-Length: %d\r\n\r\n" % len(error) + error)  # fmt: skip
+    await out.drain()
 
 
 async def _closed(server: asyncio.Server) -> None:
