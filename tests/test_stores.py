@@ -383,10 +383,10 @@ def test_a_missing_bucket_or_prefix_is_one_line_naming_the_bucket_and_credential
         build_dataset(_spec(f"s3://{BUCKET}/elsewhere"))
     with pytest.raises(DatasetError) as twice:  # the split named in --data-root too
         build_dataset(_spec(f"s3://{BUCKET}/imagenet/train"))
-    said = str(twice.value)
-    assert "imagenet/train/train holds no object" in said and "\n" not in said
-    assert said.endswith(f"imagenet reads --data-root/train: pass s3://{BUCKET}/imagenet "
-                         "with --data-root")  # fmt: skip
+    hinted = str(twice.value)
+    assert "imagenet/train/train holds no object" in hinted and "\n" not in hinted
+    assert hinted.endswith(f"imagenet reads --data-root/train: pass s3://{BUCKET}/imagenet "
+                           "with --data-root")  # fmt: skip
     with pytest.raises(DatasetError) as bucket_named_train:  # a bucket named as the split
         build_dataset(_spec("s3://train"))
     assert "pass" not in str(bucket_named_train.value)

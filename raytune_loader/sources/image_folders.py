@@ -105,7 +105,7 @@ class ImageFolders(Source):
                 last = root.prefix.rstrip("/").rpartition("/")
                 if not self.subfolder or last[2] != self.subfolder:
                     raise
-                parent = f"{root.scheme}://{root.bucket}/{last[0]}".rstrip("/")
+                parent = root.of(last[0]).rstrip("/")
                 raise DatasetError(
                     f"{exc}; {spec.name} reads --data-root/{self.subfolder}: pass {parent} "
                     "with --data-root"
