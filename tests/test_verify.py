@@ -271,6 +271,78 @@ def test_a_configuration_the_search_already_measured_out_of_reach_is_not_measure
     assert sorted(near.calls) == [0, 0, 1, 1, 2, 2]
 
 
+def test_a_run_that_beats_the_ceiling_has_it_measured_again_before_it_is_left_out() -> None:
+    """A model-bound loader trains at the ceiling, so a ceiling measured while the machine
+    was busy refuses its good runs: the ceiling is measured once more, the best of its
+    full windows, at that batch size; a run that still beats it is left out."""
+
+    class Bounded(Scripted):
+        def __init__(self, speeds: dict[int, list[float]], ceilings: list[float]) -> None:
+            super().__init__(speeds)
+            self.ceilings, self.windows = ceilings, []
+
+        def ceiling(self, job: TrialJob, batch_size: int, windows: int = 3) -> tuple[int, float]:
+            self.windows.append(windows)
+            return batch_size, self.ceilings.pop(0)
+
+    configs = {"none": LoaderConfig(8), "two": LoaderConfig(8, 2, 2)}
+    job = replace(JOB, ceilings={8: 300.0})
+
+    def two(final: float) -> tuple[list[float], tuple[str, ...], list[int]]:
+        measurer = Bounded({0: [100, 101], 2: [330, 310]}, [290.0, 295.0, final])
+        verified = verify(job, configs, 2, measurer, objective="samples_per_s")
+        (best,) = [c for c in verified.candidates if c.name == "two"]
+        return [o.metrics.samples_per_s for o in best.ok], best.refused, measurer.windows  # type: ignore[union-attr]
+
+    # 330 beat 300 beyond noise: measured again at 340, both runs are its figures
+    assert two(340.0) == ([330, 310], (), [1, 1, 3])
+    kept, refused, _ = two(305.0)  # still beaten (330 against 305): left out, said why
+    assert kept == [310] and len(refused) == 1 and "330" in refused[0]
+    # nothing beaten: no more measurement than a ceiling in each round
+    measurer = Bounded({0: [100, 101], 2: [280, 290]}, [290.0, 295.0])
+    verify(job, configs, 2, measurer, objective="samples_per_s")
+    assert measurer.windows == [1, 1]
+
+
+def test_one_left_out_is_measured_again_when_the_best_falls_within_its_reach() -> None:
+    """A baseline left out by its trial (3x below the best's) comes back when the best's
+    verification runs fall within its reach, as on a machine loaded after the search: it
+    is measured in the rounds left, or once more where none is left, so it never wins on
+    its trial's run alone."""
+    from raytune_loader.verdict.verify import searched_runs
+
+    configs = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
+
+    def trial(name: str, speed: float, start: float) -> Any:
+        return record(name, "ok", config=configs[name], samples_per_s=speed, steady=True,
+                      effective_batch_size=8, cpus_reserved=1.0, finished_at=start + 10.0,
+                      time_total_s=10.0)  # fmt: skip
+
+    searched = searched_runs([trial("none", 20.0, 0.0), trial("one", 200.0, 10.0),
+                              trial("two", 520.0, 20.0)], configs)  # fmt: skip
+
+    def runs(speeds: dict[int, list[float]]) -> tuple[dict[str, list[float]], list[int], list]:
+        measurer, seen = Scripted(speeds), []
+        heard = lambda done, total, *_: seen.append((done, total))  # noqa: E731
+        verified = verify(JOB, configs, 2, measurer, objective="samples_per_s",
+                          searched=searched, on_measured=heard)  # fmt: skip
+        figures = {c.name: [o.metrics.samples_per_s for o in c.outcomes]  # type: ignore[union-attr]
+                   for c in verified.candidates}  # fmt: skip
+        return figures, measurer.calls, seen
+
+    # loaded from the first round (55 and 58 against its 20): back for the second
+    figures, calls, seen = runs({0: [21], 1: [50, 52], 2: [55, 58]})
+    assert figures == {"none": [20.0, 21], "one": [50, 52], "two": [55, 58]}
+    assert calls[:2] == [1, 2] and sorted(calls[2:]) == [0, 1, 2]
+    assert seen[-1] == (5, 5)  # the progress's total grew by its run
+    # loaded in the last round only (529, then 50): one run more after the rounds
+    figures, calls, seen = runs({0: [22], 1: [201, 45], 2: [529, 50]})
+    assert figures["none"] == [20.0, 22] and calls[-1] == 0 and seen[-1] == (5, 5)
+    # still out of reach: its trial stays its one run
+    figures, calls, _ = runs({1: [201, 203], 2: [529, 517]})
+    assert figures["none"] == [20.0] and 0 not in calls
+
+
 def test_the_best_tuned_ray_data_trial_is_verified_beside_ray_s_documented_pipeline() -> None:
     """Where Ray Data is offered and the top trials are DataLoaders, the best tuned Ray
     Data trial is verified too, beside the baselines (Ray's documented one among them)."""
