@@ -81,12 +81,18 @@ def test_storage_options_take_settings_and_refuse_credentials_and_unknown_keys()
     with pytest.raises(ConfigError, match="no credential"):
         StoreOptions.from_pairs({"endpoint_url": f"http://me:{SECRET}@host:9000"})
     # a key pasted as a setting's value: refused, and not repeated
-    for pasted in ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", " AKIAIOSFODNN7EXAMPLE\n"):
+    # R2's key ID and secret, a GCS HMAC key's ID, an Azure account key
+    others = ("0123456789abcdef" * 2, "0123456789abcdef" * 4,
+              "GOOG1EXAMPLEKEYID7ABCDEFGHIJKLMNOP", "Ab3+/" * 17 + "9==")  # fmt: skip
+    for pasted in ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", " AKIAIOSFODNN7EXAMPLE\n",
+                   *others):  # fmt: skip
         with pytest.raises(ConfigError, match="profile looks like an access key") as caught:
             StoreOptions.from_pairs({"profile": pasted})
         assert pasted.strip() not in str(caught.value)
     named = {"profile": "Training2024-readonly", "region": "ap-southeast-2"}
     assert StoreOptions.from_pairs(named).profile == "Training2024-readonly"
+    hexy = {"profile": "deadbeef" * 3, "endpoint_url": "https://" + "0a" * 16 + ".r2.dev"}
+    assert StoreOptions.from_pairs(hexy).profile == "deadbeef" * 3  # a name, not a key
 
 
 def test_a_wrong_secret_or_an_unknown_key_id_says_which() -> None:

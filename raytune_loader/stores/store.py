@@ -49,6 +49,10 @@ _CREDENTIAL_WORDS = ("secret", "token", "password", "access_key", "key_id", "cre
 # nor upper and lower case and digits all at once)
 _KEY_ID = re.compile(r"(AKIA|ASIA|AROA|AIDA|AGPA|ANPA|ANVA|APKA|ABIA|ACCA)[A-Z0-9]{16}")
 _SECRET_KEY = re.compile(r"[A-Za-z0-9/+=]{40}")
+# the other stores' keys of a fixed form: R2's key ID (32 hex digits) and secret (64),
+# a GCS HMAC key's ID, an Azure account key (64 bytes of base64). MinIO's are the
+# user's own words, which no form tells apart from a name.
+_OTHER_KEYS = re.compile(r"[0-9a-f]{32}|[0-9a-f]{64}|GOOG[A-Z0-9]{20,}|[A-Za-z0-9/+]{86}==")
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,10 @@ class StoreOptions:
 
 
 def _looks_like_credential(value: str) -> bool:
-    """Whether ``value`` has the form of an AWS access key's ID or of a secret key."""
+    """Whether ``value`` has the form of an access key's ID or of a secret key (AWS's,
+    and R2's, GCS's and Azure's where their form is fixed)."""
     value = value.strip()
-    if _KEY_ID.fullmatch(value):
+    if _KEY_ID.fullmatch(value) or _OTHER_KEYS.fullmatch(value):
         return True
     if not _SECRET_KEY.fullmatch(value):
         return False
