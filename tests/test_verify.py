@@ -289,13 +289,14 @@ def test_a_run_that_beats_the_ceiling_has_it_measured_again_before_it_is_left_ou
     job = replace(JOB, ceilings={8: 300.0})
 
     def two(final: float) -> tuple[list[float], tuple[str, ...], list[int]]:
-        measurer = Bounded({0: [100, 101], 2: [330, 310]}, [290.0, 295.0, final])
+        measurer = Bounded({0: [100, 101], 2: [330, 310]}, [290.0, final, 295.0])
         verified = verify(job, configs, 2, measurer, objective="samples_per_s")
         (best,) = [c for c in verified.candidates if c.name == "two"]
         return [o.metrics.samples_per_s for o in best.ok], best.refused, measurer.windows  # type: ignore[union-attr]
 
-    # 330 beat 300 beyond noise: measured again at 340, both runs are its figures
-    assert two(340.0) == ([330, 310], (), [1, 1, 3])
+    # 330 beat 300 beyond noise in the first round: measured again at once, at 340,
+    # before the rounds judge; both runs are its figures
+    assert two(340.0) == ([330, 310], (), [1, 3, 1])
     kept, refused, _ = two(305.0)  # still beaten (330 against 305): left out, said why
     assert kept == [310] and len(refused) == 1 and "330" in refused[0]
     # nothing beaten: no more measurement than a ceiling in each round
@@ -307,8 +308,8 @@ def test_a_run_that_beats_the_ceiling_has_it_measured_again_before_it_is_left_ou
 def test_one_left_out_is_measured_again_when_the_best_falls_within_its_reach() -> None:
     """A baseline left out by its trial (3x below the best's) comes back when the best's
     verification runs fall within its reach, as on a machine loaded after the search: it
-    is measured in the rounds left, or once more where none is left, so it never wins on
-    its trial's run alone."""
+    is measured at once and in every round left, so its figures are never its trial's
+    run alone."""
     from raytune_loader.verdict.verify import searched_runs
 
     configs = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
@@ -330,11 +331,11 @@ def test_one_left_out_is_measured_again_when_the_best_falls_within_its_reach() -
                    for c in verified.candidates}  # fmt: skip
         return figures, measurer.calls, seen
 
-    # loaded from the first round (55 and 58 against its 20): back for the second
-    figures, calls, seen = runs({0: [21], 1: [50, 52], 2: [55, 58]})
-    assert figures == {"none": [20.0, 21], "one": [50, 52], "two": [55, 58]}
-    assert calls[:2] == [1, 2] and sorted(calls[2:]) == [0, 1, 2]
-    assert seen[-1] == (5, 5)  # the progress's total grew by its run
+    # loaded from the first round (55 and 58 against its 20): back at once, and after
+    figures, calls, seen = runs({0: [21, 23], 1: [50, 52], 2: [55, 58]})
+    assert figures == {"none": [20.0, 21, 23], "one": [50, 52], "two": [55, 58]}
+    assert calls[:3] == [1, 2, 0] and sorted(calls[3:]) == [0, 1, 2]
+    assert seen[-1] == (6, 6)  # the progress's total grew by its runs
     # loaded in the last round only (529, then 50): one run more after the rounds
     figures, calls, seen = runs({0: [22], 1: [201, 45], 2: [529, 50]})
     assert figures["none"] == [20.0, 22] and calls[-1] == 0 and seen[-1] == (5, 5)

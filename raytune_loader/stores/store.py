@@ -52,7 +52,7 @@ _SECRET_KEY = re.compile(r"[A-Za-z0-9/+=]{40}")
 # the other stores' keys of a fixed form: R2's key ID (32 hex digits) and secret (64),
 # a GCS HMAC key's ID, an Azure account key (64 bytes of base64). MinIO's are the
 # user's own words, which no form tells apart from a name.
-_OTHER_KEYS = re.compile(r"[0-9a-f]{32}|[0-9a-f]{64}|GOOG[A-Z0-9]{20,}|[A-Za-z0-9/+]{86}==")
+_OTHER_KEYS = re.compile(r"[0-9a-f]{32}|[0-9a-f]{64}|GOOG[A-Z0-9]{16,}|[A-Za-z0-9/+]{86}==")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@
 :func:`verify` re-measures them in rotated rounds, so drift hits all alike, beside the
 ceiling in every round (one window each), until every candidate is clearly apart from
 the best or within its noise. A ceiling is a best case, which anything running beside
-it only slows, so the final ceiling is the highest of all its measurements, and every
-run's efficiency is taken against it. :func:`with_input_rates` measures the winner's
+it only slows, so the final ceiling is the highest of all its measurements (measured
+once more, the best of its full windows, where a run beat it), and every run's
+efficiency is taken against it. :func:`with_input_rates` measures the winner's
 input pipeline alone, to say whether the input or the model is the limit.
 """
 
@@ -109,8 +110,9 @@ def verify(
     (:func:`raytune_loader.verdict.selection.out_of_reach`) is not measured again; one
     already out of reach by the search's own runs (``searched``: the trials that ran
     alone, :func:`searched_runs`) is not measured at all, its trial its one run. One left
-    out comes back when the best's later runs fall within its reach: measured in the
-    rounds left, or once more where none is left, before it may win on a stale run.
+    out comes back when the best's later runs fall within its reach: measured at once,
+    and in every round left. After each round, where a run beat the ceiling, the ceiling
+    is measured again before the runs are judged (:func:`_bound_again`).
     ``on_start`` hears the runs planned, ``on_measured`` each run as it ends."""
     order = list(configs) + ([CEILING] if job.ceilings else [])
     outcomes: dict[str, list[TrialOutcome]] = {name: [] for name in configs}
@@ -134,28 +136,31 @@ def verify(
         if on_measured is not None:
             on_measured(done, total, name, repeat + 1, outcome)
 
+    rechecked: set[int] = set()  # the batch sizes whose ceiling a beaten run measured again
+
+    def current() -> list[Candidate]:
+        _bound_again(job, measurer, outcomes, ceilings, rechecked)
+        return _candidates(configs, outcomes, ceilings)
+
     for repeat in range(repeats):
         for name in rotation(order, repeat):
             if name == CEILING:
                 _remeasure(job, measurer, ceilings)
             elif name not in left_out:
                 run(name, repeat)
-        candidates = _candidates(configs, outcomes, ceilings)
+        candidates = current()
         if not objective:
             continue
         # the best's later runs may fall back within reach of one left out: measured
-        # again before it may win on a run of an earlier, quieter moment
+        # again at once, and in every round left, so its figures are not its earlier run
         back = left_out - out_of_reach(candidates, objective)
         if back:
             log.info("measured again, back within reach of the best: %s", ", ".join(sorted(back)))
             left_out -= back
-            spent = repeat + 1 >= repeats
-            total += len(back) * (1 if spent else repeats - repeat - 1)
-            if spent:  # the rounds are over: one more run each
-                for name in sorted(back):
-                    run(name, repeat)
-                candidates = _candidates(configs, outcomes, ceilings)
-            continue
+            total += len(back) * (repeats - repeat)
+            for name in sorted(back):
+                run(name, repeat)
+            candidates = current()
         if repeat + 1 >= MIN_ROUNDS and decided(candidates, objective):
             if on_measured is not None and done < total:
                 log.info("verification decided after %d rounds", repeat + 1)
@@ -166,7 +171,6 @@ def verify(
                      OUT_OF_REACH, ", ".join(sorted(far)))  # fmt: skip
             left_out |= far
             total -= len(far) * (repeats - repeat - 1)
-    _bound_again(job, measurer, outcomes, ceilings)
     return Verified(_candidates(configs, outcomes, ceilings), ceilings, rounds=repeat + 1)
 
 
@@ -221,18 +225,20 @@ def _bound_again(
     measurer: Measurer,
     outcomes: Mapping[str, Sequence[TrialOutcome]],
     ceilings: dict[int, float],
+    rechecked: set[int],
 ) -> None:
     """The ceiling measured once more, the best of its full windows, at each batch size
-    where a run beat it beyond noise, before such a run is left out as a defect: a
-    ceiling measured while something ran beside it is low, and a model-bound loader
-    trains at the ceiling (1.02x of it, the tiny search of the tests beside two busy
-    processes on two cores), so a ceiling caught by load refuses the winner's good runs.
-    One that still beats it is left out."""
+    (not in ``rechecked``, to which it is added) where a run beat it beyond noise, before
+    the rounds judge without such a run: a ceiling measured while something ran beside it
+    is low, and a model-bound loader trains at the ceiling (1.02x of it, the tiny search
+    of the tests beside two busy processes on two cores), so a ceiling caught by load
+    refuses the good runs. One that still beats it is left out."""
     beaten = sorted({
         o.effective_batch_size for runs in outcomes.values() for o in runs
         if o.effective_batch_size in ceilings and _rebased(o, ceilings).beyond_bound
-    })  # fmt: skip
+    } - rechecked)  # fmt: skip
     if beaten:
+        rechecked.update(beaten)
         log.info("a run beat the ceiling at batch size %s: measured again",
                  ", ".join(map(str, beaten)))  # fmt: skip
         _remeasure(job, measurer, ceilings, beaten, windows=CEILING_WINDOWS)
