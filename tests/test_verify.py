@@ -195,11 +195,21 @@ def test_an_input_pipeline_measured_under_the_trained_rate_is_measured_again(
     assert {n: r.samples_per_s for n, r in found.input_rates.items()} == {"two": kept}
 
 
+THREE = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
+
+
+def trial(name: str, speed: float, start: float, status: str = "ok", **more: Any) -> Any:
+    """A steady search trial of ``THREE[name]`` that ran alone for 10 s from ``start``."""
+    return record(name, status, config=THREE[name], samples_per_s=speed, steady=True,
+                  effective_batch_size=8, cpus_reserved=1.0, finished_at=start + 10.0,
+                  time_total_s=10.0, **more)  # fmt: skip
+
+
 def test_a_configuration_out_of_reach_of_the_best_is_not_measured_again() -> None:
     """A slow baseline on a bucket (21 samples/s against 529) is measured once: its
     threefold gap no run could close. One 2.5x below is measured every round until the
     runs decide, as is any configuration when the best's windows were not steady."""
-    configs = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
+    configs = THREE
     speeds = {0: [21, 22, 21], 1: [200, 205, 202], 2: [529, 517, 542]}
     measurer = Scripted({k: list(v) for k, v in speeds.items()})
     verified = verify(JOB, configs, 3, measurer, objective="samples_per_s")
@@ -229,12 +239,7 @@ def test_a_configuration_the_search_already_measured_out_of_reach_is_not_measure
     not steady, or where it is within reach."""
     from raytune_loader.verdict.verify import searched_runs
 
-    configs = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
-
-    def trial(name: str, speed: float, start: float, status: str = "ok", **more: Any) -> Any:
-        return record(name, status, config=configs[name], samples_per_s=speed, steady=True,
-                      effective_batch_size=8, cpus_reserved=1.0, finished_at=start + 10.0,
-                      time_total_s=10.0, **more)  # fmt: skip
+    configs = THREE
 
     alone = [trial("none", 20.0, 0.0), trial("one", 200.0, 10.0), trial("two", 520.0, 20.0)]
     searched = searched_runs(alone, configs)
@@ -312,12 +317,7 @@ def test_one_left_out_is_measured_again_when_the_best_falls_within_its_reach() -
     run alone."""
     from raytune_loader.verdict.verify import searched_runs
 
-    configs = {"none": LoaderConfig(8), "one": LoaderConfig(8, 1, 2), "two": LoaderConfig(8, 2, 2)}
-
-    def trial(name: str, speed: float, start: float) -> Any:
-        return record(name, "ok", config=configs[name], samples_per_s=speed, steady=True,
-                      effective_batch_size=8, cpus_reserved=1.0, finished_at=start + 10.0,
-                      time_total_s=10.0)  # fmt: skip
+    configs = THREE
 
     searched = searched_runs([trial("none", 20.0, 0.0), trial("one", 200.0, 10.0),
                               trial("two", 520.0, 20.0)], configs)  # fmt: skip
