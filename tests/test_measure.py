@@ -584,12 +584,15 @@ def test_a_slow_step_on_fast_data_measures_the_step() -> None:
 
 
 def test_a_pipeline_whose_rate_changes_in_the_window_is_marked_not_steady() -> None:
-    """1 ms a sample, then from the middle of the window on 6 ms: the halves differ."""
+    """2 ms a sample, then from the middle of the window on 12 ms: the halves differ,
+    by more than the 1.2 that marks them, however late a loaded machine wakes the
+    sleeps (at 1 and 6 ms, the asked ratio of 2 failed at 4 ms late a sleep; 1.5 here
+    fails at 18)."""
     from datasets_for_tests import Paced, SlowFirstStep
 
     config = LoaderConfig(8)
     spec = SegmentSpec(warmup_steps=2, steps=16, report_every=16)
     middle = (1 + 8) * 8  # reads before the window's second half: the warm-up's batch, 8
-    dataset = Paced(256, delay_s=0.001, slow_after=middle, slow_delay_s=0.006)
+    dataset = Paced(256, delay_s=0.002, slow_after=middle, slow_delay_s=0.012)
     metrics = train_segment(dataset, Trainer(SlowFirstStep(0.0), torch.device("cpu")), config, spec)
-    assert metrics.steady is False and metrics.steady_ratio > 2
+    assert metrics.steady is False and metrics.steady_ratio > 1.5

@@ -221,14 +221,15 @@ def test_fetch_threads_put_a_batch_s_requests_in_flight_together(server: S3Serve
 
 def test_a_ray_data_actor_fetches_its_map_call_s_objects_together(server: S3Server) -> None:
     """What a Ray Data actor runs on a bucket's dataset by index: a map call's objects in
-    flight at once (one at a time, each of its rows waited 50 ms for its request), the
+    flight at once (one at a time, each of its rows waited for its own request), the
     same samples in the same order, every row stamped from the call's start; a local
-    dataset's rows are still made one at a time."""
+    dataset's rows are still made one at a time. 100 ms to a first byte: the 7 waits
+    saved stand above what the loaded fast tier adds to one call's rows (0.24 s once)."""
     import numpy as np
 
     from raytune_loader.raydata.actors import Indexed, make_samples
 
-    server.proxy.ttfb_s = 0.05
+    ttfb_s = server.proxy.ttfb_s = 0.1
     dataset = build_dataset(_spec(), "uint8", "tensor")
     indices = [5, 0, 17, 3, 40, 2, 9, 11]
     # an untimed call first: the fetch threads and their connections opened, which the
@@ -242,17 +243,17 @@ def test_a_ray_data_actor_fetches_its_map_call_s_objects_together(server: S3Serv
     # each row's time holds its share of the call's one wait (a batch's cost is its
     # rows' sum)
     times = made["_made"] - made["_started"]
-    assert times.min() >= 0.05 / len(indices) and times.sum() >= 0.05
+    assert times.min() >= ttfb_s / len(indices) and times.sum() >= ttfb_s
     server.proxy.peak_in_flight = 0
     one_by_one = make_samples({"index": np.array(indices)}, "uint8", "tensor", Indexed(dataset))
     assert server.proxy.peak_in_flight == 1
     assert one_by_one["label"].tolist() == made["label"].tolist()
     alone = one_by_one["_made"] - one_by_one["_started"]
-    assert alone.min() >= 0.05  # each row waited for its own request
+    assert alone.min() >= ttfb_s  # each row waited for its own request
     # together the call's rows hold the wait once, not once a row: 7 waits less than
     # one at a time, asked with a margin of half of that for the tier's load (an upper
     # bound on the call's own seconds failed under it: 0.301 s against 0.3)
-    assert alone.sum() - times.sum() >= 0.5 * (len(indices) - 1) * 0.05
+    assert alone.sum() - times.sum() >= 0.5 * (len(indices) - 1) * ttfb_s
 
 
 def test_a_ray_data_actor_says_what_its_map_calls_asked_of_the_store(
