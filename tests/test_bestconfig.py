@@ -221,6 +221,12 @@ def test_when_every_configuration_failed_the_first_reason_is_said_whole() -> Non
         f"every configuration failed on a {long}; remove or replace that "
         "file and run the search again (1 other reason in trials.partial.csv)"
     )
+    # one file, whatever wraps its error (a worker's, then Ray's), is one reason
+    ray_s = "raytune_loader.errors.CorruptSampleError"
+    wrapped = f"corrupt_sample: CorruptSampleError: {ray_s}: {long}"
+    with pytest.raises(DatasetError) as raised:
+        best_config(context, [], [*corrupt[:3], TrialRecord("4", "failed", wrapped)])
+    assert str(raised.value).endswith("run the search again")  # no other reason
     mixed = [TrialRecord("0", "failed", "data_loader: worker 1 died"), *corrupt[:1]]
     with pytest.raises(SearchFailedError, match=r"failed: data_loader: worker 1 died \(1 other"):
         best_config(context, [], mixed)

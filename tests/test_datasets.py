@@ -29,11 +29,19 @@ def test_unknown_dataset_lists_the_known_ones() -> None:
 
 
 def test_missing_and_empty_folders_explain_the_layout(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match="does not exist; expected the ImageFolder layout"):
+    """Each layout's own advice: imagenet reads --data-root/train/<class>/, imagefolder
+    the classes under --data-root itself (its images of any extension ImageFolder reads)."""
+    with pytest.raises(DatasetError, match="does not exist; expected the ImageFolder layout") as e:
         build_dataset(DatasetSpec("imagenet", str(tmp_path / "nowhere")))
+    assert str(e.value).endswith(
+        "train/<class>/<image>.JPEG (pass the folder that holds train/ with --data-root)"
+    )
     (tmp_path / "photo.jpg").write_bytes(b"not a folder")
-    with pytest.raises(DatasetError, match="photo.jpg is a file, not a folder; expected the"):
+    with pytest.raises(DatasetError, match="photo.jpg is a file, not a folder; expected the") as e:
         build_dataset(DatasetSpec("imagefolder", str(tmp_path / "photo.jpg")))
+    assert str(e.value).endswith(
+        "photo.jpg/<class>/<image> (pass the folder that holds the class folders with --data-root)"
+    )
     (tmp_path / "train").mkdir()
     with pytest.raises(DatasetError, match="no images under"):
         build_dataset(DatasetSpec("imagenet", str(tmp_path)))
@@ -97,3 +105,35 @@ def test_a_build_with_other_arguments_calls_the_factory_and_drops_the_unread_one
     assert _calls(tmp_path) == 2
     dataset_for_trial(spec)  # float32 again: the unread one went with the uint8 build
     assert _calls(tmp_path) == 3
+
+
+def test_a_corrupt_file_the_profile_reads_ends_the_search_before_any_trial(
+    tiny_imagenet: Path, tmp_path: Path
+) -> None:
+    """The model-guided search's profile reads the trials' subset first: a file there that
+    is no image would fail every trial in turn, so the search ends at the profile, in one
+    line naming the file and what to do with it, not with TPE after a warning."""
+    import shutil
+
+    from raytune_loader.errors import CORRUPT_FIX
+    from raytune_loader.measuring.job import SegmentSpec, TrialJob
+    from raytune_loader.measuring.measurer import LocalMeasurer
+    from raytune_loader.progress import LogProgress
+    from raytune_loader.tuning import setup
+    from raytune_loader.tuning.options import SearchOptions
+    from raytune_loader.tuning.space import SearchSpace
+
+    for folder in sorted((tiny_imagenet / "train").iterdir())[:2]:
+        shutil.copytree(folder, tmp_path / "photos" / folder.name)
+    bad = sorted((tmp_path / "photos").rglob("*.JPEG"))[-1]
+    bad.write_text("not a JPEG")
+    job = TrialJob(
+        dataset=DatasetSpec("imagefolder", str(tmp_path / "photos")), model="small-cnn",
+        segment=SegmentSpec(1, 4, 2), samples_per_trial=24, node_cpus=2, ceilings={8: 500.0},
+    )  # fmt: skip
+    space = SearchSpace(max_workers=1, batch_sizes=(8,), cuda=False, usable_cpus=2)
+    with pytest.raises(DatasetError) as raised:
+        setup.cost_model(SearchOptions(), job, space, LocalMeasurer(), 2, LogProgress())
+    said = str(raised.value)
+    assert said.startswith(f"the profile read a corrupt sample {bad}: ") and "\n" not in said
+    assert said.endswith(CORRUPT_FIX)

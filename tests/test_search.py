@@ -230,25 +230,28 @@ def test_ray_is_shut_down_and_nothing_left_behind(searched: Searched) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data", ["broken", "a corrupt file"])
+@pytest.mark.parametrize("data", ["broken", "a corrupt file", "a corrupt file, tpe"])
 def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(
     data: str, tmp_path: Path, tiny_imagenet: Path
 ) -> None:
     """A dataset that always raises ends the search with its reason in one line (exit 1,
     at the ceiling, the first to read a batch). An image folder (given relative to the
     command's folder, as the trials are not) whose last file is text named .JPEG: the
-    ceiling's batch reads, every trial fails on that file, and the search ends with exit
-    2 naming it and what to do; nothing is left to resume, the partial trials are kept."""
+    ceiling's batch reads; the model-guided search's profile reads the file and ends the
+    search there, before any trial, with exit 2 naming it and what to do; a search
+    without a profile (tpe) has every trial fail on that file and ends the same way
+    after them, nothing left to resume, the partial trials kept."""
     import shutil
 
     before = ray_processes()
     dataset = ["--dataset", "datasets_for_tests:broken"]
-    if data == "a corrupt file":
+    if data.startswith("a corrupt file"):
         for folder in sorted((tiny_imagenet / "train").iterdir())[:2]:
             shutil.copytree(folder, tmp_path / "photos" / folder.name)
         bad = sorted((tmp_path / "photos").rglob("*.JPEG"))[-1]
         bad.write_text("not a JPEG")
         dataset = ["--dataset", "imagefolder", "--data-root", "photos"]
+        dataset += ["--search", "tpe"] if data.endswith("tpe") else []
     out = tmp_path / "results"
     result = run_cli(
         *dataset, "--num-samples", "2", "--batch-size", "8",
@@ -260,12 +263,18 @@ def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(
     if data == "broken":
         assert result.returncode == 1
         assert "ValueError: sample" in last and "is broken" in last
-    else:
+    elif data.endswith("tpe"):
         assert result.returncode == 2, result.stderr
         assert f"every configuration failed on a corrupt sample {bad}: " in last
         assert "remove or replace that file and run the search again" in last
         assert not list(out.rglob("last_search.json")) and list(out.rglob("trials.partial.csv"))
         assert "rounds: every run failed" in result.stdout + result.stderr
+    else:
+        assert result.returncode == 2, result.stderr
+        assert last.startswith(f"error: the profile read a corrupt sample {bad}: "), last
+        assert last.endswith("remove or replace that file and run the search again")
+        assert not list(out.rglob("trials*.csv")), "no trial ran"
+        assert "Searching" not in result.stdout
     assert ray_processes() <= before
 
 

@@ -198,7 +198,11 @@ def _all_failed(records: Sequence[TrialRecord]) -> RaytuneLoaderError:
     ``trials.partial.csv`` (kept) holds. Where every one was a corrupt sample, the data
     is at fault: a DatasetError naming the file (the checks before the trials read only
     some)."""
-    reasons = list(dict.fromkeys(r.reason for r in records if r.reason))
+    first: dict[str, str] = {}  # one corrupt file, however a worker or Ray wrapped it, once
+    for record in records:
+        if record.reason:
+            first.setdefault(corrupt_said(record.reason) or record.reason, record.reason)
+    reasons = list(first.values())
     if not reasons:
         return SearchFailedError("every configuration failed: no trial finished")
     others = len(reasons) - 1

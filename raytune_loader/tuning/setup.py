@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raytune_loader.candidates.config import LoaderConfig
-from raytune_loader.errors import RaytuneLoaderError, last_line
+from raytune_loader.errors import (
+    CORRUPT_FIX,
+    DatasetError,
+    RaytuneLoaderError,
+    corrupt_said,
+    last_line,
+)
 from raytune_loader.files import ensure_writable, write_json
 from raytune_loader.machine import hardware
 from raytune_loader.measuring.job import TrialJob
@@ -200,7 +206,9 @@ def cost_model(
 ) -> CostModel | None:
     """The profile phase, for the model-guided search: each structure's stages, measured
     once in one process; None for the other methods, or when it fails (the search then
-    proposes with TPE alone and says so)."""
+    proposes with TPE alone and says so). A corrupt sample file it read ends the search
+    there, a DatasetError naming it: every trial reads the same subset, and would fail
+    on it one after another before saying so."""
     if opts.search != "model":
         return None
     structures = profiled(space)
@@ -210,6 +218,9 @@ def cost_model(
     # the data's, torch's, or a module a structure needs that is missing (its tasks say
     # that as a RaytuneLoaderError; a measurer in this process would raise ImportError)
     except (RaytuneLoaderError, OSError, RuntimeError, ImportError) as exc:
+        said = corrupt_said(last_line(exc))
+        if said:  # however a task or a worker wrapped it
+            raise DatasetError(f"the profile read a {said}; {CORRUPT_FIX}") from None
         progress.warn(f"the profile failed ({last_line(exc)}); searching with TPE alone")
         return None
     log.info("profile: %s", found)
