@@ -187,6 +187,19 @@ def _write_figures(path: Path, measured: dict[str, Any]) -> None:
         ) from None
 
 
+class _Said(LogProgress):
+    """The data's preparation as the bench's lines (its stages: the subset pre-warmed)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+
+    def stage(self, text: str) -> None:
+        self.say(f"    {text}")
+
+    def warn(self, text: str) -> None:
+        self.say(f"warning: {text}")
+
+
 def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Candidate]:
     """The whole bench; ``say`` shows a line of progress."""
     best = load_best_config(args.config)
@@ -196,8 +209,8 @@ def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Cand
     job = plan.job
     configs = {TUNED: plan.configs[TUNED]} if args.tuned_only else plan.configs
     batch_sizes = sorted({config.batch_size for config in configs.values()})
-    say(f"==> Preparing {job.dataset.name} ({job.samples_per_trial} samples, pre-warmed)")
-    job = prepare_data(job, max(batch_sizes))
+    say(f"==> Preparing {job.dataset.name}")
+    job = prepare_data(job, max(batch_sizes), _Said(say))  # what it reads, and its files
     say(f"==> Ceiling: {job.model} on a resident batch, {job.device}")
     measurer = LocalMeasurer()
     ceilings = measure_ceilings(job, batch_sizes, measurer, LogProgress(), required=False)

@@ -112,12 +112,14 @@ class ImageFolders(Source):
                 ) from None
             return RemoteImageFolder(found_remote, options, transfer, decode)
         folder = self.folder(spec)
-        layout = f"{folder}/<class>/<image>.JPEG"
+        layout = f"{folder}/<class>/<image>" + (".JPEG" if self.subfolder else "")
         if not folder.is_dir():
             what = "is a file, not a folder" if folder.exists() else "does not exist"
+            held = f"{self.subfolder}/" if self.subfolder else "the class folders"
+            holder = f"the folder that holds {held}"
             raise DatasetError(
                 f"{spec.name}: folder {folder} {what}; expected the ImageFolder "
-                f"layout {layout} (pass the parent folder with --data-root)"
+                f"layout {layout} (pass {holder} with --data-root)"
             )
         try:
             transform = imagenet_train_transform(transfer, decode)
