@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raytune_loader.errors import DatasetError, SearchFailedError, SearchInterruptedError
+from raytune_loader.files import remove_if_empty
 from raytune_loader.machine import hardware
 from raytune_loader.measuring import records
 from raytune_loader.measuring.measure import search_cache
@@ -55,12 +56,21 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         (the finished trials kept for ``--resume``), a ``SearchFailedError`` when every
         configuration failed.
     """
-    # Ray is imported only once the input is known good
-    from raytune_loader.tuning import searcher, tuner
-
     progress = progress or LogProgress()
     started = time.time()
     search = setup.checked(opts, progress)
+    try:
+        return _searched(search, progress, started)
+    except BaseException:  # bad data found before a trial, say: no empty folder left
+        remove_if_empty(search.made)
+        raise
+
+
+def _searched(search: setup.Checked, progress: Progress, started: float) -> SearchResult:
+    """:func:`run_search` once its options are checked and its folder is writable."""
+    # Ray is imported only once the input is known good
+    from raytune_loader.tuning import searcher, tuner
+
     opts, out_dir = search.opts, search.out_dir
     job = prepare_data(search.job, max(opts.batch_sizes or (1,)), progress)
     cluster = tuner.start_ray(

@@ -51,8 +51,11 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def ensure_writable(folder: Path) -> None:
-    """Fail before the search, not after it, when results cannot be written."""
+def ensure_writable(folder: Path) -> tuple[Path, ...]:
+    """Fail before the search, not after it, when results cannot be written; the
+    folders it made, outermost first (:func:`remove_if_empty` takes them away again
+    where the search ends before it wrote anything)."""
+    made = tuple(reversed([p for p in (folder, *folder.parents) if not p.exists()]))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
@@ -61,6 +64,15 @@ def ensure_writable(folder: Path) -> None:
         raise OutputError(
             f"cannot write results to {folder} ({exc.strerror or exc}); choose another --out"
         ) from None
+    return made
+
+
+def remove_if_empty(folders: tuple[Path, ...]) -> None:
+    """Take ``folders`` (outermost first, as :func:`ensure_writable` made them) away
+    again, innermost first, each only where it is empty."""
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):  # not empty (or gone): it stays
+            folder.rmdir()
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -83,6 +83,8 @@ def test_bad_input_is_one_line_and_exit_2(
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and message in err
     assert ray_processes() <= before  # rejected before Ray starts
+    # nothing left behind: not the results folder the search would have written in
+    assert "--out" in argv or not (tmp_path / "o").exists()
 
 
 # The real search end to end, once per session (conftest.searched), read by one test per

@@ -67,6 +67,7 @@ class Checked:
     job: TrialJob
     gpus_per_trial: float
     out_dir: Path
+    made: tuple[Path, ...] = ()  # the folders of out_dir made by the check, outermost first
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def checked(opts: SearchOptions, progress: Progress) -> Checked:
         gpu_memory_share=min(1.0, gpus_per_trial / opts.ranks_per_node) if gpus_per_trial else 1.0,
     )
     out_dir = Path(opts.out) / job.dataset.slug
-    ensure_writable(out_dir)
+    made = ensure_writable(out_dir)
     half = job.precision if job.precision in hardware.HALF_PRECISION_FLAGS else None
     # this machine's flags; on a cluster (--address) the trials run on other nodes' CPUs
     local = not opts.address
@@ -125,7 +126,7 @@ def checked(opts: SearchOptions, progress: Progress) -> Checked:
             f"so every trial's step runs several times slower than in fp32; leave --precision "
             f"out for fp32 unless you train in {half} here"
         )
-    return Checked(opts, job, gpus_per_trial, out_dir)
+    return Checked(opts, job, gpus_per_trial, out_dir, made)
 
 
 def plan(search: Checked, cluster: RayCluster, progress: Progress) -> Plan:
