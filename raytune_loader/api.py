@@ -61,6 +61,10 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     search = setup.checked(opts, progress)
     try:
         return _searched(search, progress, started)
+    except (SearchFailedError, DatasetError):  # the data, or every configuration, failed:
+        (search.out_dir / setup.RESUME_POINTER).unlink(missing_ok=True)  # nothing to resume
+        remove_if_empty(search.made)
+        raise
     except BaseException:  # bad data found before a trial, say: no empty folder left
         remove_if_empty(search.made)
         raise
@@ -102,10 +106,6 @@ def _searched(search: setup.Checked, progress: Progress, started: float) -> Sear
         scheduler=tuner.scheduler_description(plan.job), search=run.search, model=plan.model,
     )  # fmt: skip
     by_class = records.by_hardware_class(run.records)
-    try:
-        best, trials = write_results(out_dir, context, by_class, verified, progress)
-    except (SearchFailedError, DatasetError):  # every configuration failed: no result
-        (out_dir / setup.RESUME_POINTER).unlink(missing_ok=True)  # to resume either
-        raise
+    best, trials = write_results(out_dir, context, by_class, verified, progress)
     (out_dir / setup.RESUME_POINTER).unlink(missing_ok=True)  # nothing left to resume
     return SearchResult(out_dir, best, trials, cluster.dashboard_url)

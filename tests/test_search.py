@@ -276,6 +276,7 @@ def test_a_dataset_that_always_fails_ends_with_its_reason_in_one_line(
         assert last.startswith(f"error: the profile read a corrupt sample {bad}: "), last
         assert last.endswith("remove or replace that file and run the search again")
         assert not list(out.rglob("trials*.csv")), "no trial ran"
+        assert not list(out.rglob("last_search.json")), "nothing to resume"
         assert "Searching" not in result.stdout
     assert ray_processes() <= before
 
