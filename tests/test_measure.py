@@ -586,8 +586,8 @@ def test_a_slow_step_on_fast_data_measures_the_step() -> None:
 def test_a_pipeline_whose_rate_changes_in_the_window_is_marked_not_steady() -> None:
     """2 ms a sample, then from the middle of the window on 12 ms: the halves differ,
     by more than the 1.2 that marks them, however late a loaded machine wakes the
-    sleeps (at 1 and 6 ms, the asked ratio of 2 failed at 4 ms late a sleep; 1.5 here
-    fails at 18)."""
+    sleeps (at 1 and 6 ms, the ratio of 2 then asked would fail with sleeps 4 ms late;
+    the 1.5 asked here, with sleeps 18 ms late)."""
     from datasets_for_tests import Paced, SlowFirstStep
 
     config = LoaderConfig(8)

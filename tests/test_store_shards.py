@@ -659,9 +659,9 @@ def test_the_latency_probe_reads_a_large_object_s_first_bytes_and_tells_its_whol
     """Each probe GET asks for the object's first bytes alone (a 5 MB shard read whole
     held the probe 0.43 s a GET): its first byte is the whole object's, and its body
     gives the bandwidth, at which a whole GET's seconds are told. A quarter of each
-    object is read: the rest is told from it, so a late wake-up of the loaded fast tier
-    in reading it counts three times more (at an eighth, seven: 8 ms late a GET crossed
-    the 25% asked)."""
+    object is read and the rest told from it, so a late wake-up of the loaded fast tier
+    while reading it counts three times over (at an eighth it counted seven times, and
+    8 ms late a GET would have crossed the 25% then asked)."""
     from raytune_loader.stores import store as stores
     from raytune_loader.stores.url import parse
 
