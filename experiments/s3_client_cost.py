@@ -57,9 +57,10 @@ def main() -> None:
             "shards": _costs(server, proxy, "shards/", per_shard, *ROUNDS["shards"]),
             "objects": _costs(server, proxy, "imagenet/", 1.0, *ROUNDS["objects"]),
         }
-    searched = json.loads((RESULTS / "s3_search.json").read_text())["searches"]["30ms-shards"]
-    cores_bound = searched["limit_samples_per_s"]["cores"]
-    sample_cpu_s = 2 / cores_bound  # the bound's CPU-seconds a sample, on its two cores
+    search = json.loads((RESULTS / "s3_search.json").read_text())
+    cores_bound = search["searches"]["30ms-shards"]["limit_samples_per_s"]["cores"]
+    # the bound's CPU-seconds a sample, on the cores that run measured
+    sample_cpu_s = search["machine"]["usable_cpus"] / cores_bound
     client = found["shards"]["client_cpu_s_per_sample"]
     save("s3_client_cost", {
         "images": args.images, "shards": args.shards, "ttfb_s": TTFBS[0],
