@@ -152,7 +152,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         "machine, side by side.",
     )
     p.add_argument("--config", required=True, help="a best_config.json written by the search")
-    p.add_argument("--repeats", type=_positive, default=3, help="runs of each configuration (3)")
+    p.add_argument("--repeats", type=_positive, default=3, help="runs of each configuration")
     p.add_argument("--steps", type=_positive, help="measured steps per run (the search's)")
     p.add_argument("--data-root", help="where the data is on this machine (the search's)")
     p.add_argument("--json", type=Path, help="also write the figures to this JSON file")

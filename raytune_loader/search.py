@@ -13,7 +13,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from raytune_loader import __version__, sources
 from raytune_loader.api import run_search
@@ -41,8 +41,25 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help already names one or
+    there is none to name (no value, a switch that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unnamed = action.default in (None, False, argparse.SUPPRESS)
+        if unnamed or not action.option_strings or "default" in text:
+            return text
+        return f"{text} (default %(default)s)"
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, but a bad option is one line on stderr and exit status 2 (all our CLIs)."""
+    """argparse, but a bad option is one line on stderr and exit status 2, and ``--help``
+    names every default (all our CLIs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """A bad flag: one line naming it, exit status 2."""
@@ -113,12 +130,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="a stream's shuffle buffer in samples, as your training uses it (default 1000, "
         "webdataset's and Hugging Face's usual; 0: no shuffling); never shrunk to win speed",
     )
-    p.add_argument(
-        "--image-column", default="image", help="hf: the column holding the image (image)"
-    )
-    p.add_argument(
-        "--label-column", default="label", help="hf: the column holding the class (label)"
-    )
+    p.add_argument("--image-column", default="image", help="hf: the column holding the image")
+    p.add_argument("--label-column", default="label", help="hf: the column holding the class")
     p.add_argument(
         "--model",
         help="torchvision model name, small-cnn or package.module:function "

@@ -84,6 +84,21 @@ def test_every_flag_is_documented_with_its_default(
             assert _shows(cell, action.default), f"{flags[0]}: default {action.default!r}"
 
 
+@pytest.mark.parametrize(
+    "parser", [search.get_args_parser(), bench.get_args_parser()], ids=["search", "bench"]
+)
+def test_help_names_every_default(parser: argparse.ArgumentParser) -> None:
+    """``--help`` gives each option's default (as its help words it, or appended), and
+    names none where there is none (a switch that is off, a value worked out later)."""
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        text = formatter._expand_help(action) if action.help else ""
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            assert _shows(text, action.default), f"{action.dest}: {text!r}"
+        else:
+            assert "(default None)" not in text and "(default False)" not in text
+
+
 def test_the_trials_csv_columns_are_documented_in_the_order_they_are_written(
     tmp_path: Path,
 ) -> None:

@@ -146,6 +146,16 @@ def test_failed_trials_are_left_out_of_the_plots(results: Path, status: str) -> 
     }  # fmt: skip
 
 
+def test_the_worker_axis_says_what_num_workers_counted(results: Path) -> None:
+    """Processes, threads, or either: the x label follows the plotted trials' kinds."""
+    points = plots.plot_points(report.load_trials(results / "trials.csv"))
+    assert plots.workers_word(points) == "loader processes"  # no column: before threads
+    points["workers"] = "thread"
+    assert plots.workers_word(points) == "loader threads"
+    points.loc[points.index[0], "workers"] = "process"
+    assert plots.workers_word(points) == "loader processes or threads"
+
+
 def test_trials_follow_completion_order_and_hide_a_single_host(results: Path) -> None:
     trials = report.load_trials(results / "trials.csv")
     text = report.write_report(results).read_text()
@@ -184,6 +194,25 @@ def test_main_exit_status(results: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert "run the search first" in capsys.readouterr().err
     assert report.main([str(results)]) == 0
     assert capsys.readouterr().out.strip() == str(results / "report.md")
+
+
+def test_the_results_root_is_told_apart_and_its_dataset_folders_named(
+    results: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``report results/`` (the --out root): one line naming the dataset folders under it,
+    each of which the report then takes."""
+    import shutil
+
+    root = tmp_path / "out"
+    for name in ("cifar10", "imagefolder"):
+        shutil.copytree(results, root / name)
+    (root / "half-run").mkdir()  # a search that ended before it wrote anything
+
+    assert report.main([str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {root} holds the results of each dataset; pass one of those "
+                   f"folders: {root / 'cifar10'}, {root / 'imagefolder'}\n")  # fmt: skip
+    assert report.main([str(root / "cifar10")]) == 0
 
 
 def test_a_folder_this_tool_did_not_write_is_one_line_and_exit_2(

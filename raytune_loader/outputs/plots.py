@@ -140,9 +140,20 @@ def _plot_by_workers(points: pd.DataFrame, ys: list[str], title: str, path: Path
         ax.text(0.01, 1.01, "ceiling (a perfect loader)", transform=ax.get_yaxis_transform())
         ax.set_ylim(0, max([1.1, *(points["efficiency"].dropna() + 0.05)]))
     axes[-1].set_xticks(sorted(points["num_workers"].unique()))
-    axes[-1].set_xlabel("num_workers (loader processes)")
+    axes[-1].set_xlabel(f"num_workers ({workers_word(points)})")
     style.legend(fig, "prefetch {}")
     _save_png(fig, path)
+
+
+WORKER_WORDS = {"process": "processes", "thread": "threads"}
+
+
+def workers_word(points: pd.DataFrame) -> str:
+    """What ``num_workers`` counts among ``points``: loader processes, threads, or either
+    (a trials.csv without the ``workers`` column predates thread workers)."""
+    kinds = set(points["workers"].dropna()) if "workers" in points else set()
+    words = [WORKER_WORDS[k] for k in sorted(kinds) if k in WORKER_WORDS] or ["processes"]
+    return f"loader {' or '.join(words)}"
 
 
 def _plot_prefetch(points: pd.DataFrame, path: Path) -> None:

@@ -489,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
               f"({args.results.parent})", file=sys.stderr)  # fmt: skip
         return 2
     missing = [n for n in ("best_config.json", "trials.csv") if not (args.results / n).exists()]
+    searched = sorted(str(f.parent) for f in args.results.glob("*/best_config.json"))
+    if missing and searched:  # the --out root, which holds a folder per dataset
+        print(f"error: {args.results} holds the results of each dataset; pass one of "
+              f"those folders: {', '.join(searched)}", file=sys.stderr)  # fmt: skip
+        return 2
     if missing:
         print(
             f"error: {args.results} has no {', '.join(missing)}; run the search first",
