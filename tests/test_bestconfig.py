@@ -121,6 +121,34 @@ def test_a_loop_that_waits_for_data_is_not_model_bound_however_fast_its_input_al
     assert _limit(waiting(0.53), InputRate(260.0, 78.0))["limit"]["bound"] == "input"
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_training_well_below_both_the_model_alone_and_the_input_alone_is_contended(
+    device: str,
+) -> None:
+    """The default search's figures: 758 samples/s trained without waiting, the model
+    alone 1127, the input alone 1252. Neither is the limit, so not model-bound; the same
+    run at 1000 of the 1127 is."""
+    config = LoaderConfig(batch_size=32, num_workers=2)
+
+    def trained(*speeds: float) -> Candidate:
+        return Candidate("tuned", config, tuple(_run(config, s, 1127.0) for s in speeds))
+
+    limit = _limit(trained(733, 758, 782), InputRate(1252.0, 700.0), device)["limit"]
+    assert limit["bound"] == "contended"
+    assert limit["ceiling_share"] == pytest.approx(758 / 1127)
+    line = limit_line(limit)
+    assert line.startswith(
+        "contended: training took 758 samples/s without waiting for data, 67% of the "
+        "model's 1127 on a resident batch, where the input pipeline alone delivers 1252"
+    )
+    assert ("share its cores" in line) == (device == "cpu"), line
+    assert _limit(trained(990, 1000), InputRate(1252.0, 700.0), device)["limit"]["bound"] == (
+        "model"
+    )
+    unknown = Candidate("tuned", config, (_run(config, 758),))  # no ceiling: as before
+    assert _limit(unknown, InputRate(1252.0, 700.0), device)["limit"]["bound"] == "model"
+
+
 def _raydata_candidates() -> list[Candidate]:
     """A tuned DataLoader, Ray's documented pipeline and a tuned Ray Data pipeline,
     verified: the tuned Ray Data one the fastest, or the DataLoader."""
@@ -197,6 +225,16 @@ def test_what_if_estimates_are_calibrated_as_the_trials_of_their_part_were() -> 
     for before, after in zip(raw, found, strict=True):
         factor = calibrated.get(before["bound"], 1.0)
         assert after["samples_per_s"] == pytest.approx(before["samples_per_s"] * factor, abs=0.1)
+    assert all("measured_samples_per_s" not in node for node in found)  # none was given
+    found = _what_if(ctx, config, measured=491.0)["what_if"]["nodes"]
+    measured = [
+        (n["cores"], n["measured_samples_per_s"]) for n in found if "measured_samples_per_s" in n
+    ]
+    assert measured == [(2, 491.0)]  # this node, the winner's 2 workers: what was measured
+    other = LoaderConfig.from_dict({"num_workers": 1}, batch_size=32)  # 2 on its own node
+    assert all(
+        "measured_samples_per_s" not in n for n in _what_if(ctx, other, 491.0)["what_if"]["nodes"]
+    )
 
 
 def test_when_every_configuration_failed_the_first_reason_is_said_whole() -> None:

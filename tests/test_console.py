@@ -131,6 +131,23 @@ def test_terminal_redraws_counters_in_place() -> None:
     _assert_shows(rendered(text), EXPECTED)  # only the finished counter stays on screen
 
 
+def test_a_trial_above_the_first_ceiling_is_explained_once() -> None:
+    """On a CPU util is the rate over the ceiling measured before the search: a trial
+    above it gets one line saying why, the next one none; NVML's util never does."""
+    stream = FakeStream(tty=False)
+    progress = TerminalProgress(4, "util", stream)
+    cpu = {"util_source": "step-timing", "ceiling_samples_per_s": 440.0}
+    gpu = {**cpu, "util_source": "nvml-process"}
+    for trial_id, util, source in [("t1", 0.9, cpu), ("t2", 1.08, cpu), ("t3", 1.15, cpu),
+                                   ("t4", 1.2, gpu)]:  # fmt: skip
+        metrics = _final(440 * util, util, 0.0, **source)
+        progress.trial(TrialEvent("complete", trial_id, TWO_WORKERS, metrics))
+    lines = stream.getvalue().splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("    (util above 1")]
+    assert said == [2] and lines[1].startswith("[2/4] done:") and len(lines) == 5
+    assert "the ceiling measured before the search, 440 samples/s" in lines[2]
+
+
 def test_an_unfinished_counter_is_overwritten_by_the_next_line() -> None:
     stream = FakeStream(tty=True)
     progress = TerminalProgress(1, "util", stream)

@@ -156,6 +156,29 @@ def test_the_worker_axis_says_what_num_workers_counted(results: Path) -> None:
     assert plots.workers_word(points) == "loader processes or threads"
 
 
+def test_what_if_says_which_ceiling_its_estimates_start_from_and_what_was_measured(
+    tmp_path: Path,
+) -> None:
+    """The estimates use the ceiling measured before the search; where verification
+    measured it higher, both are said, and this node's row gives the measured rate."""
+    best = _best()
+    best["search"] = {**best["search"], "method": "model", "model": {"profile": {}}}
+    best["what_if"] = {"note": "estimates", "ceiling_samples_per_s": 360.0, "nodes": [
+        {"cores": 8, "workers_per_rank": 4, "samples_per_s": 270.0, "bound": "cores",
+         "measured_samples_per_s": 300.0},
+        {"cores": 16, "workers_per_rank": 16, "samples_per_s": 350.0,
+         "bound": "step"}]}  # fmt: skip
+    text = report.write_report(_write(tmp_path / "r", best, TRIALS)).read_text()
+    assert (
+        "they start from the ceiling measured before the search, 360 samples/s; "
+        "verification measured it at 400, the ceiling of every figure above"
+    ) in text
+    assert "| 8 | 4 | 270 (measured 300) | cores |" in text and "| 16 | 16 | 350 | step |" in text
+    best["what_if"]["ceiling_samples_per_s"] = 400.0
+    text = report.write_report(_write(tmp_path / "s", best, TRIALS)).read_text()
+    assert "search, 400 samples/s):" in text and "verification measured it" not in text
+
+
 def test_trials_follow_completion_order_and_hide_a_single_host(results: Path) -> None:
     trials = report.load_trials(results / "trials.csv")
     text = report.write_report(results).read_text()

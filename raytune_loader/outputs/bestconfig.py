@@ -136,11 +136,15 @@ INPUT_BOUND_MARGIN = 0.15  # the input alone within 15% of training: the input i
 # they share its cores: shards from a bucket trained at 249 samples/s waiting 53% of
 # the time, where the input alone gave 776)
 WAITING_SHARE = 0.25
+# training within 15% of the ceiling: the model is the limit. Further below it, neither
+# alone is: the default search trained 758 samples/s without waiting, where the model
+# alone did 1127 and the input alone 1252 (on a CPU the step and the workers share cores)
+MODEL_MARGIN = 0.15
 
 
-def _limit(winner: Candidate, rate: InputRate | None) -> dict[str, Any]:
-    """Where the limit is: the input pipeline alone against the trained rate, and what the
-    training loop waited."""
+def _limit(winner: Candidate, rate: InputRate | None, device: str = "cpu") -> dict[str, Any]:
+    """Where the limit is: the input pipeline alone and the model alone (the ceiling)
+    against the trained rate, and what the training loop waited."""
     trained = winner.stats("samples_per_s")
     if rate is None or trained is None or not trained.median:
         return {}
@@ -150,10 +154,16 @@ def _limit(winner: Candidate, rate: InputRate | None) -> dict[str, Any]:
     )
     waited = winner.stats("data_wait_frac")
     waiting = waited.median if waited is not None else None
+    ceiling = next((o.ceiling_samples_per_s for o in winner.ok if o.ceiling_samples_per_s), None)
+    share = trained.median / ceiling if ceiling else None
     if headroom < INPUT_BOUND_MARGIN:
         bound = "input"
+    elif waiting is not None and waiting >= WAITING_SHARE:
+        bound = "shared"
+    elif share is not None and share < 1 - MODEL_MARGIN:
+        bound = "contended"
     else:
-        bound = "shared" if waiting is not None and waiting >= WAITING_SHARE else "model"
+        bound = "model"
     return {
         "limit": {
             "bound": "defect" if defect else bound,
@@ -161,14 +171,24 @@ def _limit(winner: Candidate, rate: InputRate | None) -> dict[str, Any]:
             "input_samples_per_s": rate.samples_per_s,
             "trained_samples_per_s": trained.median,
             "headroom": headroom,
+            "ceiling_samples_per_s": ceiling,
+            "ceiling_share": share,
+            "device": device,
             "data_wait_frac": waiting,
             "per_core_samples_per_s": rate.per_core,
             "rule": f"input-bound when the input pipeline alone (no model) is within "
             f"{INPUT_BOUND_MARGIN:.0%} of the trained rate; shared when it is further above "
             f"but training waited for data {WAITING_SHARE:.0%} of the time or more; "
-            "model-bound otherwise",
+            f"model-bound when training is within {MODEL_MARGIN:.0%} of the ceiling (the "
+            "model alone, on a resident batch) or the ceiling is unknown; contended "
+            "otherwise (each alone is faster than the two together)",
         }
     }
+
+
+def _median(candidate: Candidate, metric: str) -> float | None:
+    stats = candidate.stats(metric)
+    return stats.median if stats else None
 
 
 def _speedup(winner: Candidate, baseline: Candidate | None) -> float | None:
@@ -243,7 +263,7 @@ def best_config(
         "loader": fitting(loader).kwargs(),
         "worker_init": loader.config.worker_init(),  # what .dataloader()'s workers set
         "metrics": metrics_of(winner),
-        **_limit(winner, (input_rates or {}).get(winner.name)),
+        **_limit(winner, (input_rates or {}).get(winner.name), ctx.job.device),
         "findings": [
             f.as_dict() for f in findings.findings(winner, probes, records, rules, ctx.model)
         ],
@@ -283,7 +303,7 @@ def best_config(
         "source": source_section(
             ctx.job, fitting(winner), winner, ctx.model.profile if ctx.model else None
         ),
-        **_what_if(ctx, fitting(winner)),
+        **_what_if(ctx, fitting(winner), _median(winner, "samples_per_s")),
         "trainers": trainers.section(),
         **(
             {"trainer": trainers.hf_section(fitting(loader), ctx.space, ctx.model)}
@@ -380,9 +400,12 @@ def _search_method(ctx: SearchContext) -> dict[str, Any]:
     return out
 
 
-def _what_if(ctx: SearchContext, config: LoaderConfig) -> dict[str, Any]:
+def _what_if(
+    ctx: SearchContext, config: LoaderConfig, measured: float | None = None
+) -> dict[str, Any]:
     """Estimates, from the measured per-core costs, of the winner's structure on bigger
-    nodes: where CPUs, not settings, are the limit."""
+    nodes: where CPUs, not settings, are the limit. The row of this node and the winner's
+    own worker count also gives ``measured``, the winner's verified rate."""
     if ctx.model is None:
         return {}
     cores = int(ctx.model.profile.cores)
@@ -396,6 +419,10 @@ def _what_if(ctx: SearchContext, config: LoaderConfig) -> dict[str, Any]:
             factor = factors.get(winner.key(str(node["bound"])))
             if factor is not None:
                 node["samples_per_s"] = round(float(node["samples_per_s"]) * factor, 1)  # type: ignore[arg-type]
+    for node in nodes:
+        own = (node.get("cores"), node.get("workers_per_rank")) == (cores, config.num_workers)
+        if own and measured:
+            node["measured_samples_per_s"] = round(measured, 1)
     return {"what_if": {
         "note": "estimates from the profile's per-core costs, not measurements; each "
                 "calibrated as the search's trials bound by the same part measured, where "

@@ -95,6 +95,19 @@ def limit_line(limit: dict[str, Any] | None) -> str | None:
             f"alone delivers {alone:.0f}: beside the step its workers do less (on a CPU "
             f"they share its cores; {core})"
         )
+    if limit["bound"] == "contended":
+        where = (
+            "on a CPU they share its cores: more cores would pay (What if, in report.md)"
+            if limit.get("device", "cpu") == "cpu"
+            else "the training process's own work beside the step (collation, transfers) "
+            "or the host's cores slow it"
+        )
+        return (
+            f"contended: training took {trained:.0f} samples/s without waiting for data, "
+            f"{limit['ceiling_share']:.0%} of the model's {limit['ceiling_samples_per_s']:.0f} "
+            f"on a resident batch, where the input pipeline alone delivers {alone:.0f}: each "
+            f"alone is faster than the two together ({where}; {core})"
+        )
     return (
         f"model-bound: the loader has {limit['headroom']:.0%} headroom (the input pipeline "
         f"alone delivers {alone:.0f} samples/s, training took {trained:.0f}; {core})"
@@ -159,6 +172,7 @@ class TerminalProgress(Progress):
         self.running: set[str] = set()
         self.best: tuple[float, str] | None = None
         self._last_count: tuple[str, int] | None = None
+        self._beat_ceiling = False  # said once: a trial beat the ceiling measured first
 
     def _line(self, text: str) -> None:
         self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
@@ -196,6 +210,14 @@ class TerminalProgress(Progress):
         if status == "ok" and value is not None and (self.best is None or value > self.best[0]):
             self.best = (float(value), label)
         self._line(self._trial_line(word, label, metrics))
+        if _above_first_ceiling(metrics) and not self._beat_ceiling:
+            self._beat_ceiling = True
+            self._line(
+                f"    (util above 1: this trial trained faster than the ceiling measured "
+                f"before the search, {metrics['ceiling_samples_per_s']:.0f} samples/s, which "
+                "was measured in a slower moment of this machine; verification measures it "
+                "again, and the results give every figure against the highest)"
+            )
 
     def _trial_line(self, status: str, label: str, metrics: dict[str, Any]) -> str:
         n = len(self.done)
@@ -215,6 +237,13 @@ class TerminalProgress(Progress):
             f"stopped early {counts['stopped early']}, failed {failed} | "
             f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left"
         )
+
+
+def _above_first_ceiling(metrics: dict[str, Any]) -> bool:
+    """A CPU trial's util is its rate over the ceiling measured before the search: above 1
+    where that ceiling came out low (this machine's speed varies by ~10% over seconds)."""
+    util, ceiling = metrics.get("util"), metrics.get("ceiling_samples_per_s")
+    return bool(ceiling) and metrics.get("util_source") == "step-timing" and (util or 0) > 1
 
 
 def _label(config: dict[str, Any]) -> str:

@@ -321,14 +321,32 @@ def _how_proposed(best: dict[str, Any]) -> list[str]:
     if what_if and what_if.get("nodes"):
         pools = "actors" in what_if["nodes"][0]  # a Ray Data winner: bigger pools of actors
         keys = ("actors", "remote_cpus") if pools else ("cores", "workers_per_rank")
-        rows = [[_cell(n[keys[0]]), _cell(n[keys[1]]), _cell(n["samples_per_s"]), n["bound"]]
+        rows = [[_cell(n[keys[0]]), _cell(n[keys[1]]), _estimate(n), n["bound"]]
                 for n in what_if["nodes"]]  # fmt: skip
         bigger = "the pool of actors were bigger" if pools else "the node were bigger"
-        lines += ["", f"What if {bigger} ({what_if['note']}; the ceiling is "
-                  f"{_cell(what_if.get('ceiling_samples_per_s'))} samples/s):", ""]  # fmt: skip
+        lines += ["", f"What if {bigger} ({what_if['note']}; "
+                  f"{_estimates_ceiling(what_if, best)}):", ""]  # fmt: skip
         head = ["actors", "remote CPUs"] if pools else ["usable CPUs", "workers per rank"]
         lines += _table([*head, "samples/s (estimate)", "what sets the pace"], rows)
     return lines
+
+
+def _estimate(node: dict[str, Any]) -> str:
+    """An estimate's cell; beside it the measured rate, on the row of what was measured."""
+    measured = node.get("measured_samples_per_s")
+    shown = _cell(node["samples_per_s"])
+    return f"{shown} (measured {_cell(measured)})" if measured else shown
+
+
+def _estimates_ceiling(what_if: dict[str, Any], best: dict[str, Any]) -> str:
+    """The ceiling the estimates start from (the one measured before the search), and the
+    search's final one where verification measured it higher."""
+    first = what_if.get("ceiling_samples_per_s")
+    final = (best.get("metrics") or {}).get("ceiling_samples_per_s")
+    said = f"they start from the ceiling measured before the search, {_cell(first)} samples/s"
+    if first and final and final > first * 1.01:
+        said += f"; verification measured it at {_cell(final)}, the ceiling of every figure above"
+    return said
 
 
 def _trainer(best: dict[str, Any]) -> list[str]:
