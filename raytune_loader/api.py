@@ -60,7 +60,7 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
     started = time.time()
     search = setup.checked(opts, progress)
     try:
-        return _searched(search, progress, started)
+        return _searched(search, progress, started, hardware.cpu_time_stolen())
     except (SearchFailedError, DatasetError):  # the data, or every configuration, failed:
         (search.out_dir / setup.RESUME_POINTER).unlink(missing_ok=True)  # nothing to resume
         remove_if_empty(search.made)
@@ -70,8 +70,11 @@ def run_search(opts: SearchOptions, progress: Progress | None = None) -> SearchR
         raise
 
 
-def _searched(search: setup.Checked, progress: Progress, started: float) -> SearchResult:
-    """:func:`run_search` once its options are checked and its folder is writable."""
+def _searched(
+    search: setup.Checked, progress: Progress, started: float, stolen: tuple[float, float]
+) -> SearchResult:
+    """:func:`run_search` once its options are checked and its folder is writable;
+    ``stolen``, the CPU time stolen from this machine when it started."""
     # Ray is imported only once the input is known good
     from raytune_loader.tuning import searcher, tuner
 
@@ -104,6 +107,8 @@ def _searched(search: setup.Checked, progress: Progress, started: float) -> Sear
         plan.opts, plan.space, plan.job, started, search.gpus_per_trial, plan.max_concurrent,
         cluster.joined, sampler=searcher.describe(opts.seed, opts.search),
         scheduler=tuner.scheduler_description(plan.job), search=run.search, model=plan.model,
+        cpu_steal_frac=None if cluster.joined
+        else hardware.stolen_share(stolen, hardware.cpu_time_stolen()),
     )  # fmt: skip
     by_class = records.by_hardware_class(run.records)
     best, trials = write_results(out_dir, context, by_class, verified, progress)

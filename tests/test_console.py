@@ -303,3 +303,16 @@ def test_unsteady_trials_and_figures_beyond_a_bound_are_said() -> None:
     lines = steady_lines(best)
     assert lines[0].startswith("not steady:") and "left out of tuned's figures" in lines[1]
     assert steady_lines({"metrics": {"steady": True}}) == []
+
+
+@pytest.mark.parametrize(("steal", "said"), [(0.18, True), (0.05, True), (0.049, False),
+                                             (None, False)])  # fmt: skip
+def test_a_machine_whose_hypervisor_took_its_cpus_is_said_to_be_noisy(
+    steal: float | None, said: bool
+) -> None:
+    from raytune_loader.outputs.console import steady_lines
+
+    lines = steady_lines({"metrics": {"steady": True}, "hardware": {"cpu_steal_frac": steal}})
+    assert bool(lines) == said
+    if said:
+        assert lines[0].startswith(f"noisy machine: its hypervisor gave {steal:.0%} of ")

@@ -5,7 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from raytune_loader.machine.hardware import cgroup_cpu_limit, hardware_info, usable_cpus
+from raytune_loader.machine.hardware import (
+    cgroup_cpu_limit,
+    cpu_time_stolen,
+    hardware_info,
+    stolen_share,
+    usable_cpus,
+)
 from raytune_loader.tuning.bounds import search_space
 from raytune_loader.tuning.options import SearchOptions
 
@@ -102,3 +108,18 @@ def test_a_half_precision_search_on_a_cpu_without_it_is_warned_before_ray_starts
     if warned:
         assert said[0].startswith(f"--precision {precision} on a CPU without {precision}")
         assert job.precision == precision  # warned, not overridden: the user's choice
+
+
+def test_the_stolen_share_is_of_every_cpu_s_time_in_seconds() -> None:
+    """Two real readings a second apart: the CPU time between them is the wall time on
+    every logical CPU (/proc/stat counts all, in seconds); the stolen share a fraction."""
+    import time
+
+    before, start = cpu_time_stolen(), time.monotonic()
+    time.sleep(1.0)
+    after, wall = cpu_time_stolen(), time.monotonic() - start
+    assert after[1] - before[1] == pytest.approx(wall * os.cpu_count(), rel=0.25)
+    share = stolen_share(before, after)
+    assert share is not None and 0.0 <= share <= 1.0
+    assert stolen_share((3.0, 100.0), (5.0, 120.0)) == pytest.approx(0.1)
+    assert stolen_share(before, before) is None

@@ -146,6 +146,18 @@ def test_failed_trials_are_left_out_of_the_plots(results: Path, status: str) -> 
     }  # fmt: skip
 
 
+def test_the_report_says_when_the_machine_s_hypervisor_took_its_cpus(tmp_path: Path) -> None:
+    best = _best()
+    best["metrics"]["steady_rule"] = "halves within 20%"
+    best["hardware"]["cpu_steal_frac"] = 0.18
+    text = report.write_report(_write(tmp_path / "r", best, TRIALS)).read_text()
+    measured = text.split("## How it was measured")[1].split("\n## ")[0]
+    assert "- Noisy machine: its hypervisor gave 18% of this machine's CPU time" in measured
+    best["hardware"]["cpu_steal_frac"] = 0.01
+    text = report.write_report(_write(tmp_path / "q", best, TRIALS)).read_text()
+    assert "Noisy machine" not in text
+
+
 def test_the_worker_axis_says_what_num_workers_counted(results: Path) -> None:
     """Processes, threads, or either: the x label follows the plotted trials' kinds."""
     points = plots.plot_points(report.load_trials(results / "trials.csv"))

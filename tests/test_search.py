@@ -123,6 +123,7 @@ def test_best_config_json_has_the_contract_s_keys_at_schema_version_1(
         assert key in best
     assert best["schema_version"] == 1 and best["model"] == "small-cnn"
     assert best["hardware"]["usable_cpus"] >= 1 and best["search"]["trials"] == 4
+    assert 0.0 <= best["hardware"]["cpu_steal_frac"] <= 1.0  # this machine's, while it ran
 
 
 def test_best_config_json_records_the_job_its_pipeline_and_the_trainers(

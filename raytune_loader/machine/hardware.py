@@ -134,6 +134,25 @@ def hardware_info() -> dict[str, Any]:
     return info
 
 
+_CPU_TIMES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_time_stolen() -> tuple[float, float]:
+    """(seconds the hypervisor ran other guests on this machine's CPUs, seconds of CPU
+    time in all) since boot, summed over its CPUs: Linux's ``steal``, 0 elsewhere. A
+    cloud VM whose neighbours are busy loses that share of every measurement's time."""
+    times = psutil.cpu_times()
+    total = sum(getattr(times, name, 0.0) for name in _CPU_TIMES)  # guest is within user
+    return getattr(times, "steal", 0.0), total
+
+
+def stolen_share(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The share of the CPU time between two :func:`cpu_time_stolen` readings that the
+    hypervisor gave to other guests (None: no time passed)."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else None
+
+
 def cpu_and_gpu_summary() -> dict[str, Any]:
     """The facts that decide whether a tuned config still applies on this machine."""
     info = gpu_info()

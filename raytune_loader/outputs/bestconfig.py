@@ -66,6 +66,9 @@ class SearchContext:
     scheduler: str  # as the tuner describes ASHA
     search: dict[str, Any] = field(default_factory=dict)  # how the searcher proposed
     model: CostModel | None = None  # the cost model of a model-guided search
+    # the share of this machine's CPU time its hypervisor gave to other guests while
+    # the search ran (a local search; None on a cluster, whose trials ran elsewhere)
+    cpu_steal_frac: float | None = None
 
 
 def _versions() -> dict[str, str]:
@@ -203,7 +206,9 @@ def _speedup(winner: Candidate, baseline: Candidate | None) -> float | None:
 def _hardware(ctx: SearchContext, records: list[TrialRecord]) -> dict[str, Any]:
     """This machine's facts; on a cluster, those of the class the trials ran on."""
     if not ctx.joined:
-        return hardware.hardware_info()
+        steal = ctx.cpu_steal_frac
+        return {**hardware.hardware_info(),
+                "cpu_steal_frac": None if steal is None else round(steal, 4)}  # fmt: skip
     node = next((r.node for r in records if r.node.hardware_class), None)
     facts = asdict(node) if node else {}
     return {key: facts.get(key) for key in CLASS_FACTS} | {
