@@ -181,7 +181,8 @@ class _Inputs(Scripted):
         ([600.0], 600.0, 1),  # above the winner's 505 samples/s: measured once
         ([530.0], 530.0, 1),  # within 5% of it: noise, not a defect
         ([480.0, 560.0], 560.0, 2),  # under it beyond 5%: measured again, the better kept
-        ([440.0, 430.0], 440.0, 2),  # under it again: the defect the limit then names
+        ([440.0, 470.0, 520.0], 520.0, 3),  # twice under it (a noisy VM): a third time
+        ([440.0, 430.0, 450.0], 450.0, 3),  # under it every time: the defect the limit names
     ],
 )
 def test_an_input_pipeline_measured_under_the_trained_rate_is_measured_again(

@@ -288,16 +288,21 @@ def with_input_rates(
     return replace(verified, input_rates=rates)
 
 
+INPUT_TRIES = 3  # the input pipeline alone, measured at most this often (see below)
+
+
 def _input_rate(candidate: Candidate, job: TrialJob, measurer: Measurer) -> InputRate:
-    """The candidate's input pipeline alone, measured again where its trained rate beats
-    it beyond :data:`~raytune_loader.measuring.steady.BOUND_TOLERANCE`, the better kept:
-    a bound measured while something else took the cores comes out low (a search beside
-    other work: more than 5% under the winner's rate), and a real defect beats it again."""
+    """The candidate's input pipeline alone, measured again while its trained rate beats
+    it beyond :data:`~raytune_loader.measuring.steady.BOUND_TOLERANCE`, up to
+    :data:`INPUT_TRIES` times, the best kept: a bound measured while something else took
+    the cores comes out low (a search beside other work: more than 5% under the winner's
+    rate; on a noisy VM twice running), and a real defect beats every measurement."""
     config = fitting(candidate)
-    rate = measurer.input_rate(job, config)
     trained = candidate.stats("samples_per_s")
-    if trained is None or not steady.above_bound(trained.median, rate.samples_per_s, ""):
-        return rate
-    log.info("%s trained above its input pipeline alone: measuring that again", candidate.name)
-    again = measurer.input_rate(job, config)
-    return max(rate, again, key=lambda found: found.samples_per_s)
+    best = measurer.input_rate(job, config)
+    for _ in range(INPUT_TRIES - 1):
+        if trained is None or not steady.above_bound(trained.median, best.samples_per_s, ""):
+            break
+        log.info("%s trained above its input pipeline alone: measuring it again", candidate.name)
+        best = max(best, measurer.input_rate(job, config), key=lambda found: found.samples_per_s)
+    return best
