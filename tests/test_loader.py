@@ -41,6 +41,24 @@ def test_thread_workers_give_every_sample_once_an_epoch_like_a_dataloader(in_ord
     assert [batch.tolist() for _, batch in ordered][0] == list(range(8))
 
 
+def test_thread_workers_have_every_public_attribute_of_a_dataloader() -> None:
+    """Code that reads a loader's settings (a trainer, a logger) finds them all, with the
+    values of the loader built: the batch size, workers and queue a DataLoader of the
+    same arguments would give."""
+    from torch.utils.data import DataLoader
+
+    dataset = TensorDataset(torch.randn(64, 3), torch.arange(64))
+    threads = build_dataloader(dataset, THREADS, seed=0)
+    processes = DataLoader(dataset, batch_size=THREADS.batch_size, num_workers=2)
+    # its settings (a property for the start method); check_worker_number_rationality,
+    # DataLoader's own warning about processes, is the one public method left out
+    public = {k for k in vars(processes) if not k.startswith("_")} | {"multiprocessing_context"}
+    assert [k for k in sorted(public) if not hasattr(threads, k)] == []
+    for key in ("batch_size", "num_workers", "prefetch_factor", "timeout"):
+        assert getattr(threads, key) == getattr(processes, key), key
+    assert threads.persistent_workers is False and threads.worker_init_fn is None
+
+
 def test_an_abandoned_epoch_stops_its_threads_at_once() -> None:
     before = threading.active_count()
     loader = build_dataloader(TensorDataset(torch.randn(64, 3), torch.arange(64)), THREADS)

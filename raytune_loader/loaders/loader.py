@@ -247,6 +247,14 @@ class ThreadLoader:
         self.prefetch_factor = prefetch_factor
         self.in_order = in_order
         self.pin_memory = pin_memory
+        # what a DataLoader also has, as threads have them: started anew each epoch, no
+        # process, no seed or start method of their own, no timeout
+        self.persistent_workers = False
+        self.timeout = 0.0
+        self.worker_init_fn = None
+        self.generator = None
+        self.multiprocessing_context = None
+        self.pin_memory_device = ""
         node: Any = tn.ParallelMapper(
             tn.SamplerWrapper(_Numbered(self._batches)),  # type: ignore[arg-type]
             map_fn=batch,
