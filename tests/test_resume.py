@@ -169,6 +169,10 @@ def test_ctrl_c_in_every_phase_stops_within_10_s_and_says_how_to_resume(
     assert stop.seconds < 10, f"Ctrl-C took {stop.seconds:.1f}s"
     assert "--resume" in stop.stderr.strip().splitlines()[-1]
     assert "Traceback" not in stop.stderr
+    # Tune's notice and its analysis's warning over lines: said in the command's words
+    assert "Stop signal received" not in stop.stderr and "Failed to fetch" not in stop.stderr
+    if phase == "the last trial":  # Tune's loop took the Ctrl-C
+        assert "Ctrl-C: ending the search" in stop.stderr, stop.stderr[-2000:]
     assert not stop.best_config_written
     assert not stop.ray_left  # no Ray daemon left behind
 

@@ -236,38 +236,51 @@ def test_a_second_ctrl_c_interrupts_at_once(fake_tune: FakeTune, tmp_path: Path)
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_tune_s_hint_to_resume_with_its_own_api_is_left_out_and_its_other_lines_kept(
-    fake_tune: FakeTune, tmp_path: Path
+def test_on_ctrl_c_tune_s_own_lines_give_way_to_one_of_the_command_s(
+    fake_tune: FakeTune, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """On Ctrl-C Tune's run loop logs how to resume with ``Tuner.restore``; the command's
-    user resumes with --resume, which its last line says. Tune's warning that it is
-    stopping still shows; after the run its logger passes everything again."""
+    """On Ctrl-C Tune's run loop logs a timestamped notice that it is stopping and how
+    to resume with ``Tuner.restore``, and the analysis warns over several lines that
+    the trial cut short has no metrics. The command says the first in a line of its
+    own, resumes with --resume (its last line says so) and lists the trial in
+    trials.csv; any other line passes, and after the run the loggers pass everything."""
     import inspect
     import logging
 
     from ray.tune import tune as tune_loop
+    from ray.tune.analysis import experiment_analysis as analysis
 
-    assert tune_loop.logger.name == ray_logs.TUNE_RUN_LOGGER  # the logger that says it
-    said = inspect.getsource(tune_loop)  # and how it says it
+    assert tune_loop.logger.name == ray_logs.TUNE_RUN_LOGGER  # the loggers that say them
+    assert analysis.logger.name == ray_logs.ANALYSIS_LOGGER
+    said = inspect.getsource(tune_loop)  # and how they say them
     assert 'Tuner.restore(path="{path}"' in said and "with: {restore_entrypoint}" in said
+    assert ray_logs.STOP_NOTICE in said
+    assert ray_logs.NO_METRICS in inspect.getsource(analysis)
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
-    tune_loop.logger.addHandler(handler)
     restore = 'Experiment has been interrupted...\nResume experiment with: Tuner.restore(path="x")'
+    no_metrics = "Failed to fetch metrics for 1 trial(s):\n- trial_fn_1: FileNotFoundError()"
 
     def interrupted() -> None:
         tune_loop.logger.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending")
+        tune_loop.logger.warning("another line of the run loop")
         tune_loop.logger.warning(restore)
+        analysis.logger.warning(no_metrics)
 
     fake_tune.during_fit = interrupted
+    for logger in (tune_loop.logger, analysis.logger):
+        logger.addHandler(handler)
     try:
         tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore)
-        assert seen == ["Stop signal received (e.g. via SIGINT/Ctrl+C), ending"]
+        assert seen == ["another line of the run loop"]
+        assert capsys.readouterr().err == ray_logs.STOP_SAID + "\n"
         tune_loop.logger.warning(restore)  # outside the run: not ours to leave out
-        assert seen[-1] == restore
+        analysis.logger.warning(no_metrics)
+        assert seen[-2:] == [restore, no_metrics]
     finally:
-        tune_loop.logger.removeHandler(handler)
+        for logger in (tune_loop.logger, analysis.logger):
+            logger.removeHandler(handler)
 
 
 @pytest.mark.parametrize(

@@ -41,9 +41,13 @@ from raytune_loader.measuring.records import TrialRecord, record_from_report
 from raytune_loader.raydata.reservation import is_remote, remote_cpus
 from raytune_loader.tuning.costmodel import CostModel
 from raytune_loader.tuning.ray_logs import (
+    ANALYSIS_LOGGER,
     AUTH_ON_WARNING,
     AUTH_SETUP_LOGGER,
+    NO_METRICS,
     RESTORE_HINT,
+    STOP_NOTICE,
+    STOP_SAID,
     TUNE_RUN_LOGGER,
     filtered,
 )
@@ -444,7 +448,11 @@ def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
         and not ray.util.client.ray.is_connected()
     )
     try:
-        with filtered(TUNE_RUN_LOGGER, RESTORE_HINT):
+        with (
+            filtered(TUNE_RUN_LOGGER, RESTORE_HINT),
+            filtered(TUNE_RUN_LOGGER, STOP_NOTICE, instead=STOP_SAID),
+            filtered(ANALYSIS_LOGGER, NO_METRICS),
+        ):
             grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
     finally:
