@@ -97,16 +97,16 @@ def limit_line(limit: dict[str, Any] | None) -> str | None:
         )
     if limit["bound"] == "contended":
         where = (
-            "on a CPU they share its cores: more cores would pay (What if, in report.md)"
+            "on a CPU they share its cores, so more cores would pay (What if, in report.md"
             if limit.get("device", "cpu") == "cpu"
-            else "the training process's own work beside the step (collation, transfers) "
-            "or the host's cores slow it"
+            else "the training process's own work beside the step or the host's cores slow "
+            "it (collation, transfers"
         )
         return (
             f"contended: training took {trained:.0f} samples/s without waiting for data, "
             f"{limit['ceiling_share']:.0%} of the model's {limit['ceiling_samples_per_s']:.0f} "
             f"on a resident batch, where the input pipeline alone delivers {alone:.0f}: each "
-            f"alone is faster than the two together ({where}; {core})"
+            f"alone is faster than the two together; {where}; {core})"
         )
     return (
         f"model-bound: the loader has {limit['headroom']:.0%} headroom (the input pipeline "
