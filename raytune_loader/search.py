@@ -47,7 +47,8 @@ class DefaultsShown(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        unnamed = action.default in (None, False, argparse.SUPPRESS)
+        default = action.default  # by identity: a default of 0 is named, False is not
+        unnamed = default is None or default is False or default is argparse.SUPPRESS
         if unnamed or not action.option_strings or "default" in text:
             return text
         return f"{text} (default %(default)s)"

@@ -145,7 +145,7 @@ def test_the_limit_compares_the_input_pipeline_alone_with_training(searched: Sea
     assert (limit["bound"] == "contended") == (
         limit["headroom"] >= 0.15
         and limit["data_wait_frac"] < 0.25
-        and limit["ceiling_share"] < 0.85
+        and limit["ceiling_share"] < 0.8
     )
     assert (limit["bound"] == "shared") == (
         limit["headroom"] >= 0.15 and limit["data_wait_frac"] >= 0.25

@@ -237,13 +237,14 @@ def test_a_second_ctrl_c_interrupts_at_once(fake_tune: FakeTune, tmp_path: Path)
 
 
 def test_on_ctrl_c_tune_s_own_lines_give_way_to_one_of_the_command_s(
-    fake_tune: FakeTune, tmp_path: Path, capsys: pytest.CaptureFixture
+    fake_tune: FakeTune, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
     """On Ctrl-C Tune's run loop logs a timestamped notice that it is stopping and how
     to resume with ``Tuner.restore``, and the analysis warns over several lines that
     the trial cut short has no metrics. The command says the first in a line of its
     own, resumes with --resume (its last line says so) and lists the trial in
-    trials.csv; any other line passes, and after the run the loggers pass everything."""
+    trials.csv; any other line passes, the analysis's warning too on a run that was not
+    stopped, and after the run the loggers pass everything."""
     import inspect
     import logging
 
@@ -268,13 +269,17 @@ def test_on_ctrl_c_tune_s_own_lines_give_way_to_one_of_the_command_s(
         tune_loop.logger.warning(restore)
         analysis.logger.warning(no_metrics)
 
-    fake_tune.during_fit = interrupted
     for logger in (tune_loop.logger, analysis.logger):
         logger.addHandler(handler)
     try:
+        fake_tune.during_fit = lambda: analysis.logger.warning(no_metrics)  # not stopped
         tuner.run_tune(JOB, SPACE, _settings(tmp_path), _cluster(), _ignore)
+        assert seen == [no_metrics] and capfd.readouterr().err == ""
+        seen.clear()
+        fake_tune.during_fit = interrupted
+        tuner.run_tune(JOB, SPACE, _settings(tmp_path / "2"), _cluster(), _ignore)
         assert seen == ["another line of the run loop"]
-        assert capsys.readouterr().err == ray_logs.STOP_SAID + "\n"
+        assert capfd.readouterr().err == ray_logs.STOP_SAID + "\n"
         tune_loop.logger.warning(restore)  # outside the run: not ours to leave out
         analysis.logger.warning(no_metrics)
         assert seen[-2:] == [restore, no_metrics]

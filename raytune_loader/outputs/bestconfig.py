@@ -139,10 +139,12 @@ INPUT_BOUND_MARGIN = 0.15  # the input alone within 15% of training: the input i
 # they share its cores: shards from a bucket trained at 249 samples/s waiting 53% of
 # the time, where the input alone gave 776)
 WAITING_SHARE = 0.25
-# training within 15% of the ceiling: the model is the limit. Further below it, neither
+# training within 20% of the ceiling: the model is the limit. Further below it, neither
 # alone is: the default search trained 758 samples/s without waiting, where the model
-# alone did 1127 and the input alone 1252 (on a CPU the step and the workers share cores)
-MODEL_MARGIN = 0.15
+# alone did 1127 and the input alone 1252 (on a CPU the step and the workers share cores).
+# 20%, not 15%: the ceiling kept is the highest of several, and on a shared VM one
+# process's ceiling spread 1.226x (results/benchmarks/ceiling_noise.json)
+MODEL_MARGIN = 0.2
 
 
 def _limit(winner: Candidate, rate: InputRate | None, device: str = "cpu") -> dict[str, Any]:

@@ -450,8 +450,8 @@ def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
     try:
         with (
             filtered(TUNE_RUN_LOGGER, RESTORE_HINT),
-            filtered(TUNE_RUN_LOGGER, STOP_NOTICE, instead=STOP_SAID),
-            filtered(ANALYSIS_LOGGER, NO_METRICS),
+            filtered(TUNE_RUN_LOGGER, STOP_NOTICE, instead=STOP_SAID) as stopped,
+            filtered(ANALYSIS_LOGGER, NO_METRICS, after=stopped),
         ):
             grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
