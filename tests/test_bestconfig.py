@@ -42,7 +42,7 @@ def test_a_heuristic_clipped_by_max_workers_says_so_in_the_json() -> None:
     space = SearchSpace(max_workers=3, batch_sizes=(32,), cuda=False, usable_cpus=12)
     assert space.baselines()[HEURISTIC].num_workers == 3
     by_name = {name: Candidate(name, config, ()) for name, config in space.baselines().items()}
-    out = _baselines(by_name, space.heuristic_note)
+    out = _baselines(by_name, space.heuristic_note, space.pipeline)
     assert out[HEURISTIC]["note"] == (
         "num_workers is --max-workers 3, below the rule of thumb min(usable CPUs, 8) = 8"
     )
@@ -188,6 +188,28 @@ def test_a_ray_data_winner_is_the_engine_and_loader_stays_the_best_dataloader() 
     runner = next(r for r in best["selection"]["runners_up"] if r["name"] == RAY_DOCS)
     assert runner["engine"] == "raydata" and "loader" not in runner
     assert best["search"]["space"]["raydata_cpus"] == 4.0
+
+
+def test_the_baselines_rows_read_the_data_as_their_runs_did() -> None:
+    """On a stream every candidate, the baselines too, reads the stream: the summary's
+    and the report's rows say so (they said ``map`` when the file kept only the
+    baselines' DataLoader arguments)."""
+    from raytune_loader.outputs.console import summary_rows
+
+    def stream(workers: int, prefetch: int | None) -> LoaderConfig:
+        return LoaderConfig.from_dict({"num_workers": workers, "prefetch_factor": prefetch,
+                                       "access": "stream"}, batch_size=16)  # fmt: skip
+
+    configs = {PYTORCH_DEFAULT: stream(0, None), HEURISTIC: stream(2, 2), "top-1": stream(1, 4)}
+    candidates = [
+        Candidate(name, config, (_run(config, speed),) * 2)
+        for (name, config), speed in zip(configs.items(), (100, 200, 300), strict=True)
+    ]
+    best = best_config(_context(SearchSpace(2, (16,), False, 2, pipeline=True)), candidates, [])
+    rows = {row["config"]: row for row in summary_rows(best)}
+    assert {name: row["access"] for name, row in rows.items()} == dict.fromkeys(
+        ("tuned", PYTORCH_DEFAULT, HEURISTIC), "stream"
+    )
 
 
 def test_a_dataloader_winner_keeps_ray_data_as_the_runner_up() -> None:

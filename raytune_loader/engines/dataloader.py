@@ -125,8 +125,9 @@ class DataLoaderEngine(Engine):
     @classmethod
     def from_settings(cls, section: Mapping[str, Any]) -> LoaderConfig | None:
         """A ``loader`` section with its ``pipeline`` and ``worker_init`` (baselines have
-        neither of the last two: the default pipeline, and workers with the libraries'
-        own thread pools; older files lack ``worker_init`` too)."""
+        no ``worker_init``: workers with the libraries' own thread pools; a ``pipeline``
+        only where the winner's is written, and not in older files: the default one;
+        older files lack ``worker_init`` too)."""
         loader = section.get("loader")
         if loader is None:
             return None

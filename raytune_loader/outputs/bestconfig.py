@@ -288,7 +288,7 @@ def best_config(
                 if c is not winner
             ],
         },
-        "baselines": _baselines(by_name, ctx.space.heuristic_note),
+        "baselines": _baselines(by_name, ctx.space.heuristic_note, ctx.space.pipeline),
         "speedup": {
             "vs_pytorch_default": _speedup(winner, by_name.get(PYTORCH_DEFAULT)),
             "vs_heuristic": _speedup(winner, by_name.get(HEURISTIC)),
@@ -497,9 +497,17 @@ def job_section(job: TrialJob, space: SearchSpace, chosen_batch_size: int) -> di
     return out
 
 
-def _baselines(by_name: dict[str, Candidate], heuristic_note: str | None) -> dict[str, Any]:
+def _baselines(
+    by_name: dict[str, Candidate], heuristic_note: str | None, pipeline: bool
+) -> dict[str, Any]:
+    """The baselines' settings and figures; their ``pipeline`` where the winner's is
+    written (``pipeline``): on a stream a baseline reads the stream, as the winner does."""
     out: dict[str, Any] = {
-        name: {"loader": by_name[name].config.kwargs(), "metrics": metrics_of(by_name[name])}
+        name: {
+            "loader": by_name[name].config.kwargs(),
+            **({"pipeline": by_name[name].config.pipeline()} if pipeline else {}),
+            "metrics": metrics_of(by_name[name]),
+        }
         for name in (PYTORCH_DEFAULT, HEURISTIC, RANK_SHARE)
         if name in by_name
     }
