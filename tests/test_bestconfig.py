@@ -142,6 +142,10 @@ def test_training_well_below_both_the_model_alone_and_the_input_alone_is_contend
         "the model's 1127 on a resident batch, where the input pipeline alone delivers 1252"
     )
     assert ("share its cores" in line) == (device == "cpu"), line
+    assert "What if" not in line  # a resumed search has no estimates to point at
+    assert ("What if estimates bigger nodes" in limit_line(limit, what_if=True)) == (
+        device == "cpu"
+    )
     for speeds, bound in [((990, 1000), "model"), ((900, 910), "model"), ((880, 890), "contended")]:
         assert _limit(trained(*speeds), InputRate(1252.0, 700.0), device)["limit"]["bound"] == bound
     unknown = Candidate("tuned", config, (_run(config, 758),))  # no ceiling: as before

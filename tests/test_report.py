@@ -109,11 +109,14 @@ def test_rebuild_is_byte_identical_with_valid_pngs(results: Path) -> None:
 
 
 def test_summary_rows_compare_tuned_with_both_baselines() -> None:
-    rows = console.summary_rows(_best())
+    best = _best()
+    best["metrics"]["samples_per_s"]["values"] = [270.0, 300.0, 330.0]  # three runs
+    rows = console.summary_rows(best)
 
     assert [r["config"] for r in rows] == ["tuned", "pytorch-default", "heuristic"]
     assert [r["tuned_speedup"] for r in rows] == pytest.approx([1.0, 1.5, 1.25])
     assert rows[1]["prefetch_factor"] is None and rows[0]["samples_per_s_range"] == "270-330"
+    assert rows[1]["samples_per_s_range"] == "1 run"  # one value: no range to give
 
 
 def test_report_shows_speedups_selection_and_efficiency(results: Path) -> None:

@@ -280,6 +280,10 @@ def test_on_ctrl_c_tune_s_own_lines_give_way_to_one_of_the_command_s(
         tuner.run_tune(JOB, SPACE, _settings(tmp_path / "2"), _cluster(), _ignore)
         assert seen == ["another line of the run loop"]
         assert capfd.readouterr().err == ray_logs.STOP_SAID + "\n"
+        seen.clear()  # resumed: the trial the stop cut short has no results either
+        fake_tune.during_fit = lambda: analysis.logger.warning(no_metrics)
+        tuner.run_tune(JOB, SPACE, _settings(tmp_path / "2", resume=True), _cluster(), _ignore)
+        assert seen == [] and capfd.readouterr().err == ""
         tune_loop.logger.warning(restore)  # outside the run: not ours to leave out
         analysis.logger.warning(no_metrics)
         assert seen[-2:] == [restore, no_metrics]

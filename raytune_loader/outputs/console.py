@@ -66,14 +66,19 @@ def median_of(metrics: dict[str, Any], key: str) -> float | None:
 
 
 def _range(metrics: dict[str, Any], key: str) -> str:
+    """The runs' lowest and highest; ``1 run`` where there was one (a configuration
+    verification measured only in its first round, or not at all past its trial)."""
     value = metrics.get(key)
     if not isinstance(value, dict):
         return ""
+    if len(value.get("values") or ()) == 1:
+        return "1 run"
     return f"{value['min']:.0f}-{value['max']:.0f}"
 
 
-def limit_line(limit: dict[str, Any] | None) -> str | None:
-    """Where the limit is, from best_config.json's ``limit`` section."""
+def limit_line(limit: dict[str, Any] | None, what_if: bool = False) -> str | None:
+    """Where the limit is, from best_config.json's ``limit`` section; ``what_if``: the
+    file has estimates for bigger nodes to point at."""
     if not limit:
         return None
     alone, trained = limit["input_samples_per_s"], limit["trained_samples_per_s"]
@@ -96,8 +101,9 @@ def limit_line(limit: dict[str, Any] | None) -> str | None:
             f"they share its cores; {core})"
         )
     if limit["bound"] == "contended":
+        bigger = "report.md's What if estimates bigger nodes; " if what_if else ""
         where = (
-            "on a CPU they share its cores, so more cores would pay (What if, in report.md"
+            f"on a CPU they share its cores ({bigger}"
             if limit.get("device", "cpu") == "cpu"
             else "the training process's own work beside the step or the host's cores slow "
             "it (collation, transfers"
@@ -320,7 +326,7 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
     line = ceiling_line(best["metrics"])
     if line:
         print(f"\n{line}", file=stream)
-    limit = limit_line(best.get("limit"))
+    limit = limit_line(best.get("limit"), bool(best.get("what_if")))
     if limit:
         print(limit, file=stream)
     for line in steady_lines(best):

@@ -228,10 +228,9 @@ def _measured(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
         return []
     lines = ["", "## How it was measured", ""]
     lines.append(
-        "Each figure is a window's rate once the loader is steady: the window starts after "
-        "the warm-up steps and as many more batches as the configuration holds in flight, "
-        "and its rate is the slower of what the training loop consumed and what the "
-        f"workers produced (each batch stamped with its worker's time to make it). Steady: {rule}."
+        "Each figure is a window's rate once the loader is steady, the slower of what the "
+        "training loop consumed and what the workers produced (each batch stamped with its "
+        f"worker's time to make it). Steady: {rule}."
     )
     unsteady = sum(1 for v in trials.get("steady", []) if v is False)
     beyond = sum(1 for v in trials.get("bounds", []) if isinstance(v, str) and v.strip())
@@ -279,7 +278,8 @@ def _limit(best: dict[str, Any]) -> list[str]:
         ["ceiling (model on a resident batch)", _cell(ceiling)],
         ["worker-side stages on one core", _cell(limit["per_core_samples_per_s"])],
     ]
-    return lines + [f"{limit_line(limit)}.", "", *_table(["", "samples/s"], rows)]
+    said = limit_line(limit, bool(best.get("what_if")))
+    return lines + [f"{said}.", "", *_table(["", "samples/s"], rows)]
 
 
 def _calibrated(model: dict[str, Any]) -> str:

@@ -378,7 +378,7 @@ def run_tune(
         )  # fmt: skip
         tuner = _new_tuner(fn, job, searcher, settings, on_event)
     with credentials_kept_out_of_ray():
-        grid, interrupted = _fit(tuner)
+        grid, interrupted = _fit(tuner, resumed=settings.resume)
     records = [_record(result, space) for result in grid]
     records.sort(key=lambda record: record.finished_at or 0)
     summary = searcher.summary() if searcher is not None else {"method": settings.method}
@@ -429,8 +429,10 @@ class _InterruptMarker:
         raise KeyboardInterrupt
 
 
-def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
+def _fit(tuner: tune.Tuner, resumed: bool = False) -> tuple[tune.ResultGrid, bool]:
     """``tuner.fit()`` and whether Ctrl-C ended it; afterwards Ctrl-C interrupts again.
+    ``resumed``: the run continues a stopped one, whose cut-short trial has no results
+    either (the analysis's warning is left out from the start).
 
     Tune leaves its handler installed after a normal end, which made a Ctrl-C during
     verification only print Tune's warning: the handlers from before are restored.
@@ -451,7 +453,7 @@ def _fit(tuner: tune.Tuner) -> tuple[tune.ResultGrid, bool]:
         with (
             filtered(TUNE_RUN_LOGGER, RESTORE_HINT),
             filtered(TUNE_RUN_LOGGER, STOP_NOTICE, instead=STOP_SAID) as stopped,
-            filtered(ANALYSIS_LOGGER, NO_METRICS, after=stopped),
+            filtered(ANALYSIS_LOGGER, NO_METRICS, after=None if resumed else stopped),
         ):
             grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
