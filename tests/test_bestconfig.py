@@ -143,9 +143,11 @@ def test_training_well_below_both_the_model_alone_and_the_input_alone_is_contend
     )
     assert ("share its cores" in line) == (device == "cpu"), line
     assert "What if" not in line  # a resumed search has no estimates to point at
-    assert ("What if estimates bigger nodes" in limit_line(limit, what_if=True)) == (
-        device == "cpu"
-    )
+    pointed = limit_line(limit, what_if=True)
+    assert ("What if estimates bigger nodes; one core" in pointed) == (device == "cpu")
+    for said in (line, pointed):
+        assert said.endswith("one core decodes and augments 700 samples/s)")
+        assert "; ;" not in said and "(;" not in said and "((" not in said, said
     for speeds, bound in [((990, 1000), "model"), ((900, 910), "model"), ((880, 890), "contended")]:
         assert _limit(trained(*speeds), InputRate(1252.0, 700.0), device)["limit"]["bound"] == bound
     unknown = Candidate("tuned", config, (_run(config, 758),))  # no ceiling: as before

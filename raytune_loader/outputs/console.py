@@ -101,19 +101,23 @@ def limit_line(limit: dict[str, Any] | None, what_if: bool = False) -> str | Non
             f"they share its cores; {core})"
         )
     if limit["bound"] == "contended":
-        bigger = "report.md's What if estimates bigger nodes; " if what_if else ""
-        where = (
-            f"on a CPU they share its cores ({bigger}"
+        why = (
+            ["on a CPU they share its cores (", "report.md's What if estimates bigger nodes"]
             if limit.get("device", "cpu") == "cpu"
-            else "the training process's own work beside the step or the host's cores slow "
-            "it (collation, transfers"
+            else [
+                "the training process's own work beside the step or the host's cores slow it (",
+                "collation, transfers",
+            ]  # fmt: skip
         )
+        if not what_if and why[1].startswith("report.md"):
+            why.pop()
+        where = why[0] + "; ".join(why[1:])
         return (
             f"contended: training took {trained:.0f} samples/s, waiting for data "
             f"{limit.get('data_wait_frac') or 0:.0%} of the time, "
             f"{limit['ceiling_share']:.0%} of the model's {limit['ceiling_samples_per_s']:.0f} "
             f"on a resident batch, where the input pipeline alone delivers {alone:.0f}: each "
-            f"alone is faster than the two together; {where}; {core})"
+            f"alone is faster than the two together; {where}{'; ' if why[1:] else ''}{core})"
         )
     return (
         f"model-bound: the loader has {limit['headroom']:.0%} headroom (the input pipeline "
