@@ -39,18 +39,8 @@ from raytune_loader.measuring.outcomes import InputRate, TrialOutcome
 from raytune_loader.measuring.profile import Profile, receiver
 from raytune_loader.measuring.records import TrialRecord, record_from_report
 from raytune_loader.raydata.reservation import is_remote, remote_cpus
+from raytune_loader.tuning import ray_logs as logs
 from raytune_loader.tuning.costmodel import CostModel
-from raytune_loader.tuning.ray_logs import (
-    ANALYSIS_LOGGER,
-    AUTH_ON_WARNING,
-    AUTH_SETUP_LOGGER,
-    NO_METRICS,
-    RESTORE_HINT,
-    STOP_NOTICE,
-    STOP_SAID,
-    TUNE_RUN_LOGGER,
-    filtered,
-)
 from raytune_loader.tuning.searcher import LoaderSearcher
 from raytune_loader.tuning.space import SearchSpace
 from raytune_loader.tuning.trainable import (
@@ -183,7 +173,7 @@ def start_ray(
         # "local": start our own instance even when a `ray start` cluster runs here;
         # Ray turns token authentication on, and its warning on how to turn it off is
         # left out (the dashboard's line says where the token is)
-        with filtered(AUTH_SETUP_LOGGER, AUTH_ON_WARNING):
+        with logs.filtered(logs.AUTH_SETUP_LOGGER, logs.AUTH_ON_WARNING):
             context = ray.init(
                 address="local", num_cpus=num_cpus, dashboard_host=dashboard_host,
                 _system_config={
@@ -451,9 +441,9 @@ def _fit(tuner: tune.Tuner, resumed: bool = False) -> tuple[tune.ResultGrid, boo
     )
     try:
         with (
-            filtered(TUNE_RUN_LOGGER, RESTORE_HINT),
-            filtered(TUNE_RUN_LOGGER, STOP_NOTICE, instead=STOP_SAID) as stopped,
-            filtered(ANALYSIS_LOGGER, NO_METRICS, after=None if resumed else stopped),
+            logs.filtered(logs.TUNE_RUN_LOGGER, logs.RESTORE_HINT),
+            logs.filtered(logs.TUNE_RUN_LOGGER, logs.STOP_NOTICE, instead=logs.STOP_SAID) as stop,
+            logs.filtered(logs.ANALYSIS_LOGGER, logs.NO_METRICS, after=None if resumed else stop),
         ):
             grid = tuner.fit()
         return grid, tune_handles_sigint and signal.getsignal(signal.SIGINT) is marker
