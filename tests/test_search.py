@@ -111,7 +111,7 @@ def test_the_output_names_the_job_and_ends_with_the_table_and_the_limit(
     out, best = searched.result.stdout, _best(searched)
     assert "small-cnn, tf32 on synthetic-imagenet, batch 8 on cpu" in out
     assert re.search(r"^tuned\s+\d", out, re.M) and re.search(r"^pytorch-default\s+0", out, re.M)
-    assert limit_line(best["limit"]) in out  # the limit, in the words of its bound
+    assert limit_line(best["limit"], bool(best.get("what_if"))) in out  # in its bound's words
 
 
 def test_best_config_json_has_the_contract_s_keys_at_schema_version_1(
