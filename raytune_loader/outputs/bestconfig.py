@@ -94,8 +94,7 @@ def metrics_of(candidate: Candidate) -> dict[str, Any]:
         out["cold_samples_per_s"] = stats.as_dict() if stats else None
     sources = {o.metrics.util_source for o in candidate.ok if o.metrics}
     out["util_source"] = sources.pop() if len(sources) == 1 else ",".join(sorted(sources)) or None
-    ceilings = [o.ceiling_samples_per_s for o in candidate.ok if o.ceiling_samples_per_s]
-    out["ceiling_samples_per_s"] = ceilings[0] if ceilings else None
+    out["ceiling_samples_per_s"] = _ceiling(candidate)
     efficiency = candidate.efficiency()
     out["efficiency"] = efficiency.as_dict() if efficiency else None
     if efficiency and efficiency.median > 1:  # never a result: the ceiling was too low
@@ -159,7 +158,7 @@ def _limit(winner: Candidate, rate: InputRate | None, device: str = "cpu") -> di
     )
     waited = winner.stats("data_wait_frac")
     waiting = waited.median if waited is not None else None
-    ceiling = next((o.ceiling_samples_per_s for o in winner.ok if o.ceiling_samples_per_s), None)
+    ceiling = _ceiling(winner)
     share = trained.median / ceiling if ceiling else None
     if headroom < INPUT_BOUND_MARGIN:
         bound = "input"
@@ -189,6 +188,11 @@ def _limit(winner: Candidate, rate: InputRate | None, device: str = "cpu") -> di
             "otherwise (each alone is faster than the two together)",
         }
     }
+
+
+def _ceiling(candidate: Candidate) -> float | None:
+    """The ceiling the candidate's runs were judged against (the search's final one)."""
+    return next((o.ceiling_samples_per_s for o in candidate.ok if o.ceiling_samples_per_s), None)
 
 
 def _median(candidate: Candidate, metric: str) -> float | None:

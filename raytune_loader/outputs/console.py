@@ -101,23 +101,20 @@ def limit_line(limit: dict[str, Any] | None, what_if: bool = False) -> str | Non
             f"they share its cores; {core})"
         )
     if limit["bound"] == "contended":
-        why = (
-            ["on a CPU they share its cores (", "report.md's What if estimates bigger nodes"]
-            if limit.get("device", "cpu") == "cpu"
-            else [
-                "the training process's own work beside the step or the host's cores slow it (",
-                "collation, transfers",
-            ]  # fmt: skip
-        )
-        if not what_if and why[1].startswith("report.md"):
-            why.pop()
-        where = why[0] + "; ".join(why[1:])
+        if limit.get("device", "cpu") == "cpu":
+            bigger = "report.md's What if estimates bigger nodes; " if what_if else ""
+            where = f"on a CPU they share its cores ({bigger}"
+        else:
+            where = (
+                "the training process's own work beside the step or the host's cores slow "
+                "it (collation, transfers; "
+            )
         return (
             f"contended: training took {trained:.0f} samples/s, waiting for data "
             f"{limit.get('data_wait_frac') or 0:.0%} of the time, "
             f"{limit['ceiling_share']:.0%} of the model's {limit['ceiling_samples_per_s']:.0f} "
             f"on a resident batch, where the input pipeline alone delivers {alone:.0f}: each "
-            f"alone is faster than the two together; {where}{'; ' if why[1:] else ''}{core})"
+            f"alone is faster than the two together; {where}{core})"
         )
     return (
         f"model-bound: the loader has {limit['headroom']:.0%} headroom (the input pipeline "
@@ -354,19 +351,28 @@ def print_summary(best: dict[str, Any], out_dir: Any, stream: TextIO = sys.stdou
 NOISY_STEAL = 0.02
 
 
+def noisy_line(best: dict[str, Any]) -> str | None:
+    """That the machine was noisy, where its hypervisor took :data:`NOISY_STEAL` or more
+    of its CPU time during the search."""
+    steal = (best.get("hardware") or {}).get("cpu_steal_frac")
+    if steal is None or steal < NOISY_STEAL:
+        return None
+    return (
+        f"noisy machine: its hypervisor gave {steal:.0%} of this machine's CPU time to "
+        "other guests during the search (CPU steal), so runs of one configuration "
+        "differ (range above) and close calls are noise; a quieter or dedicated "
+        "machine measures steadier"
+    )
+
+
 def steady_lines(best: dict[str, Any]) -> list[str]:
     """What the user must know of the verified figures: runs left out for beating their
     bound, a winner whose windows were not steady, a machine whose CPUs were shared."""
     out = []
     metrics = best["metrics"]
-    steal = (best.get("hardware") or {}).get("cpu_steal_frac")
-    if steal is not None and steal >= NOISY_STEAL:
-        out.append(
-            f"noisy machine: its hypervisor gave {steal:.0%} of this machine's CPU time to "
-            "other guests during the search (CPU steal), so runs of one configuration "
-            "differ (range above) and close calls are noise; a quieter or dedicated "
-            "machine measures steadier"
-        )
+    noisy = noisy_line(best)
+    if noisy:
+        out.append(noisy)
     if metrics.get("steady") is False:
         out.append(
             "not steady: most of the tuned configuration's runs measured halves more than "

@@ -28,9 +28,9 @@ from raytune_loader.outputs.console import (
     freeze_at_exit,
     limit_line,
     median_of,
+    noisy_line,
     pipeline_line,
     refused,
-    steady_lines,
     summary_rows,
 )
 from raytune_loader.outputs.plots import MEMORY_PLOT, PLOTS, write_memory_plot, write_plots
@@ -241,8 +241,8 @@ def _measured(best: dict[str, Any], trials: pd.DataFrame) -> list[str]:
         "(a measurement defect: not ranked)."
     )
     lines += [f"- {name}: a verification run left out: {why}" for name, why in refused(best)]
-    noisy = [line for line in steady_lines(best) if line.startswith("noisy machine")]
-    return lines + [f"- {line[0].upper()}{line[1:]}." for line in noisy]
+    noisy = noisy_line(best)
+    return lines + ([f"- {noisy[0].upper()}{noisy[1:]}."] if noisy else [])
 
 
 def _efficiency(best: dict[str, Any]) -> list[str]:
